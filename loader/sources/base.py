@@ -1,0 +1,47 @@
+"""The Source contract: index -> raw record bytes, a label, and a stable fingerprint."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+__all__ = ["Source"]
+
+
+class Source(abc.ABC):
+    """Random access to the raw records of a dataset.
+
+    A source is picklable (it crosses into DataLoader workers, fork or spawn) and opens its files lazily in
+    each process. When ``drop_page_cache`` is true, reads from storage must not stay in the OS page cache
+    (the loader's own cache holds the records, so memory is not spent twice).
+    """
+
+    drop_page_cache: bool = False
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """Number of records."""
+
+    @abc.abstractmethod
+    def read(self, index: int) -> bytes:
+        """Raw bytes of record ``index`` from storage. Raises BadRecordError naming the record on failure."""
+
+    @abc.abstractmethod
+    def label(self, index: int) -> Any:
+        """Label or metadata of record ``index`` (an int class id for images, None where there is none)."""
+
+    @abc.abstractmethod
+    def describe(self, index: int) -> str:
+        """Where record ``index`` lives, for error messages: a file path, or ``path[key]``, or ``path:row``."""
+
+    @property
+    @abc.abstractmethod
+    def fingerprint(self) -> str:
+        """Hex digest that is equal for the same data and differs when any record is added, removed or changed."""
+
+    def check_index(self, index: int) -> int:
+        """Normalise ``index`` like a sequence does, or raise IndexError naming it."""
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"record index {index} out of range for a source of {n} records")
+        return index % n

@@ -1,0 +1,135 @@
+"""The MinIO store on its own: admission, capacity, sharing between processes, killed writers."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import stat
+import warnings
+
+import pytest
+
+from loader.cache import MinIOCache, store_path
+from loader.cache._layout import RESERVED, index_bytes
+
+N = 40
+FP = "ab" * 32
+
+
+def record(i: int, size: int = 1000) -> bytes:
+    return bytes([i % 251]) * size + i.to_bytes(4, "little")
+
+
+def open_store(shm_dir, capacity: int, n: int = N) -> MinIOCache:
+    return MinIOCache.open(fingerprint=FP, num_records=n, capacity=capacity, cache_dir=shm_dir)
+
+
+def test_admits_until_full_then_never_evicts(shm_dir):
+    data_room = 10 * len(record(0))
+    cache = open_store(shm_dir, index_bytes(N) + data_room)
+    admitted = [i for i in range(N) if cache.admit(i, record(i))]
+    assert admitted == list(range(10))
+    assert all(cache.get(i) == record(i) for i in admitted)
+    assert all(cache.get(i) is None for i in range(10, N))
+    info = cache.info()
+    assert (info.records_cached, info.full, info.bytes_used) == (10, True, info.capacity)
+
+
+def test_admitting_twice_keeps_the_first_copy(shm_dir):
+    cache = open_store(shm_dir, 1 << 20)
+    assert cache.admit(3, record(3))
+    assert not cache.admit(3, b"other")
+    assert cache.get(3) == record(3)
+    assert cache.info().records_cached == 1
+
+
+def test_store_survives_the_process_and_is_private(shm_dir):
+    first = open_store(shm_dir, 1 << 20)
+    first.admit(5, record(5))
+    first.close()
+    again = open_store(shm_dir, 1 << 20)
+    assert again.get(5) == record(5)
+    path = store_path(shm_dir, FP)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o700
+    assert {stat.S_IMODE(p.stat().st_mode) for p in path.iterdir()} == {0o600}
+
+
+def test_other_capacity_reuses_the_store_with_a_warning(shm_dir):
+    open_store(shm_dir, 1 << 20).admit(1, record(1))
+    with pytest.warns(RuntimeWarning, match="made with capacity"):
+        again = open_store(shm_dir, 2 << 20)
+    assert again.capacity == 1 << 20 and again.get(1) == record(1)
+
+
+@pytest.mark.parametrize("bad", [0, -5, 1.5, True, "1G"])
+def test_bad_capacity_names_the_option(shm_dir, bad):
+    with pytest.raises(ValueError, match="cache_bytes"):
+        open_store(shm_dir, bad)
+
+
+def test_capacity_smaller_than_the_index_is_refused(shm_dir):
+    with pytest.raises(ValueError, match="cannot hold even the index"):
+        open_store(shm_dir, index_bytes(N))
+
+
+def test_missing_cache_dir_is_named(tmp_path):
+    with pytest.raises(ValueError, match="no-such-dir"):
+        MinIOCache.open(fingerprint=FP, num_records=N, capacity=1 << 20, cache_dir=tmp_path / "no-such-dir")
+
+
+def test_other_data_with_a_colliding_name_is_refused(shm_dir):
+    open_store(shm_dir, 1 << 20)
+    with pytest.raises(ValueError, match="belongs to other data"):
+        open_store(shm_dir, 1 << 20, n=N + 1)
+
+
+def test_full_shared_memory_stops_admitting_with_one_warning(shm_dir):
+    cache = open_store(shm_dir, 1 << 20)
+    os.close(cache._data_fd)
+    cache._data_fd = os.open("/dev/full", os.O_RDWR)  # every write fails with ENOSPC, as a full tmpfs does
+    with pytest.warns(RuntimeWarning, match="no space left") as seen:
+        results = [cache.admit(i, record(i)) for i in range(5)]
+    assert results == [False] * 5 and len(seen) == 1
+    assert cache.info().full and cache.info().records_cached == 0
+
+
+def _fill(path_dir, start: int, step: int) -> None:
+    cache = open_store(path_dir, 1 << 22)
+    for i in range(start, N, step):
+        cache.admit(i, record(i, 3000))
+
+
+@pytest.mark.multiproc
+def test_processes_fill_one_store_together(shm_dir):
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_fill, args=(shm_dir, k, 1)) for k in range(3)]  # all race for every record
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    cache = open_store(shm_dir, 1 << 22)
+    assert all(cache.get(i) == record(i, 3000) for i in range(N))
+    assert cache.info().bytes_used == index_bytes(N) + N * len(record(0, 3000))  # no record stored twice
+
+
+def _die_mid_insert(path_dir, index: int) -> None:
+    cache = open_store(path_dir, 1 << 20)
+    offset = cache._reserve(index, 5000)
+    os.pwrite(cache._data_fd, b"\x01" * 100, offset)  # half the payload, then the writer dies
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.multiproc
+def test_writer_killed_mid_insert_leaves_no_torn_record(shm_dir):
+    ctx = mp.get_context("fork")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: the child only writes
+        proc = ctx.Process(target=_die_mid_insert, args=(shm_dir, 7))
+        proc.start()
+    proc.join(30)
+    assert proc.exitcode == -signal.SIGKILL
+    cache = open_store(shm_dir, 1 << 20)
+    assert cache._state[7] == RESERVED and cache.get(7) is None  # never read as a record
+    assert cache.admit(8, record(8)) and cache.get(8) == record(8)  # the lock was released: still usable
