@@ -1,0 +1,294 @@
+"""Kernel-enforced storage conditions for child processes: a cgroup v1 memory limit and read throttle."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["StorageConditionUnavailable", "StorageLimits", "block_device", "filesystem_type", "try_cgroup"]
+
+_SETTINGS = {"memory": "memory.limit_in_bytes", "blkio": "blkio.throttle.read_bps_device"}
+_counter = itertools.count()
+
+
+class StorageConditionUnavailable(RuntimeError):
+    """A storage condition cannot be set up here; the message says what was not possible and why."""
+
+
+def _mounts() -> list[tuple[str, str, set[str]]]:
+    """(mount point, filesystem type, super options) of each mount, from /proc/self/mountinfo."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError as e:
+        raise StorageConditionUnavailable(
+            f"cannot read /proc/self/mountinfo ({e.strerror}): not Linux?"
+        ) from e
+    mounts = []
+    for line in lines:
+        fields, tail = line.split(" - ", 1)
+        fstype, _, opts = tail.split(" ", 2)
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields.split()[4])  # \040 is a space
+        mounts.append((point, fstype, set(opts.split(","))))
+    return mounts
+
+
+def filesystem_type(path: str | os.PathLike) -> str:
+    """Type of the filesystem that holds ``path`` (ext4, xfs, tmpfs, overlay, nfs4, ...)."""
+    real = os.path.realpath(path)
+    inside = [(p, t) for p, t, _ in _mounts() if real == p or real.startswith(p.rstrip("/") + "/")]
+    return max(inside, key=lambda m: len(m[0]))[1]
+
+
+def _controller_root(controller: str) -> Path:
+    mounts = _mounts()
+    for point, fstype, opts in mounts:
+        if fstype == "cgroup" and controller in opts:
+            return Path(point)
+    v2 = [p for p, t, _ in mounts if t == "cgroup2"]
+    hint = (
+        f"; this machine has only cgroup v2 (at {v2[0]}), which stallbench does not drive yet" if v2 else ""
+    )
+    raise StorageConditionUnavailable(f"the cgroup v1 {controller!r} controller is not mounted{hint}")
+
+
+def block_device(path: str | os.PathLike) -> str:
+    """``"major:minor"`` of the whole disk that holds ``path`` (a partition maps to its disk)."""
+    dev = os.stat(path).st_dev
+    node = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    if os.major(dev) == 0 or not node.exists():
+        raise StorageConditionUnavailable(
+            f"{path} is on {filesystem_type(path)}, which has no block device to throttle"
+        )
+    if (node / "partition").exists():
+        return (node.resolve().parent / "dev").read_text().strip()
+    return f"{os.major(dev)}:{os.minor(dev)}"
+
+
+def _make_cgroup(controller: str, name: str) -> Path:
+    root = _controller_root(controller)
+    _sweep_stale(root)
+    path = root / name
+    try:
+        path.mkdir()
+    except OSError as e:
+        raise StorageConditionUnavailable(
+            f"cannot create cgroup {path}: {e.strerror} (needs root or a delegated cgroup)"
+        ) from e
+    return path
+
+
+def _write(path: Path, value: str) -> None:
+    try:
+        path.write_text(value)
+    except OSError as e:
+        raise StorageConditionUnavailable(f"the kernel refused {value!r} in {path}: {e.strerror}") from e
+
+
+def try_cgroup(controller: str, setting: str | None = None) -> str | None:
+    """Make a scratch cgroup, apply ``setting`` to it, remove it: None if that worked, else the reason."""
+    try:
+        path = _make_cgroup(controller, f"stallbench-probe-{os.getpid()}-{next(_counter)}")
+    except StorageConditionUnavailable as e:
+        return str(e)
+    try:
+        if setting is not None:
+            _write(path / _SETTINGS[controller], setting)
+        return None
+    except StorageConditionUnavailable as e:
+        return str(e)
+    finally:
+        path.rmdir()
+
+
+def _pids(path: Path) -> list[int]:
+    try:
+        return [int(p) for p in (path / "cgroup.procs").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+class StorageLimits:
+    """A fresh cgroup (memory and blkio, v1) for child processes; removed with all its processes on exit.
+
+    ``memory_bytes`` caps memory including the page cache; ``read_bps`` throttles reads from the disk that
+    holds ``device_path``. Either may be None (no limit; the cgroup still counts). The cgroup does not evict
+    what is already cached: call ``evict_page_cache`` first for a cold run.
+    """
+
+    def __init__(
+        self,
+        *,
+        memory_bytes: int | None = None,
+        read_bps: int | None = None,
+        device_path: str | os.PathLike = ".",
+        kill_timeout: float = 5.0,
+    ) -> None:
+        for name, value in (("memory_bytes", memory_bytes), ("read_bps", read_bps)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        self.memory_bytes, self.read_bps, self.kill_timeout = memory_bytes, read_bps, kill_timeout
+        self.device_path = Path(device_path)
+        self.device: str | None = None
+        self._dirs: dict[str, Path] = {}
+        self._missing: dict[str, str] = {}
+        self._children: list[subprocess.Popen] = []
+        self._final: dict[str, int] = {}
+
+    def __enter__(self) -> StorageLimits:
+        try:
+            self._create()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _create(self) -> None:
+        self._missing, self._children, self._final = {}, [], {}
+        try:
+            self.device = block_device(self.device_path)
+        except StorageConditionUnavailable as e:
+            if self.read_bps is not None:
+                raise
+            self._missing["blkio"] = str(e)
+        name = f"stallbench-{os.getpid()}-{next(_counter)}"
+        for controller, limit in (("memory", self.memory_bytes), ("blkio", self.read_bps)):
+            try:
+                self._dirs[controller] = _make_cgroup(controller, name)
+            except StorageConditionUnavailable as e:
+                if limit is not None:
+                    raise
+                self._missing.setdefault(controller, str(e))
+        if not self._dirs:
+            raise StorageConditionUnavailable("; ".join(self._missing.values()))
+        if self.memory_bytes is not None:
+            _write(self._dirs["memory"] / _SETTINGS["memory"], str(self.memory_bytes))
+        if self.read_bps is not None:
+            _write(self._dirs["blkio"] / _SETTINGS["blkio"], f"{self.device} {self.read_bps}")
+
+    @property
+    def paths(self) -> list[Path]:
+        """The cgroup directories, while active."""
+        return list(self._dirs.values())
+
+    def popen(self, argv: Sequence[str | os.PathLike], **popen_kwargs: Any) -> subprocess.Popen:
+        """Start ``argv`` inside the cgroup (a ``/bin/sh`` shim joins it, then execs ``argv``)."""
+        if not self._dirs:
+            raise RuntimeError("StorageLimits is not active: use it as `with StorageLimits(...) as limits:`")
+        if popen_kwargs.get("shell"):
+            raise ValueError("shell=True is not supported: pass an argv list")
+        join = " && ".join(f"echo $$ > {shlex.quote(str(d / 'cgroup.procs'))}" for d in self._dirs.values())
+        shim = ["/bin/sh", "-c", f'{join} || exit 125; exec "$@"', "stallbench-cgroup"]
+        proc = subprocess.Popen(shim + [os.fspath(a) for a in argv], **popen_kwargs)
+        self._children.append(proc)
+        return proc
+
+    def run(
+        self,
+        argv: Sequence[str | os.PathLike],
+        *,
+        input: Any = None,
+        timeout: float | None = None,
+        check: bool = False,
+        capture_output: bool = False,
+        **popen_kwargs: Any,
+    ) -> subprocess.CompletedProcess:
+        """Like ``subprocess.run``, inside the cgroup. Exit status 125 means the child could not join it."""
+        if capture_output:
+            popen_kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if input is not None:
+            popen_kwargs.setdefault("stdin", subprocess.PIPE)
+        with self.popen(argv, **popen_kwargs) as proc:
+            try:
+                out, err = proc.communicate(input, timeout=timeout)
+            except BaseException:
+                proc.kill()
+                raise
+        done = subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+        if check:
+            done.check_returncode()
+        return done
+
+    def read_bytes(self) -> int:
+        """Bytes this cgroup read from the throttled disk, as the kernel's block layer counted them."""
+        return self._stat("read_bytes", "blkio")
+
+    def memory_max_usage(self) -> int:
+        """Peak memory (including page cache) charged to this cgroup."""
+        return self._stat("memory_max_usage", "memory")
+
+    def memory_failcnt(self) -> int:
+        """How many times this cgroup hit its memory limit."""
+        return self._stat("memory_failcnt", "memory")
+
+    def _stat(self, key: str, controller: str) -> int:
+        """A counter, live while active and as it was at close afterwards."""
+        stats = self._read_stats() if self._dirs else self._final
+        if key not in stats:
+            reason = self._missing.get(controller, "StorageLimits was never entered")
+            raise StorageConditionUnavailable(f"{key} is not counted: {reason}")
+        return stats[key]
+
+    def _read_stats(self) -> dict[str, int]:
+        stats = {}
+        if "blkio" in self._dirs and self.device is not None:
+            rows = (self._dirs["blkio"] / "blkio.throttle.io_service_bytes").read_text().splitlines()
+            stats["read_bytes"] = sum(
+                int(r[2]) for r in map(str.split, rows) if r[:2] == [self.device, "Read"]
+            )
+        if "memory" in self._dirs:
+            for key, file in (("memory_max_usage", "max_usage_in_bytes"), ("memory_failcnt", "failcnt")):
+                stats[key] = int((self._dirs["memory"] / f"memory.{file}").read_text())
+        return stats
+
+    def close(self) -> None:
+        """Kill every process left in the cgroup and remove it. Safe to call again after an interruption."""
+        if self._dirs and not self._final:
+            self._final = self._read_stats()
+        deadline = time.monotonic() + self.kill_timeout
+        for proc in self._children:  # first, so that no shim can join the cgroup after the sweep below
+            proc.kill()
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        while pids := sorted({p for d in self._dirs.values() for p in _pids(d)}):
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"processes {pids} in {list(self._dirs.values())} survived SIGKILL")
+            time.sleep(0.005)
+        for controller, path in list(self._dirs.items()):
+            _rmdir(path, deadline)
+            del self._dirs[controller]
+
+
+def _rmdir(path: Path, deadline: float) -> None:
+    while True:
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
+def _sweep_stale(root: Path) -> None:
+    """Remove empty cgroups, over a minute old, of stallbench processes that died without cleaning up."""
+    for path in root.glob("stallbench-*"):
+        pid = path.name.split("-")[-2]
+        with contextlib.suppress(OSError):  # gone already, or holds processes: not ours to kill
+            if not Path(f"/proc/{pid}").exists() and time.time() - path.stat().st_mtime > 60:
+                path.rmdir()

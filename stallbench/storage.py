@@ -1,0 +1,177 @@
+"""Storage conditions the kernel enforces: a cold page cache, a read-bandwidth throttle, a memory limit.
+
+Sizes: ``parse_size`` reads ``K``/``M``/``G``/``T``/``P`` and ``Ki``/``KiB``... as powers of 1024, and
+``KB``/``MB``... as powers of 1000 (so ``"1G"`` is 2**30 bytes and ``"1GB"`` is 10**9), case-insensitively.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import re
+from collections.abc import Iterable, Iterator
+from decimal import Decimal
+
+import numpy as np
+
+from stallbench._cgroup import (
+    StorageConditionUnavailable,
+    StorageLimits,
+    block_device,
+    filesystem_type,
+    try_cgroup,
+)
+
+__all__ = [
+    "StorageConditionUnavailable",
+    "StorageLimits",
+    "evict_page_cache",
+    "parse_size",
+    "probe_storage_conditions",
+    "resident_bytes",
+]
+
+PathArg = str | os.PathLike
+_UNITS = {"": 1, "b": 1} | {
+    f"{prefix}{suffix}": (1000 if suffix == "b" else 1024) ** power
+    for power, prefix in enumerate("kmgtp", start=1)
+    for suffix in ("", "i", "ib", "b")
+}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*")
+_MEMORY_FS = {"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in ``text``: ``"1.5G"`` -> 1610612736, ``"112KB"`` -> 112000, ``"4096"`` -> 4096."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise ValueError(f"size must not be negative, got {text!r}")
+        return text
+    if not isinstance(text, str):
+        raise ValueError(f"size must be a string like '1.5G' or an int, got {text!r}")
+    match = _SIZE.fullmatch(text.lower())
+    if match is None or match[2] not in _UNITS:
+        why = (
+            "must not be negative"
+            if text.strip().startswith("-")
+            else "is not a size like '512M' or '1.5GiB'"
+        )
+        raise ValueError(f"{text!r} {why}")
+    return round(Decimal(match[1]) * _UNITS[match[2]])
+
+
+def _files(paths: PathArg | Iterable[PathArg]) -> Iterator[str]:
+    """Every regular file in ``paths``, walking directories."""
+    for path in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
+        if os.path.isdir(path):
+            for parent, _, names in os.walk(path):
+                yield from (os.path.join(parent, n) for n in sorted(names))
+        elif os.path.isfile(path):
+            yield os.fspath(path)
+        else:
+            raise FileNotFoundError(f"no such file or directory: {os.fspath(path)!r}")
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
+
+
+def _resident_fd(libc: ctypes.CDLL, fd: int, size: int) -> int:
+    """Bytes of open file ``fd`` in the page cache (mincore on a mapping that touches no page)."""
+    if size == 0:
+        return 0
+    addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if addr in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), f"mmap failed: {os.strerror(ctypes.get_errno())}")
+    try:
+        vec = (ctypes.c_ubyte * -(-size // mmap.PAGESIZE))()
+        if libc.mincore(addr, size, vec) != 0:
+            raise OSError(ctypes.get_errno(), f"mincore failed: {os.strerror(ctypes.get_errno())}")
+        pages = int((np.frombuffer(vec, np.uint8) & 1).sum())
+    finally:
+        libc.munmap(addr, size)
+    return min(pages * mmap.PAGESIZE, size)
+
+
+def resident_bytes(paths: PathArg | Iterable[PathArg]) -> int:
+    """Bytes of these files (directories walked) that are now in the OS page cache.
+
+    The kernel tells this only to root, the file's owner or a process that may write it (it claims every
+    page resident to anyone else), so other files raise PermissionError.
+    """
+    libc, total = _libc(), 0
+    for path in _files(paths):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            writer = os.access(path, os.W_OK, effective_ids=True)
+            if not writer and os.geteuid() not in (0, os.fstat(fd).st_uid):
+                raise PermissionError(f"mincore reports the page cache only to the owner or a writer: {path}")
+            total += _resident_fd(libc, fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+    return total
+
+
+def evict_page_cache(paths: PathArg | Iterable[PathArg]) -> int:
+    """Drop these files (directories walked) from the page cache; returns the bytes of the files advised.
+
+    Clean pages go at once; a file with pages left (dirty ones survive the advice) is written back and advised
+    again. Needs no privilege. Pages of memory-only filesystems (tmpfs) and pages mapped by a process stay.
+    """
+    libc, total = _libc(), 0
+    for path in _files(paths):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            if _resident_fd(libc, fd, size):
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            total += size
+        finally:
+            os.close(fd)
+    return total
+
+
+def _eviction_problem(path: PathArg) -> str | None:
+    if not hasattr(os, "posix_fadvise"):
+        return "os.posix_fadvise is not available on this platform"
+    fstype = filesystem_type(path)
+    return f"{path} is on {fstype}, which keeps files only in memory" if fstype in _MEMORY_FS else None
+
+
+def _throttle_problem(path: PathArg) -> str | None:
+    try:
+        device = block_device(path)
+    except StorageConditionUnavailable as e:
+        return str(e)
+    return try_cgroup("blkio", f"{device} {1 << 30}")
+
+
+def probe_storage_conditions(path: PathArg = ".") -> dict[str, str | None]:
+    """Which conditions can be set up here for data under ``path``: None if possible, else the reason.
+
+    Keys: ``page_cache_eviction``, ``memory_limit``, ``read_throttle``. The cgroup ones are tried for real
+    on a scratch cgroup that is removed again.
+    """
+    try:
+        return {
+            "page_cache_eviction": _eviction_problem(path),
+            "memory_limit": try_cgroup("memory", str(1 << 30)),
+            "read_throttle": _throttle_problem(path),
+        }
+    except StorageConditionUnavailable as e:  # no mount table at all
+        return dict.fromkeys(("page_cache_eviction", "memory_limit", "read_throttle"), str(e))
