@@ -5,10 +5,11 @@
     header (4096 bytes): magic, version, capacity, num_records, data_capacity, used, full, fingerprint
     slots  (16 bytes each, one per record): offset u64, length u32, state u32
 
-A slot is EMPTY, RESERVED (space taken by a writer, payload not yet complete) or READY. A writer reserves under
-the store's lock, writes the payload with ``pwrite``, and only then flips the slot to READY with one aligned
-4-byte store, so a reader never sees a torn record and a writer killed mid-insert leaves a RESERVED slot that
-no reader uses. ``data`` holds payloads back to back: the memory used is the bytes admitted, not pages per record.
+A slot is EMPTY, RESERVED (space taken by a writer, payload not yet complete) or READY. A writer
+reserves under the store's lock, writes the payload with ``pwrite``, and only then flips the slot to
+READY with one aligned 4-byte store, so a reader never sees a torn record and a writer killed
+mid-insert leaves a RESERVED slot that no reader uses. ``data`` holds payloads back to back: the
+memory used is the bytes admitted, not pages per record.
 """
 
 from __future__ import annotations

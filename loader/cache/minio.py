@@ -65,7 +65,7 @@ class MinIOCache:
     def open(
         cls, *, fingerprint: str, num_records: int, capacity: int, cache_dir: str | os.PathLike = "/dev/shm"
     ) -> MinIOCache:
-        """Attach to the store of this source in ``cache_dir``, creating it with ``capacity`` bytes if absent."""
+        """Attach to this source's store in ``cache_dir``, creating it with ``capacity`` bytes if absent."""
         _check_capacity(capacity, num_records)
         if not Path(cache_dir).is_dir():
             raise ValueError(f"cache_dir {str(cache_dir)!r} is not an existing directory")

@@ -1,0 +1,33 @@
+"""A drop-in PyTorch DataLoader with a shared minimal-miss cache: change one import, add a cache size."""
+
+from loader._pil import PilBuild, pil_build
+from loader.cache import CacheInfo, MinIOCache
+from loader.dataloader import DataLoader
+from loader.datasets import SKIPPED, ArrowDataset, ImageFolder, LMDBDataset, SourceDataset
+from loader.decode import EvalTransform, TrainTransform
+from loader.errors import BadRecordError, SourceError
+from loader.sources import ArrowSource, ImageFolderSource, LMDBSource, Source, image_folder_to_lmdb
+from loader.stats import LoaderStats
+
+__all__ = [
+    "SKIPPED",
+    "ArrowDataset",
+    "ArrowSource",
+    "BadRecordError",
+    "CacheInfo",
+    "DataLoader",
+    "EvalTransform",
+    "ImageFolder",
+    "ImageFolderSource",
+    "LMDBDataset",
+    "LMDBSource",
+    "LoaderStats",
+    "MinIOCache",
+    "PilBuild",
+    "SourceDataset",
+    "SourceError",
+    "Source",
+    "TrainTransform",
+    "image_folder_to_lmdb",
+    "pil_build",
+]

@@ -1,0 +1,78 @@
+"""Mid-epoch resume: the epoch's index order is kept, so a restored loader yields exactly what remained."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+__all__ = ["CountingIterator", "ReplayableSampler", "generator_states", "restore_generators"]
+
+
+class ReplayableSampler:
+    """Wraps the loader's index sampler; draws an epoch's order lazily, exactly as the wrapped one would."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.epoch_order: list[Any] = []
+        self.start = 0
+        self._pending: tuple[list[Any], int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self) -> Iterator[Any]:
+        # a generator: nothing is drawn until the first index is asked for, as with torch's own samplers
+        if self._pending is not None:
+            (self.epoch_order, self.start), self._pending = self._pending, None
+        else:
+            self.epoch_order, self.start = list(self.inner), 0
+        yield from self.epoch_order[self.start :]
+
+    def resume(self, order: list[Any], position: int) -> None:
+        """Make the next epoch the rest of ``order`` from ``position`` on."""
+        self._pending = (order, position)
+
+    def next_start(self) -> int:
+        """Position at which the next epoch begins: 0, or where a resumed epoch left off."""
+        return 0 if self._pending is None else self._pending[1]
+
+
+class CountingIterator:
+    """The loader's iterator, counting the batches handed to the training loop (prefetched ones are not)."""
+
+    def __init__(self, inner: Iterator[Any], on_batch: Any, skip: Any) -> None:
+        self._inner = inner
+        self._on_batch = on_batch
+        self._skip = skip  # a batch that is only this (all its records were bad and skipped) is not yielded
+
+    def __iter__(self) -> CountingIterator:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self._inner)
+        self._on_batch()
+        while batch is self._skip:
+            batch = next(self._inner)
+            self._on_batch()
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __getattr__(self, name: str) -> Any:  # torch's iterator API (_reset, _shutdown_workers, ...) stays
+        return getattr(self._inner, name)
+
+
+def generator_states(generators: dict[str, torch.Generator | None]) -> dict[str, torch.Tensor]:
+    return {name: g.get_state() for name, g in generators.items() if g is not None}
+
+
+def restore_generators(
+    generators: dict[str, torch.Generator | None], states: dict[str, torch.Tensor]
+) -> None:
+    for name, state in states.items():
+        generator = generators.get(name)
+        if generator is not None:
+            generator.set_state(state)

@@ -1,0 +1,181 @@
+"""``loader.DataLoader``: torch's DataLoader, same signature and behaviour, plus a shared MinIO cache."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Literal
+
+import torch.utils.data
+from torch.utils.data import Dataset, Sampler
+from torch.utils.data._utils.collate import default_collate, default_convert
+from torch.utils.data.dataloader import _DatasetKind
+
+from loader._collate import TimedCollate
+from loader._resume import CountingIterator, ReplayableSampler, generator_states, restore_generators
+from loader.cache import MinIOCache
+from loader.datasets import SKIPPED, SourceDataset
+from loader.stats import LoaderStats, StatsBoard
+
+__all__ = ["DataLoader"]
+
+_STATE_VERSION = 1
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """A drop-in ``torch.utils.data.DataLoader``; with a source-backed dataset it reads through a MinIO cache.
+
+    Keyword-only additions:
+      cache_bytes: capacity of the node-local cache in bytes (None: no cache). Shared by every worker and
+        every job that reads the same source; it survives the job, so the next run starts warm.
+      cache_dir: where the cache lives (default ``/dev/shm``).
+      on_error: ``"raise"`` (default) stops at a bad record with an error naming it; ``"skip"`` drops it from
+        its batch and counts it in ``stats().records_skipped``.
+    With any other dataset it behaves exactly like PyTorch's DataLoader.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Sampler | Any | None = None,
+        batch_sampler: Sampler | Any | None = None,
+        num_workers: int = 0,
+        collate_fn: Any = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Any = None,
+        multiprocessing_context: Any = None,
+        generator: Any = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        cache_bytes: int | None = None,
+        cache_dir: str | os.PathLike = "/dev/shm",
+        on_error: Literal["raise", "skip"] = "raise",
+    ) -> None:
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        board = StatsBoard(num_workers if isinstance(num_workers, int) and num_workers > 0 else 0)
+        cache = None
+        if isinstance(dataset, SourceDataset):
+            cache = _open_cache(dataset, cache_bytes, cache_dir)
+            dataset = dataset.bind(cache=cache, board=board, on_error=on_error)
+            batched = batch_sampler is not None or batch_size is not None
+            collate_fn = TimedCollate(
+                collate_fn or (default_collate if batched else default_convert), board, batched
+            )
+        elif cache_bytes is not None:
+            warnings.warn(
+                f"cache_bytes is ignored: {type(dataset).__name__} is not a source-backed dataset "
+                "(use loader.ImageFolder, LMDBDataset, ArrowDataset or SourceDataset)",
+                stacklevel=2,
+            )
+        super().__init__(
+            dataset,
+            batch_size,
+            shuffle,
+            sampler,
+            batch_sampler,
+            num_workers,
+            collate_fn,
+            pin_memory,
+            drop_last,
+            timeout,
+            worker_init_fn,
+            multiprocessing_context,
+            generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+            in_order=in_order,
+        )
+        self._cache = cache
+        self._board = board
+        self._replay = ReplayableSampler(super()._index_sampler)
+        self._delivered = 0
+        self._epoch_order = []
+        self._resume_rng: dict[str, Any] | None = None
+
+    @property
+    def _index_sampler(self) -> ReplayableSampler:
+        return self._replay
+
+    @property
+    def cache(self) -> MinIOCache | None:
+        """The shared cache this loader reads through, or None."""
+        return self._cache
+
+    def __iter__(self) -> CountingIterator:
+        if self.num_workers == 0:
+            self._board.start_storage_count()
+        inner = super().__iter__()
+        if self._resume_rng is not None:
+            restore_generators(self._generators(), self._resume_rng)
+            self._resume_rng = None
+        self._delivered = self._replay.next_start()
+        self._epoch_order = []  # known once the epoch's first batch is out
+        return CountingIterator(inner, self._count_delivered, skip=SKIPPED)
+
+    def stats(self) -> LoaderStats:
+        """Totals since this loader was made, over all its workers and epochs."""
+        return self._board.totals(self._cache.info() if self._cache is not None else None)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the current epoch stands: its whole order and how many batches were handed out."""
+        if self._dataset_kind != _DatasetKind.Map:
+            raise TypeError(
+                "state_dict() needs a map-style dataset; an IterableDataset keeps its own position"
+            )
+        if not self.in_order and self.num_workers > 0:
+            raise ValueError(
+                "state_dict() needs in_order=True: with in_order=False batches arrive out of order"
+            )
+        return {
+            "version": _STATE_VERSION,
+            "epoch_order": list(self._epoch_order),
+            "batches_delivered": self._delivered,
+            "generators": generator_states(self._generators()),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next ``iter(loader)`` yield exactly the rest of the saved epoch."""
+        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
+            raise ValueError(f"not a loader.DataLoader state of version {_STATE_VERSION}")
+        order, done = state["epoch_order"], state["batches_delivered"]
+        if not 0 <= done <= len(order):
+            raise ValueError(f"batches_delivered={done} is outside the saved epoch of {len(order)} batches")
+        if done < len(order):
+            self._replay.resume(order, done)
+        self._resume_rng = state["generators"]
+
+    def _count_delivered(self) -> None:
+        if not self._epoch_order:
+            self._epoch_order = self._replay.epoch_order
+        self._delivered += 1
+
+    def _generators(self) -> dict[str, Any]:
+        return {"loader": self.generator, "sampler": getattr(self.sampler, "generator", None)}
+
+
+def _open_cache(
+    dataset: SourceDataset, cache_bytes: int | None, cache_dir: str | os.PathLike
+) -> MinIOCache | None:
+    if cache_bytes is None:
+        return None
+    try:
+        return MinIOCache.open(
+            fingerprint=dataset.source.fingerprint,
+            num_records=len(dataset),
+            capacity=cache_bytes,
+            cache_dir=cache_dir,
+        )
+    except OSError as exc:  # /dev/shm full or not writable: train on without the cache
+        warnings.warn(
+            f"the cache in {cache_dir} cannot be made ({exc}); reading from storage only", stacklevel=3
+        )
+        return None

@@ -1,0 +1,185 @@
+"""loader.DataLoader against torch's: same signature, same order, plus cache, stats, resume, bad records."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+import torch.utils.data
+from helpers import MemorySource, first_index, make_jpeg_folder
+
+import loader
+from loader import DataLoader, SourceDataset
+from loader.cache._layout import index_bytes
+
+TORCH_PARAMS = inspect.signature(torch.utils.data.DataLoader.__init__).parameters
+OUR_PARAMS = inspect.signature(DataLoader.__init__).parameters
+
+
+@pytest.mark.parametrize("name", list(TORCH_PARAMS))
+def test_every_torch_parameter_exists_with_the_same_default_and_kind(name):
+    theirs, ours = TORCH_PARAMS[name], OUR_PARAMS[name]
+    assert (ours.default, ours.kind) == (theirs.default, theirs.kind)
+    assert list(OUR_PARAMS)[: len(TORCH_PARAMS)] == list(TORCH_PARAMS)
+
+
+def test_our_options_are_keyword_only():
+    extra = [p for n, p in OUR_PARAMS.items() if n not in TORCH_PARAMS]
+    assert {p.name for p in extra} == {"cache_bytes", "cache_dir", "on_error"}
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extra)
+
+
+def batches(dl) -> list:
+    return [[t.tolist() if isinstance(t, torch.Tensor) else t for t in b] for b in dl]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_plain_dataset_gives_what_torch_gives(num_workers):
+    data = torch.utils.data.TensorDataset(torch.arange(50), torch.arange(50) * 2)
+    kw = dict(batch_size=4, shuffle=True, num_workers=num_workers, drop_last=True)
+    theirs = torch.utils.data.DataLoader(data, generator=torch.Generator().manual_seed(3), **kw)
+    ours = DataLoader(data, generator=torch.Generator().manual_seed(3), **kw)
+    assert batches(ours) == batches(theirs)
+    assert len(ours) == len(theirs) == 12
+    assert ours.stats().batches_collated == 0  # nothing instrumented: it is torch's loader
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_source_dataset_keeps_torch_order(num_workers, shm_dir):
+    data = SourceDataset(MemorySource(30), transform=first_index)
+    kw = dict(batch_size=5, shuffle=True, num_workers=num_workers)
+    theirs = torch.utils.data.DataLoader(data, generator=torch.Generator().manual_seed(1), **kw)
+    ours = DataLoader(
+        data, generator=torch.Generator().manual_seed(1), cache_bytes=1 << 20, cache_dir=shm_dir, **kw
+    )
+    for _ in range(2):
+        assert batches(ours) == batches(theirs)
+
+
+def test_batch_size_none_and_custom_collate(shm_dir):
+    data = SourceDataset(MemorySource(6), transform=first_index)
+    single = DataLoader(data, batch_size=None, cache_bytes=1 << 20, cache_dir=shm_dir)
+    assert [s for s, _ in single] == list(range(6))
+    joined = DataLoader(data, batch_size=3, collate_fn=lambda b: sum(s for s, _ in b))
+    assert list(joined) == [3, 12]
+
+
+def half_cache(n: int, size: int) -> int:
+    return index_bytes(n) + (n // 2) * size
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_half_cache_hits_exactly_what_it_admitted_each_epoch(num_workers, shm_dir):
+    n, size = 64, 512
+    data = SourceDataset(MemorySource(n, size), transform=first_index)
+    dl = DataLoader(
+        data,
+        batch_size=8,
+        shuffle=True,
+        num_workers=num_workers,
+        cache_bytes=half_cache(n, size),
+        cache_dir=shm_dir,
+    )
+    seen = [sorted(i for b in dl for i in b[0].tolist())]
+    first = dl.stats()
+    assert (first.hits, first.records_admitted, first.records_cached) == (0, n // 2, n // 2)
+    for _ in range(2):
+        before = dl.stats()
+        seen.append(sorted(i for b in dl for i in b[0].tolist()))
+        after = dl.stats()
+        assert after.hits - before.hits == first.records_admitted
+        assert after.misses - before.misses == n - first.records_admitted
+        assert after.records_admitted == first.records_admitted  # never evicts, never re-admits
+    assert seen == [list(range(n))] * 3  # no record lost or repeated
+
+
+def test_stats_time_every_stage_and_count_bytes(tmp_path, shm_dir):
+    dl = DataLoader(
+        loader.ImageFolder(make_jpeg_folder(tmp_path / "imgs"), transform="eval"),
+        batch_size=4,
+        cache_bytes=1 << 22,
+        cache_dir=shm_dir,
+    )
+    images, labels = next(iter(dl))
+    assert images.shape == (4, 3, 224, 224) and images.dtype == torch.uint8 and labels.tolist() == [0] * 4
+    list(dl)
+    s = dl.stats()
+    assert s.fetch_seconds > 0 and s.decode_seconds > 0 and s.collate_seconds > 0
+    assert s.samples == 8 + 4 and s.batches_collated == 3
+    assert s.bytes_from_cache > 0 and s.bytes_from_source + s.bytes_from_cache > 0
+    assert 0 < s.hit_rate < 1 and s.cache_capacity == 1 << 22
+
+
+def test_corrupt_record_is_named_or_skipped_and_counted(tmp_path, shm_dir):
+    root = make_jpeg_folder(tmp_path / "imgs")
+    bad = root / "class1" / "img001.jpg"
+    bad.write_bytes(bad.read_bytes()[:200])  # truncated JPEG
+    data = loader.ImageFolder(root, transform="eval")
+    with pytest.raises(loader.BadRecordError, match=r"record 5 .*img001\.jpg"):
+        list(DataLoader(data, batch_size=4))
+    skipping = DataLoader(data, batch_size=4, on_error="skip", cache_bytes=1 << 22, cache_dir=shm_dir)
+    sizes = [len(labels) for _, labels in skipping]
+    assert sizes == [4, 3] and skipping.stats().records_skipped == 1
+
+
+def test_batch_of_only_bad_records_is_dropped():
+    source = MemorySource(6)
+    source.records[2] = source.records[3] = None
+    dl = DataLoader(SourceDataset(source, transform=first_index), batch_size=2, on_error="skip")
+    assert [b[0].tolist() for b in dl] == [[0, 1], [4, 5]]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"on_error": "ignore"}, "on_error"),
+        ({"cache_bytes": -1}, "cache_bytes"),
+        ({"cache_bytes": 10}, "cache_bytes"),
+    ],
+)
+def test_bad_options_are_named(kwargs, match, shm_dir):
+    with pytest.raises(ValueError, match=match):
+        DataLoader(SourceDataset(MemorySource(4)), cache_dir=shm_dir, **kwargs)
+
+
+def test_cache_on_a_plain_dataset_warns():
+    with pytest.warns(UserWarning, match="cache_bytes is ignored"):
+        DataLoader(torch.utils.data.TensorDataset(torch.arange(3)), cache_bytes=1 << 20)
+
+
+@pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (2, False), (2, True)])
+def test_resume_mid_epoch_gives_the_same_rest(num_workers, persistent, shm_dir):
+    def make():
+        data = SourceDataset(MemorySource(40), transform=first_index)
+        return DataLoader(
+            data,
+            batch_size=3,
+            shuffle=True,
+            num_workers=num_workers,
+            persistent_workers=persistent,
+            generator=torch.Generator().manual_seed(7),
+            cache_bytes=1 << 20,
+            cache_dir=shm_dir,
+        )
+
+    original = make()
+    list(original)  # one whole epoch first, so the state is not just the start
+    it = iter(original)
+    head = [next(it)[0].tolist() for _ in range(5)]
+    state = original.state_dict()
+    rest = [b[0].tolist() for b in it] + [b[0].tolist() for b in original]  # rest of epoch 2, then epoch 3
+    restored = make()
+    restored.load_state_dict(state)
+    again = [b[0].tolist() for b in restored] + [b[0].tolist() for b in restored]
+    assert len(head) + len(again) == 2 * len(original) and again == rest
+
+
+def test_state_dict_rejects_what_it_cannot_resume():
+    data = SourceDataset(MemorySource(4))
+    with pytest.raises(ValueError, match="version"):
+        DataLoader(data).load_state_dict({"epoch_order": []})
+    with pytest.raises(ValueError, match="batches_delivered"):
+        DataLoader(data).load_state_dict(
+            {"version": 1, "epoch_order": [[0]], "batches_delivered": 5, "generators": {}}
+        )

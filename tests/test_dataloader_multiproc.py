@@ -1,0 +1,116 @@
+"""Several processes on one cache: workers, separate jobs, and a worker killed during the fill."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+from helpers import MemorySource, first_index, index_of
+
+from loader import DataLoader, SourceDataset
+from loader.cache._layout import index_bytes
+
+pytestmark = pytest.mark.multiproc
+N, SIZE = 96, 4096
+
+
+def job(cache_dir: str, out) -> None:
+    """One training job: two workers, one epoch over the shared cache; reports its stats."""
+    dl = DataLoader(
+        SourceDataset(MemorySource(N, SIZE), transform=first_index),
+        batch_size=8,
+        shuffle=True,
+        num_workers=2,
+        cache_bytes=index_bytes(N) + N * SIZE,
+        cache_dir=cache_dir,
+    )
+    seen = sorted(i for b in dl for i in b[0].tolist())
+    s = dl.stats()
+    out.put((seen, s.hits, s.misses, s.records_admitted, s.records_cached))
+
+
+def test_two_jobs_with_two_workers_share_one_cache(shm_dir):
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    for _ in range(2):  # the second job starts after the first: it finds the cache warm
+        p = ctx.Process(target=job, args=(str(shm_dir), out))
+        p.start()
+        first = out.get(timeout=120)
+        p.join(60)
+        assert p.exitcode == 0
+        if _ == 0:
+            assert first[0] == list(range(N)) and first[1:] == (0, N, N, N)
+        else:
+            assert first[0] == list(range(N)) and first[1:] == (N, 0, 0, N)
+
+
+def test_two_jobs_at_once_fill_it_together(shm_dir):
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=job, args=(str(shm_dir), out)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert all(r[0] == list(range(N)) for r in results)
+    assert sum(r[3] for r in results) == N  # each record admitted once, by one of them
+    assert results[0][4] == results[1][4] == N
+
+
+class SlowSource(MemorySource):
+    def read(self, index: int) -> bytes:
+        time.sleep(0.005)
+        return super().read(index)
+
+
+def test_worker_killed_during_fill_loses_nothing_and_leaves_no_torn_record(shm_dir):
+    def make():
+        return DataLoader(
+            SourceDataset(SlowSource(N, SIZE), transform=first_index),
+            batch_size=4,
+            num_workers=2,
+            timeout=60,
+            cache_bytes=index_bytes(N) + N * SIZE,
+            cache_dir=shm_dir,
+        )
+
+    dl = make()
+    it = iter(dl)
+    next(it)
+    victim = it._workers[0].pid
+    killer = threading.Timer(0.05, os.kill, args=(victim, signal.SIGKILL))
+    killer.start()
+    with pytest.raises(RuntimeError, match=f"(?i)worker.*{victim}"):
+        for _ in it:
+            pass
+    killer.join()
+    it._shutdown_workers()  # the surviving worker stops too, so what the cache holds is settled
+    cache = dl.cache
+    held = [i for i in range(N) if cache.get(i) is not None]
+    assert held and all(index_of(cache.get(i)) == i and len(cache.get(i)) == SIZE for i in held)
+    again = make()
+    assert sorted(i for b in again for i in b[0].tolist()) == list(range(N))  # the cache is reusable
+    s = again.stats()
+    assert s.hits == len(held) and s.records_cached >= len(held)
+
+
+def test_stats_are_summed_over_workers(shm_dir):
+    dl = DataLoader(
+        SourceDataset(MemorySource(N, SIZE), transform=first_index),
+        batch_size=8,
+        num_workers=2,
+        cache_bytes=1 << 22,
+        cache_dir=shm_dir,
+    )
+    list(dl)
+    s = dl.stats()
+    assert (s.misses, s.samples, s.batches_collated) == (N, N, N // 8)
+    assert s.bytes_from_source == N * SIZE and s.fetch_seconds > 0
+    assert isinstance(torch.utils.data.get_worker_info(), type(None))
