@@ -32,12 +32,12 @@ class Source(abc.ABC):
 
     @abc.abstractmethod
     def describe(self, index: int) -> str:
-        """Where record ``index`` lives, for error messages: a file path, or ``path[key]``, or ``path:row``."""
+        """Where record ``index`` lives, for error messages: a file path, ``path[key]`` or ``path:row``."""
 
     @property
     @abc.abstractmethod
     def fingerprint(self) -> str:
-        """Hex digest that is equal for the same data and differs when any record is added, removed or changed."""
+        """Hex digest: equal for the same data, different when any record is added, removed or changed."""
 
     def check_index(self, index: int) -> int:
         """Normalise ``index`` like a sequence does, or raise IndexError naming it."""

@@ -1,0 +1,114 @@
+"""Readers behind ArrowSource: a file as numbered chunks (record batches or row groups), and value access."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import weakref
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from loader.errors import SourceError
+from loader.sources._pagecache import MappedFile, drop_file, prefetch
+
+__all__ = ["IpcFile", "ParquetFile", "binary_value", "open_file", "token_value"]
+
+_INT32 = np.iinfo(np.int32)
+
+
+class IpcFile:
+    """An Arrow IPC file mapped with MADV_RANDOM; record batches are the chunks.
+
+    Mapped by us rather than by ``pa.memory_map``, which advises WILLNEED on every batch body it reads and so
+    pulls whole batches into the page cache; here a read touches only its value (prefetched as one request).
+    """
+
+    def __init__(self, path: str) -> None:
+        with open(path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._map.madvise(mmap.MADV_RANDOM)
+        self._reader = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(self._map)))
+        self.schema = self._reader.schema
+        self._path = path
+        self._mapped: MappedFile | None = None
+
+    def chunk_rows(self) -> list[int]:
+        return [self._reader.get_batch(k).num_rows for k in range(self._reader.num_record_batches)]
+
+    def chunk(self, k: int, name: str, drop: bool) -> pa.Array:
+        return self._reader.get_batch(k).column(name)
+
+    def prefetch(self, view: np.ndarray) -> None:
+        prefetch(view.ctypes.data, view.nbytes)
+
+    def drop(self, view: np.ndarray) -> None:
+        if self._mapped is None:
+            self._mapped = MappedFile(self._path)
+        self._mapped.drop(view.ctypes.data, view.nbytes)
+
+
+class ParquetFile:
+    """A Parquet file read without mmap (so fadvise can evict it); row groups are the chunks."""
+
+    def __init__(self, path: str) -> None:
+        self._file = pq.ParquetFile(path, memory_map=False)
+        self.schema = self._file.schema_arrow
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        weakref.finalize(self, os.close, self._fd)
+
+    def chunk_rows(self) -> list[int]:
+        meta = self._file.metadata
+        return [meta.row_group(k).num_rows for k in range(meta.num_row_groups)]
+
+    def chunk(self, k: int, name: str, drop: bool) -> pa.Array:
+        column = self._file.read_row_group(k, columns=[name]).column(0)
+        if drop:
+            drop_file(self._fd)
+        return column.combine_chunks()
+
+    def prefetch(self, view: np.ndarray) -> None:
+        """Nothing to do: the row group was read whole."""
+
+    def drop(self, view: np.ndarray) -> None:
+        """Nothing to do: the whole file was evicted when the row group was read."""
+
+
+def open_file(path: str) -> IpcFile | ParquetFile:
+    """The right reader for the file's magic bytes, or SourceError naming the file."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(6)
+    except OSError as e:
+        raise SourceError(f"Arrow/Parquet file {path!r} cannot be opened: {e.strerror or e}") from e
+    kinds = {b"ARROW1": ("Arrow IPC", IpcFile), b"PAR1": ("Parquet", ParquetFile)}
+    name, kind = kinds.get(magic, kinds.get(magic[:4], ("", None)))
+    if kind is None:
+        raise SourceError(f"{path!r} is neither an Arrow IPC file nor a Parquet file")
+    try:
+        return kind(path)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise SourceError(f"{path!r} is not a readable {name} file: {e}") from e
+
+
+def binary_value(arr: pa.Array, row: int) -> np.ndarray:
+    """A zero-copy uint8 view of a binary value."""
+    _, offsets, data = arr.buffers()
+    kind = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
+    start, end = np.frombuffer(offsets, dtype=kind)[arr.offset + row : arr.offset + row + 2]
+    if data is None or end == start:
+        return np.empty(0, np.uint8)
+    return np.frombuffer(data, np.uint8, count=int(end - start), offset=int(start))
+
+
+def token_value(arr: pa.Array, row: int) -> np.ndarray:
+    """A zero-copy integer view of a list-of-int value; ValueError for a null or a token beyond int32."""
+    values = arr[row].values
+    if values.null_count:
+        raise ValueError("the token list holds a null")
+    view = np.asarray(values)
+    wide = view.dtype.itemsize >= 4 and view.dtype != np.int32
+    if view.size and wide and (view.min() < _INT32.min or view.max() > _INT32.max):
+        raise ValueError("a token id does not fit in int32")
+    return view

@@ -1,0 +1,144 @@
+"""Arrow IPC files (.arrow, .feather) and Parquet files: one row per record.
+
+The record column is either binary (an encoded image: ``read`` returns the bytes) or a list of integers (a
+token sequence: ``read`` returns ``np.asarray(values, dtype="<i4").tobytes()``, little-endian int32).
+An IPC file is memory-mapped and read without copies except the value itself. A Parquet file has no random
+access below the row group: a read decodes the whole row group holding the row (the last one stays decoded in
+each process), so use small row groups, or IPC, for random order.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import os
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from loader.errors import BadRecordError, SourceError
+from loader.sources._arrow_files import IpcFile, ParquetFile, binary_value, open_file, token_value
+from loader.sources._fingerprint import digest
+from loader.sources.base import Source
+
+__all__ = ["ArrowSource"]
+
+
+def _is_binary(t: pa.DataType) -> bool:
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t)
+
+
+def _is_record_type(t: pa.DataType) -> bool:
+    return _is_binary(t) or (
+        (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_integer(t.value_type)
+    )
+
+
+def _pick_column(schema: pa.Schema, column: str | None, path: str) -> str:
+    """The record column: the one named, or the only binary / list-of-int column."""
+    listing = ", ".join(f"{f.name} ({f.type})" for f in schema)
+    if column is None:
+        found = [f.name for f in schema if _is_record_type(f.type)]
+        if len(found) != 1:
+            raise SourceError(
+                f"{path!r}: name the record column; binary or list<int> columns: {found}; "
+                f"all columns: {listing}"
+            )
+        return found[0]
+    if column not in schema.names:
+        raise SourceError(f"{path!r} has no column {column!r}; columns: {listing}")
+    if not _is_record_type(schema.field(column).type):
+        raise SourceError(
+            f"{path!r}: column {column!r} is {schema.field(column).type}, not binary or a list of integers"
+        )
+    return column
+
+
+class ArrowSource(Source):
+    """Rows of an Arrow IPC or Parquet file; ``label_column`` (optional) gives ``label``.
+
+    ``kind`` is ``"binary"`` (records are the bytes of a binary column) or ``"tokens"`` (a list-of-integers
+    column; records are the sequence as little-endian int32 bytes).
+    """
+
+    def __init__(
+        self, path: str | os.PathLike, column: str | None = None, label_column: str | None = None
+    ) -> None:
+        self.path = os.fspath(path)
+        self._pid: int | None = None
+        schema = self._io().schema
+        self.column = _pick_column(schema, column, self.path)
+        if label_column is not None and label_column not in schema.names:
+            raise SourceError(f"{self.path!r} has no label column {label_column!r}; columns: {schema.names}")
+        self.label_column = label_column
+        self.kind = "binary" if _is_binary(schema.field(self.column).type) else "tokens"
+        self._value = binary_value if self.kind == "binary" else token_value
+        self._starts = list(itertools.accumulate(self._io().chunk_rows(), initial=0))
+        self._len = self._starts.pop()
+        st = os.stat(self.path)
+        self._fingerprint = digest([st.st_size, st.st_mtime_ns, self._len, self.column, schema.to_string()])
+
+    def _io(self) -> IpcFile | ParquetFile:
+        """This process's reader; a forked or unpickled copy opens its own."""
+        if self._pid != os.getpid():
+            self._handle = open_file(self.path)
+            self._chunk: tuple[int, pa.Array | None] = (-1, None)
+            self._labels: list[Any] | None = None
+            self._pid = os.getpid()
+        return self._handle
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in ("_handle", "_chunk", "_labels", "_pid"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _pid=None)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def read(self, index: int) -> bytes:
+        i = self.check_index(index)
+        k = bisect.bisect_right(self._starts, i) - 1
+        arr, row = self._chunk_array(k), i - self._starts[k]
+        if arr.null_count and not arr[row].is_valid:
+            raise BadRecordError(self.describe(i), i, f"null in column {self.column!r}")
+        try:
+            view = self._value(arr, row)
+        except ValueError as e:
+            raise BadRecordError(self.describe(i), i, str(e)) from e
+        io = self._io()
+        io.prefetch(view)
+        data = view.tobytes() if self._value is binary_value else np.asarray(view, dtype="<i4").tobytes()
+        if self.drop_page_cache and view.nbytes:
+            io.drop(view)
+        return data
+
+    def _chunk_array(self, k: int) -> pa.Array:
+        """The record column of chunk ``k``; the last chunk read stays decoded."""
+        io = self._io()
+        if self._chunk[0] != k:
+            self._chunk = (k, io.chunk(k, self.column, self.drop_page_cache))
+        return self._chunk[1]
+
+    def label(self, index: int) -> Any:
+        """The label column's value (loaded whole once per process), or None without a label column."""
+        i = self.check_index(index)
+        if self.label_column is None:
+            return None
+        io = self._io()
+        if self._labels is None:
+            chunks = (io.chunk(k, self.label_column, self.drop_page_cache) for k in range(len(self._starts)))
+            self._labels = [value for chunk in chunks for value in chunk.to_pylist()]
+        return self._labels[i]
+
+    def describe(self, index: int) -> str:
+        return f"{self.path}:{index}"
+
+    @property
+    def fingerprint(self) -> str:
+        """Digest of the file's size, mtime, row count, record column and schema."""
+        return self._fingerprint

@@ -1,0 +1,50 @@
+"""What reaches the storage device and the page cache, as the kernel counts it."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import make_jpeg_folder
+
+import loader
+from loader import DataLoader
+from stallbench.storage import evict_page_cache, probe_storage_conditions, resident_bytes
+
+
+def folder_bytes(root) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*.jpg"))
+
+
+@pytest.fixture
+def cold_images(tmp_path):
+    reason = probe_storage_conditions(tmp_path)["page_cache_eviction"]
+    if reason is not None:
+        pytest.fail(f"this test needs page cache eviction on {tmp_path}: {reason}")
+    root = make_jpeg_folder(tmp_path / "imgs", per_class=16, size=(400, 300))
+    evict_page_cache(root)
+    assert resident_bytes(root) == 0
+    return root
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_with_the_cache_storage_reads_do_not_stay_in_the_page_cache(cold_images, shm_dir, num_workers):
+    dl = DataLoader(
+        loader.ImageFolder(cold_images, transform=len),
+        batch_size=8,
+        num_workers=num_workers,
+        cache_bytes=1 << 24,
+        cache_dir=shm_dir,
+    )
+    list(dl)
+    total = folder_bytes(cold_images)
+    assert resident_bytes(cold_images) < 0.05 * total  # the records live once: in our cache
+    s = dl.stats()
+    assert s.bytes_from_storage >= total  # the kernel saw every byte come from the device
+    assert s.bytes_from_source == total and s.records_cached == 32
+    before = s.bytes_from_storage
+    list(dl)
+    assert dl.stats().bytes_from_storage - before < 0.05 * total  # second epoch: all from the cache
+
+
+def test_without_the_cache_the_page_cache_is_left_as_torch_leaves_it(cold_images):
+    list(DataLoader(loader.ImageFolder(cold_images, transform=len), batch_size=8))
+    assert resident_bytes(cold_images) >= 0.95 * folder_bytes(cold_images)
