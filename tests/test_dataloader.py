@@ -183,3 +183,44 @@ def test_state_dict_rejects_what_it_cannot_resume():
         DataLoader(data).load_state_dict(
             {"version": 1, "epoch_order": [[0]], "batches_delivered": 5, "generators": {}}
         )
+
+
+def test_distributed_sampler_splits_as_in_torch(shm_dir):
+    data = SourceDataset(MemorySource(21), transform=first_index)
+    for rank in range(2):
+        sampler = torch.utils.data.DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=4)
+        theirs = torch.utils.data.DataLoader(data, batch_size=4, sampler=sampler)
+        ours = DataLoader(data, batch_size=4, sampler=sampler, cache_bytes=1 << 20, cache_dir=shm_dir)
+        assert batches(ours) == batches(theirs)
+
+
+def record_worker(worker_id: int) -> None:
+    torch.utils.data.get_worker_info().dataset.seen_by = worker_id
+
+
+def test_worker_options_pass_through(shm_dir):
+    data = SourceDataset(MemorySource(16), transform=first_index)
+    dl = DataLoader(
+        data,
+        batch_size=2,
+        num_workers=2,
+        prefetch_factor=3,
+        persistent_workers=True,
+        worker_init_fn=record_worker,
+        cache_bytes=1 << 20,
+        cache_dir=shm_dir,
+    )
+    assert (dl.prefetch_factor, dl.persistent_workers, dl.worker_init_fn) == (3, True, record_worker)
+    for _ in range(2):
+        assert sorted(i for b in dl for i in b[0].tolist()) == list(range(16))
+    assert dl.stats().samples == 32
+
+
+def test_pin_memory_behaves_as_in_torch():
+    data = SourceDataset(MemorySource(4), transform=first_index)
+    with pytest.warns(UserWarning) as theirs:
+        list(torch.utils.data.DataLoader(data, batch_size=2, pin_memory=True))
+    with pytest.warns(UserWarning) as ours:
+        out = [b[0].tolist() for b in DataLoader(data, batch_size=2, pin_memory=True)]
+    assert out == [[0, 1], [2, 3]]
+    assert [str(w.message) for w in ours] == [str(w.message) for w in theirs]

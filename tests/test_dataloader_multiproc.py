@@ -114,3 +114,21 @@ def test_stats_are_summed_over_workers(shm_dir):
     assert (s.misses, s.samples, s.batches_collated) == (N, N, N // 8)
     assert s.bytes_from_source == N * SIZE and s.fetch_seconds > 0
     assert isinstance(torch.utils.data.get_worker_info(), type(None))
+
+
+def test_spawned_workers_share_the_cache(shm_dir):
+    def run():
+        dl = DataLoader(
+            SourceDataset(MemorySource(N, SIZE), transform=first_index),
+            batch_size=8,
+            num_workers=2,
+            multiprocessing_context="spawn",
+            cache_bytes=1 << 22,
+            cache_dir=shm_dir,
+        )
+        seen = sorted(i for b in dl for i in b[0].tolist())
+        return seen, dl.stats()
+
+    first, second = run(), run()
+    assert first[0] == second[0] == list(range(N))
+    assert (first[1].records_admitted, second[1].hits, second[1].misses) == (N, N, 0)
