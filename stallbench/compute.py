@@ -1,0 +1,103 @@
+"""Training-step models: what the loop does with each batch while the loader prepares the next.
+
+- ``emulated:<ms>``: sleeps ``ms`` per batch, leaving the CPU free, as a GPU step would.
+- ``cpu``: a small real torch model (conv + pool + linear, forward, backward, SGD) on the CPU.
+- ``cuda``: the same model on a CUDA device, timed with synchronisation.
+
+Models are picked by name (``parse_compute``); an unknown name is a ValueError listing the choices.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["COMPUTE_MODELS", "ComputeStep", "parse_compute"]
+
+
+class ComputeStep:
+    """One training step per call; ``name`` says which model, for reports."""
+
+    name = "none"
+
+    def __call__(self, batch: Any) -> None:
+        raise NotImplementedError
+
+
+class EmulatedStep(ComputeStep):
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.name = f"emulated:{seconds * 1000:g}"
+
+    def __call__(self, batch: Any) -> None:
+        time.sleep(self.seconds)
+
+
+class TorchModelStep(ComputeStep):
+    """A small image classifier trained on the batch; images are uint8 NCHW tensors."""
+
+    def __init__(self, device: str, num_classes: int = 1000) -> None:
+        self.device = torch.device(device)
+        self.name = device
+        self.model = nn.Sequential(
+            nn.Conv2d(3, 16, kernel_size=7, stride=4),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(16, num_classes),
+        ).to(self.device)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
+
+    def __call__(self, batch: Any) -> None:
+        images, labels = _images_and_labels(batch, self.name)
+        images = images.to(self.device, non_blocking=True).float().div_(255)
+        labels = labels.to(self.device, non_blocking=True) % self.model[-1].out_features
+        loss = nn.functional.cross_entropy(self.model(images), labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def _images_and_labels(batch: Any, model: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(batch, (list, tuple)) and len(batch) == 2 and isinstance(batch[0], torch.Tensor):
+        images, labels = batch
+        if images.dim() == 4 and images.shape[1] == 3:
+            return images, torch.as_tensor(labels)
+    raise ValueError(f"compute model {model!r} needs (images NCHW with 3 channels, labels) batches")
+
+
+def _emulated(arg: str) -> ComputeStep:
+    try:
+        ms = float(arg)
+    except ValueError:
+        ms = -1.0
+    if not ms >= 0:
+        raise ValueError(f"emulated compute needs milliseconds per batch, as in 'emulated:20'; got {arg!r}")
+    return EmulatedStep(ms / 1000)
+
+
+def _cuda(arg: str) -> ComputeStep:
+    if not torch.cuda.is_available():
+        raise ValueError("compute model 'cuda' needs a CUDA device and none is available here")
+    return TorchModelStep("cuda")
+
+
+COMPUTE_MODELS: dict[str, Callable[[str], ComputeStep]] = {
+    "emulated": _emulated,
+    "cpu": lambda arg: TorchModelStep("cpu"),
+    "cuda": _cuda,
+}
+
+
+def parse_compute(text: str) -> ComputeStep:
+    """``"emulated:20"``, ``"cpu"`` or ``"cuda"`` -> a step; anything else -> ValueError naming choices."""
+    name, _, arg = text.partition(":")
+    if name not in COMPUTE_MODELS:
+        raise ValueError(f"unknown compute model {text!r}; choose one of: emulated:<ms>, cpu, cuda")
+    return COMPUTE_MODELS[name](arg)
