@@ -1,3 +1,5 @@
 """stallbench: measure where a training job waits for its data, and compare loaders side by side."""
 
-__all__: list[str] = []
+from stallbench.profile import Profile, profile
+
+__all__ = ["Profile", "profile"]

@@ -1,0 +1,203 @@
+"""Time a user's own training loop: how long each batch is waited for, and how long each step takes.
+
+    prof = stallbench.profile(loader, name="resnet50")
+    for epoch in range(3):
+        for batch in prof:              # each ``for`` over prof is one epoch
+            train_step(batch)
+        with prof.phase("eval"):        # marked phases: evaluation, checkpointing, ...
+            evaluate()
+    print(prof.summary())
+    prof.save("profile.json")
+
+A batch's *wait* is the time inside the loader's ``__next__`` (the first one includes ``iter(loader)``:
+worker start-up and prefetch); its *step* is the time from that return to the next ``__next__`` call, less
+marked phases. Transitions are reported apart from the steady state: each epoch's first batch, the time
+inside the final ``__next__`` that raised StopIteration (epoch end wait), the gap from one epoch's end to
+the next epoch's first call less marked phases, and the phases. Steady state is every other batch. A loop
+left by ``break`` or an exception (KeyboardInterrupt included) keeps its partial epoch.
+
+JSON written by ``save`` (``PROFILE_SCHEMA_VERSION = 1``; seconds throughout; null where not measured)::
+
+    {"schema": "stallbench.profile/1", "name": str,
+     "epochs": [{"index": int, "iterations": int, "complete": bool (the loader was exhausted),
+                 "seconds": first call to end, "wait_s", "step_s", "first_batch_s", "end_wait_s"}],
+     "steady": {"iterations": int, "wait_s", "step_s", "wait_fraction" (wait / (wait + step)),
+                "iterations_per_s", "wait_mean_s", "wait_p50_s", "wait_p95_s",
+                "step_mean_s", "step_p50_s", "step_p95_s"},
+     "transitions": {"first_batch_s": [...], "epoch_gap_s": [... one per pair of consecutive epochs],
+                     "epoch_end_wait_s": [...], "phases": {name: [seconds, ...]}},
+     "loader_stats": the loader's stats() as a dict (loader.DataLoader), or null}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from stallbench import _timeline
+from stallbench._timeline import EpochRecord, PhaseRecord, Timeline
+
+__all__ = ["PROFILE_SCHEMA_VERSION", "Profile", "Timeline", "profile"]
+
+PROFILE_SCHEMA_VERSION = 1
+
+
+class Profile:
+    """Iterate over it in place of the loader; each ``for`` is one epoch. Made by :func:`profile`."""
+
+    def __init__(self, loader: Iterable[Any], name: str) -> None:
+        self.loader = loader
+        self.name = name
+        self._epochs: list[EpochRecord] = []
+        self._phases: list[PhaseRecord] = []
+        self._open_phase: str | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._epoch()
+
+    def _epoch(self) -> Iterator[Any]:
+        if self._open_phase is not None:
+            raise ValueError(f"an epoch cannot run inside phase {self._open_phase!r}; mark phases between")
+        rec = EpochRecord()
+        self._epochs.append(rec)
+        called, returned, clock = rec.calls.append, rec.returns.append, time.perf_counter
+        called(clock())
+        try:
+            batches = iter(self.loader)
+            while True:
+                batch = next(batches)
+                returned(clock())
+                yield batch
+                called(clock())
+        except StopIteration:
+            rec.exhausted = True
+        finally:
+            rec.end = clock()
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Mark a stretch outside the steady state (evaluation, checkpointing); phases do not nest."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"phase name must be a non-empty string, got {name!r}")
+        if self._open_phase is not None:
+            raise ValueError(
+                f"phase {name!r} cannot start inside phase {self._open_phase!r}: phases do not nest"
+            )
+        self._open_phase = name
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._phases.append(PhaseRecord(name, start, time.perf_counter()))
+            self._open_phase = None
+
+    def timeline(self) -> Timeline:
+        """Per batch: epoch, index in the epoch, wait_s, step_s (NaN while a step is still running)."""
+        return _timeline.timeline(self._epochs, self._phases)
+
+    def to_dict(self) -> dict[str, Any]:
+        """What ``save`` writes (see the module docstring for the schema)."""
+        return {
+            "schema": f"stallbench.profile/{PROFILE_SCHEMA_VERSION}",
+            "name": self.name,
+            "epochs": _timeline.epoch_rows(self._epochs, self._phases),
+            "steady": _timeline.steady_state(self.timeline()),
+            "transitions": _timeline.transitions(self._epochs, self._phases),
+            "loader_stats": _loader_stats(self.loader),
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the JSON atomically (a temporary file in the same folder, then a rename)."""
+        path = Path(path)
+        text = json.dumps(self.to_dict(), indent=2)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        return path
+
+    def summary(self) -> str:
+        """A readable table of the steady state, the transitions and each epoch."""
+        data = self.to_dict()
+        return "\n".join([*_steady_lines(data), *_transition_lines(data["transitions"]), *_epoch_lines(data)])
+
+
+def profile(loader: Iterable[Any], name: str | None = None) -> Profile:
+    """Wrap ``loader`` (any re-iterable: torch or stallbench DataLoader, a list) to time a training loop."""
+    if not isinstance(loader, Iterable):
+        raise TypeError(f"profile() needs an iterable loader, got {type(loader).__name__}")
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a string, got {type(name).__name__}")
+    return Profile(loader, name or type(loader).__name__)
+
+
+def _loader_stats(loader: object) -> dict[str, Any] | None:
+    stats = getattr(loader, "stats", None)
+    if not callable(stats):
+        return None
+    value = stats()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    warnings.warn(
+        f"{type(loader).__name__}.stats() returned {type(value).__name__}, not a dataclass or "
+        "mapping: loader_stats left out",
+        stacklevel=3,
+    )
+    return None
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
+def _steady_lines(data: dict[str, Any]) -> list[str]:
+    s = data["steady"]
+    share = "-" if s["wait_fraction"] is None else f"{s['wait_fraction']:.1%}"
+    rate = "-" if s["iterations_per_s"] is None else f"{s['iterations_per_s']:.1f}"
+    batches = sum(e["iterations"] for e in data["epochs"])
+    lines = [
+        f"profile {data['name']!r}: {len(data['epochs'])} epochs, {batches} batches",
+        f"steady state: {s['iterations']} batches, {rate} it/s, waiting for data {share} of the time",
+        f"  {'':6}{'total s':>10}{'mean ms':>10}{'p50 ms':>10}{'p95 ms':>10}",
+    ]
+    for k in ("wait", "step"):
+        stats = (_ms(s[f"{k}_{q}_s"]) for q in ("mean", "p50", "p95"))
+        lines.append(f"  {k:6}{s[f'{k}_s']:10.3f}" + "".join(f"{v:>10}" for v in stats))
+    return lines
+
+
+def _transition_lines(t: dict[str, Any]) -> list[str]:
+    rows = [("first batch", t["first_batch_s"]), ("epoch end wait", t["epoch_end_wait_s"])]
+    rows += [("epoch gap", t["epoch_gap_s"])] + [(f"phase {k!r}", v) for k, v in t["phases"].items()]
+    return ["transitions (outside the steady state)"] + [
+        f"  {label:18}{len(v):4} x  total {sum(v):9.4f} s  max {max(v):9.4f} s" for label, v in rows if v
+    ]
+
+
+def _epoch_lines(data: dict[str, Any]) -> list[str]:
+    lines = [
+        "epochs",
+        f"  {'epoch':>5}{'batches':>9}{'seconds':>10}{'wait s':>10}{'step s':>10}{'first ms':>10}  complete",
+    ]
+    for e in data["epochs"]:
+        lines.append(
+            f"  {e['index']:5}{e['iterations']:9}{e['seconds']:10.3f}{e['wait_s']:10.3f}{e['step_s']:10.3f}"
+            f"{_ms(e['first_batch_s']):>10}  {'yes' if e['complete'] else 'no'}"
+        )
+    return lines

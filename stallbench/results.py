@@ -1,0 +1,97 @@
+"""What an analysis produces: plain dataclasses, the source of the JSON schema (``docs/stallbench.md``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["SCHEMA", "Breakdown", "EpochRecord", "LoaderReport", "Machine", "Prediction", "Roofline", "RunRecord"]
+
+SCHEMA = "stallbench.report/1"
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    """One epoch of one run, as the job measured it."""
+
+    epoch: int
+    seconds: float
+    wait_seconds: float  # the loop waiting for batches, first batch included
+    step_seconds: float  # in the training step
+    first_batch_seconds: float
+    batches: int
+    samples: int
+    storage_bytes: int  # read from the storage device (kernel count, the job's processes)
+    hits: int = 0
+    misses: int = 0
+    cpu_seconds: float = 0.0  # user + system over the job and its workers
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One of the three differential runs: "ingestion", "prep" or "cold"."""
+
+    phase: str
+    epochs: tuple[EpochRecord, ...]
+    condition: str  # what was done to storage/memory, in words
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # fetch / decode / collate, summed
+    timeline: tuple[tuple[float, float], ...] = ()  # (wait_s, step_s) per iteration of the last epoch
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Steady-state epoch time split by the differential method, in seconds (percentages derived)."""
+
+    epoch_seconds: float
+    compute_seconds: float
+    prep_stall_seconds: float
+    fetch_stall_seconds: float
+    warmup_seconds: float  # first epoch's excess over a steady epoch, plus time to first batch
+
+    def percent(self, seconds: float) -> float:
+        return 100.0 * seconds / self.epoch_seconds if self.epoch_seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Measured, never assumed."""
+
+    cores: int
+    storage_bytes_per_s: float
+    memory_bytes_per_s: float
+    prep_samples_per_s_per_core: float
+
+
+@dataclass(frozen=True)
+class Prediction:
+    cache_bytes: int
+    workers: int
+    epoch_seconds: float
+    bound: str  # "compute" | "prep" | "fetch"
+
+
+@dataclass(frozen=True)
+class Roofline:
+    compute_seconds: float
+    prep_seconds: float
+    fetch_seconds: float
+    bound: str
+    efficiency: float  # bound / measured epoch: 1.0 means the loader reaches the roofline
+
+
+@dataclass(frozen=True)
+class LoaderReport:
+    """Everything ``analyze`` says about one loader on one workload."""
+
+    loader: str
+    workload: dict
+    runs: tuple[RunRecord, ...]
+    breakdown: Breakdown
+    storage_bytes: int  # per steady epoch
+    dataset_bytes: int
+    hit_rate: float
+    cpu_utilisation: float
+    samples_per_s: float
+    machine: Machine
+    roofline: Roofline
+    predictions: tuple[Prediction, ...]
+    advice: str

@@ -1,0 +1,233 @@
+"""stallbench.profile: waits and steps of a user's loop, transitions apart, JSON, timeline and errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import loader
+import stallbench.profile as profile_module
+from stallbench.profile import PROFILE_SCHEMA_VERSION, profile
+
+
+class SleepyLoader:
+    """Yields ``n`` batches, sleeping ``wait`` in each __next__ (``first`` in the first one)."""
+
+    def __init__(self, n: int, wait: float, first: float | None = None) -> None:
+        self.n, self.wait, self.first = n, wait, first
+
+    def __iter__(self):
+        for i in range(self.n):
+            time.sleep(self.first if i == 0 and self.first is not None else self.wait)
+            yield i
+
+
+class SlowStartLoader(list):
+    """Sleeps in ``iter()`` itself, as a torch DataLoader does while it starts its workers."""
+
+    def __iter__(self):
+        time.sleep(0.100)
+        return super().__iter__()
+
+
+@dataclasses.dataclass
+class FakeStats:
+    hits: int = 3
+    fetch_seconds: float = 0.5
+
+
+class LoaderWithStats(list):
+    def stats(self) -> FakeStats:
+        return FakeStats()
+
+
+def _run(prof, epochs: int = 1, step: float = 0.0) -> None:
+    for _ in range(epochs):
+        for _batch in prof:
+            time.sleep(step)
+
+
+def test_waiting_loader_shows_a_large_wait_share() -> None:
+    prof = profile(SleepyLoader(8, wait=0.020))
+    _run(prof, step=0.005)
+    steady = prof.to_dict()["steady"]
+    assert steady["iterations"] == 7
+    assert steady["wait_fraction"] > 0.6
+    assert steady["wait_p50_s"] > 2 * steady["step_p50_s"]
+
+
+def test_slow_step_shows_a_small_wait_share() -> None:
+    prof = profile(SleepyLoader(8, wait=0.005))
+    _run(prof, step=0.020)
+    steady = prof.to_dict()["steady"]
+    assert steady["wait_fraction"] < 0.4
+    assert steady["step_mean_s"] > 2 * steady["wait_mean_s"]
+    assert steady["iterations_per_s"] < 1 / 0.020
+
+
+def test_slow_first_batch_is_a_transition_not_steady_state() -> None:
+    prof = profile(SleepyLoader(5, wait=0.002, first=0.200))
+    _run(prof, epochs=2)
+    data = prof.to_dict()
+    firsts = data["transitions"]["first_batch_s"]
+    assert len(firsts) == 2 and min(firsts) >= 0.2
+    assert [e["first_batch_s"] for e in data["epochs"]] == firsts
+    assert data["steady"]["iterations"] == 8
+    assert data["steady"]["wait_s"] < 0.1
+    assert len(data["transitions"]["epoch_end_wait_s"]) == 2
+    assert len(data["transitions"]["epoch_gap_s"]) == 1
+
+
+def test_iter_start_up_counts_in_the_first_batch() -> None:
+    prof = profile(SlowStartLoader(range(3)))
+    _run(prof)
+    assert prof.to_dict()["transitions"]["first_batch_s"][0] >= 0.100
+    assert prof.to_dict()["steady"]["wait_s"] < 0.050
+
+
+def test_phases_are_timed_and_kept_out_of_steps_and_gaps() -> None:
+    prof = profile(list(range(4)))
+    for _ in range(2):
+        for batch in prof:
+            if batch == 1:
+                with prof.phase("checkpoint"):
+                    time.sleep(0.050)
+        with prof.phase("eval"):
+            time.sleep(0.030)
+    data = prof.to_dict()
+    phases = data["transitions"]["phases"]
+    assert sorted(phases) == ["checkpoint", "eval"]
+    assert len(phases["eval"]) == 2 and min(phases["eval"]) >= 0.030
+    assert len(phases["checkpoint"]) == 2 and min(phases["checkpoint"]) >= 0.050
+    assert data["transitions"]["epoch_gap_s"][0] < 0.020
+    assert data["steady"]["step_p95_s"] < 0.030
+    assert all(e["step_s"] < 0.040 for e in data["epochs"])
+
+
+def test_break_keeps_the_partial_epoch() -> None:
+    prof = profile(list(range(10)))
+    _run(prof)
+    for batch in prof:
+        time.sleep(0.010)
+        if batch == 3:
+            break
+    epochs = prof.to_dict()["epochs"]
+    assert [(e["iterations"], e["complete"]) for e in epochs] == [(10, True), (4, False)]
+    assert epochs[1]["end_wait_s"] is None
+    step = prof.timeline().step_s
+    assert np.all(np.isfinite(step)) and step[-1] >= 0.010
+
+
+def test_interrupted_loop_still_has_a_summary() -> None:
+    prof = profile(SleepyLoader(10, wait=0.001))
+    with pytest.raises(KeyboardInterrupt):
+        for batch in prof:
+            if batch == 5:
+                raise KeyboardInterrupt
+    assert prof.to_dict()["epochs"][0]["iterations"] == 6
+    assert "steady state: 5 batches" in prof.summary()
+
+
+def test_open_epoch_is_readable_mid_loop() -> None:
+    prof = profile(list(range(5)))
+    it = iter(prof)
+    next(it), next(it)
+    tl = prof.timeline()
+    assert tl.wait_s.shape == (2,) and np.isnan(tl.step_s[-1]) and np.isfinite(tl.step_s[0])
+    assert prof.to_dict()["steady"]["iterations"] == 0
+    assert list(it) == [2, 3, 4]
+    assert prof.to_dict()["epochs"][0]["complete"]
+
+
+def test_timeline_shape_and_order() -> None:
+    prof = profile(list(range(3)))
+    _run(prof, epochs=2)
+    _run(profile([]))
+    tl = prof.timeline()
+    assert [a.shape for a in tl] == [(6,)] * 4
+    assert tl.epoch.tolist() == [0, 0, 0, 1, 1, 1] and tl.index.tolist() == [0, 1, 2] * 2
+    assert np.all(tl.wait_s >= 0) and np.all(tl.step_s >= 0)
+
+
+def test_torch_dataloader_and_summary_table() -> None:
+    dl = DataLoader(TensorDataset(torch.arange(40.0)), batch_size=8)
+    prof = profile(dl, name="tensors")
+    seen = [len(b[0]) for b in prof]
+    assert seen == [8] * 5
+    text = prof.summary()
+    assert "profile 'tensors': 1 epochs, 5 batches" in text
+    assert "first batch" in text and "epoch end wait" in text
+
+
+def test_json_round_trip_and_schema(tmp_path: Path) -> None:
+    prof = profile(LoaderWithStats(range(6)), name="fake")
+    _run(prof, epochs=2)
+    with prof.phase("eval"):
+        pass
+    path = prof.save(tmp_path / "profile.json")
+    data = json.loads(path.read_text())
+    assert data == json.loads(json.dumps(prof.to_dict()))
+    assert data["schema"] == f"stallbench.profile/{PROFILE_SCHEMA_VERSION}" == "stallbench.profile/1"
+    assert set(data) == {"schema", "name", "epochs", "steady", "transitions", "loader_stats"}
+    assert set(data["transitions"]) == {"first_batch_s", "epoch_gap_s", "epoch_end_wait_s", "phases"}
+    assert data["loader_stats"] == {"hits": 3, "fetch_seconds": 0.5}
+    assert data["steady"]["iterations"] == 10
+    assert [p.name for p in tmp_path.iterdir()] == ["profile.json"]
+
+
+def test_our_dataloader_stats_are_included() -> None:
+    dl = loader.DataLoader(TensorDataset(torch.arange(32.0)), batch_size=8)
+    prof = profile(dl)
+    _run(prof)
+    stats = prof.to_dict()["loader_stats"]
+    assert stats is not None and set(stats) >= {"hits", "misses", "fetch_seconds", "samples"}
+
+
+def test_loader_without_stats_saves_null(tmp_path: Path) -> None:
+    prof = profile(range(3))
+    _run(prof)
+    assert json.loads(prof.save(tmp_path / "p.json").read_text())["loader_stats"] is None
+
+
+def test_stats_of_another_kind_warn_and_save_null() -> None:
+    class OddStats(list):
+        def stats(self) -> int:
+            return 7
+
+    prof = profile(OddStats([1]))
+    with pytest.warns(UserWarning, match="OddStats.stats\\(\\) returned int"):
+        assert prof.to_dict()["loader_stats"] is None
+
+
+def test_failed_save_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(profile_module.os, "replace", fail)
+    with pytest.raises(OSError, match="disk full"):
+        profile([1]).save(tmp_path / "p.json")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_errors() -> None:
+    with pytest.raises(TypeError, match="int"):
+        profile(3)
+    with pytest.raises(TypeError, match="name must be a string"):
+        profile([], name=1)
+    prof = profile([1, 2])
+    with pytest.raises(ValueError, match="non-empty"), prof.phase(""):
+        pass
+    with prof.phase("eval"):
+        with pytest.raises(ValueError, match=r"'ckpt'.*'eval'"), prof.phase("ckpt"):
+            pass
+        with pytest.raises(ValueError, match="'eval'"):
+            list(prof)
+    assert list(prof) == [1, 2]
+    assert list(prof.to_dict()["transitions"]["phases"]) == ["eval"]
