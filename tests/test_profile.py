@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import time
 from pathlib import Path
@@ -13,8 +14,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import loader
-import stallbench.profile as profile_module
 from stallbench.profile import PROFILE_SCHEMA_VERSION, profile
+
+profile_module = importlib.import_module("stallbench.profile")  # the package exports the function
 
 
 class SleepyLoader:
