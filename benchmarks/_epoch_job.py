@@ -1,0 +1,20 @@
+"""The fetch-bound job of bench_fetch_bound.py: epochs of one loader over an image folder, no decode.
+
+The transform returns the record's length, so the epoch time is the time to fetch the bytes. Run inside a
+cgroup by the benchmark; prints one JSON object per epoch (see ``stallbench._epochs``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from stallbench._epochs import job_main
+
+
+def record_length(raw: bytes) -> int:
+    """The sample: how many bytes the record has (the job is bound by fetching, not decoding)."""
+    return len(raw)
+
+
+if __name__ == "__main__":
+    sys.exit(job_main(transform=record_length))

@@ -1,0 +1,105 @@
+"""Running loader jobs (``stallbench._epochs``) as subprocesses, inside kernel-enforced limits when asked.
+
+Both loaders of a comparison get the same memory limit: the cache budget plus the memory the job itself
+needs, measured here (``measure_overhead``) in a cgroup while each loader runs its first few batches.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from stallbench.storage import StorageLimits, evict_page_cache, resident_bytes
+
+__all__ = [
+    "OVERHEAD_MARGIN",
+    "JobFailed",
+    "job_argv",
+    "measure_overhead",
+    "memory_limit",
+    "probe_cache_bytes",
+    "run_job",
+    "scratch_cache_dir",
+]
+
+_TAIL = 2_000  # characters of a failed job's stderr kept in the error
+# Headroom over the measured overhead: the kernel's own objects (inodes, page tables) and later allocations
+# grow a job a few MB past its probe, and a cache in /dev/shm cannot be reclaimed, so it would meet the OOM
+# killer. The margin goes to both loaders: the page cache of torch's loader gets to use it.
+OVERHEAD_MARGIN = 32 << 20
+
+
+class JobFailed(RuntimeError):
+    """A loader job exited with an error; the message holds the end of its stderr."""
+
+
+def job_argv(
+    kind: str, data: str | os.PathLike, *, script: str | os.PathLike | None = None, **options: Any
+) -> list[str]:
+    """``python -m stallbench._epochs`` (or ``python script``) with ``--key value`` for each option set."""
+    argv = [sys.executable, *([os.fspath(script)] if script else ["-m", "stallbench._epochs"])]
+    argv += ["--loader", kind, "--data", os.fspath(data)]
+    for key, value in options.items():
+        if value is not None:
+            argv += [f"--{key.replace('_', '-')}", str(value)]
+    return argv
+
+
+def run_job(argv: Sequence[str], limits: StorageLimits | None = None, timeout: float = 600) -> list[dict]:
+    """Run a job (inside ``limits`` when given) and return its per-epoch records."""
+    paths = [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
+    run = limits.run if limits is not None else subprocess.run
+    done = run(list(argv), capture_output=True, text=True, timeout=timeout, env=env)
+    if done.returncode != 0:
+        where = " inside the cgroup" if limits is not None else ""
+        raise JobFailed(f"{' '.join(argv[1:4])}... exited {done.returncode}{where}:\n{done.stderr[-_TAIL:]}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def scratch_cache_dir(parent: str | os.PathLike = "/dev/shm") -> Path:
+    """A fresh private folder for one run's cache; the caller removes it (``shutil.rmtree``)."""
+    return Path(tempfile.mkdtemp(prefix="stallbench-run-", dir=parent))
+
+
+def probe_cache_bytes(num_records: int) -> int:
+    """A cache that holds its index and no record: the cached loader's probe then admits nothing."""
+    from loader.cache._layout import index_bytes  # here: the command line starts without torch
+
+    return index_bytes(num_records) + mmap.PAGESIZE
+
+
+def measure_overhead(
+    argv_for: Callable[[str, Path], list[str]], kinds: Sequence[str], data: str | os.PathLike
+) -> dict[str, int]:
+    """Memory (bytes) each kind's job needs besides its cache, measured in an unlimited cgroup.
+
+    ``argv_for(kind, cache_dir)`` gives the probe: the real job cut to a few batches (a cached loader with
+    ``probe_cache_bytes``). Its figure is the cgroup's peak less the records it left in the page cache.
+    An unmeasured first run puts the interpreter's and torch's files in the page cache: no probe pays them.
+    """
+    peaks = {}
+    for i, kind in enumerate([kinds[0], *kinds]):
+        cache_dir = scratch_cache_dir()
+        try:
+            evict_page_cache(data)
+            with StorageLimits() as limits:
+                run_job(argv_for(kind, cache_dir), limits)
+        finally:
+            shutil.rmtree(cache_dir, ignore_errors=True)
+        if i > 0:
+            peaks[kind] = limits.memory_max_usage() - resident_bytes(data)
+    return peaks
+
+
+def memory_limit(cache_bytes: int, overheads: dict[str, int]) -> int:
+    """The one limit every loader of a comparison gets: the cache budget plus the largest job overhead."""
+    return cache_bytes + max(overheads.values()) + OVERHEAD_MARGIN
