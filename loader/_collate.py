@@ -24,6 +24,7 @@ class TimedCollate:
         if self.batched:
             data = [sample for sample in data if sample is not SKIPPED]
         if data is SKIPPED or (self.batched and not data):
+            self.board.flush()
             return SKIPPED  # the loader's iterator drops it
         start = time.perf_counter()
         batch = self.collate_fn(data)
@@ -31,5 +32,5 @@ class TimedCollate:
         board.add("collate_seconds", time.perf_counter() - start)
         board.add("batches_collated", 1)
         board.add("samples", len(data) if self.batched else 1)
-        board.add_storage_reads()
+        board.flush()
         return batch

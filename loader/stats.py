@@ -33,6 +33,7 @@ FIELDS = (
 )
 _COLUMN = {name: i for i, name in enumerate(FIELDS)}
 _COUNTS = {f for f in FIELDS if not f.endswith("_seconds")}
+_STORAGE = _COLUMN["bytes_from_storage"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,29 +69,41 @@ class LoaderStats:
 
 
 class StatsBoard:
-    """One row of counters per loading process, in memory shared with the workers."""
+    """One row of counters per loading process, in memory shared with the workers.
+
+    ``add`` goes to a plain list private to the calling process (tens of nanoseconds); ``flush`` moves it
+    into the process's shared row once per batch, together with the storage bytes the kernel counted.
+    """
 
     def __init__(self, num_workers: int) -> None:
         self._rows = num_workers + 1
         self._shared = RawArray("d", self._rows * len(FIELDS))
-        self._io_seen: tuple[int, int] | None = None  # (pid, read_bytes) last reported by this process
+        self._local_pid = -1
 
     def add(self, field: str, amount: float) -> None:
-        self._row()[_COLUMN[field]] += amount
+        if self._local_pid != os.getpid():
+            self._start_local()
+        self._pending[_COLUMN[field]] += amount
 
-    def add_storage_reads(self) -> None:
-        """Report the storage bytes this process read since it last reported (cheap: one small read)."""
-        pid, now = os.getpid(), _read_bytes_of_self()
-        # a worker's kernel counters start at zero; the main process marks its start (start_storage_count)
-        before = self._io_seen[1] if self._io_seen is not None and self._io_seen[0] == pid else 0
-        self.add("bytes_from_storage", now - before)
-        self._io_seen = (pid, now)
+    def flush(self, storage: bool = True) -> None:
+        """Publish this process's pending counts and (``storage``) its storage reads since the last flush."""
+        if self._local_pid != os.getpid():
+            self._start_local()
+        if storage:
+            now = _read_bytes_of_self()
+            self._pending[_STORAGE] += now - self._io_seen
+            self._io_seen = now
+        self._row()[:] += self._pending
+        self._pending = [0.0] * len(FIELDS)
 
     def start_storage_count(self) -> None:
-        """Count storage reads of the calling (main) process from now on."""
-        self._io_seen = (os.getpid(), _read_bytes_of_self())
+        """Count storage reads of the calling (main) process from now on, not since it started."""
+        self._start_local()
+        self._io_seen = _read_bytes_of_self()
 
     def totals(self, cache: CacheInfo | None) -> LoaderStats:
+        if self._local_pid == os.getpid():
+            self.flush(storage=self._rows == 1)  # the main process loads data only without workers
         sums = self._table().sum(axis=0)
         values = {f: (int(sums[i]) if f in _COUNTS else float(sums[i])) for f, i in _COLUMN.items()}
         if cache is not None:
@@ -102,23 +115,35 @@ class StatsBoard:
         return LoaderStats(**values)
 
     def __getstate__(self) -> dict:
-        return {"_rows": self._rows, "_shared": self._shared, "_io_seen": None}
+        return {"_rows": self._rows, "_shared": self._shared, "_local_pid": -1}
+
+    def _start_local(self) -> None:
+        """First use in a process. A worker's kernel I/O counters start at zero when it is made; the main
+        process counts from here (and from each epoch's start, see ``start_storage_count``)."""
+        self._local_pid = os.getpid()
+        self._pending = [0.0] * len(FIELDS)
+        self._io_seen = 0 if torch.utils.data.get_worker_info() is not None else _read_bytes_of_self()
+        self._view = np.frombuffer(self._shared, dtype=np.float64).reshape(self._rows, len(FIELDS))
 
     def _table(self) -> np.ndarray:
-        table = self.__dict__.get("_view")
-        if table is None:
-            table = np.frombuffer(self._shared, dtype=np.float64).reshape(self._rows, len(FIELDS))
-            self._view = table
-        return table
+        if self._local_pid != os.getpid():
+            self._start_local()
+        return self._view
 
     def _row(self) -> np.ndarray:
         info = torch.utils.data.get_worker_info()
         return self._table()[0 if info is None else 1 + info.id % (self._rows - 1)]
 
 
+_proc_io: tuple[int, int] = (-1, -1)  # (pid, fd of /proc/self/io), one per process
+
+
 def _read_bytes_of_self() -> int:
-    with open("/proc/self/io", "rb") as f:
-        for line in f:
-            if line.startswith(b"read_bytes:"):
-                return int(line.split()[1])
+    """The kernel's count of bytes this process caused to be read from storage."""
+    global _proc_io
+    if _proc_io[0] != os.getpid():
+        _proc_io = (os.getpid(), os.open("/proc/self/io", os.O_RDONLY | os.O_CLOEXEC))
+    for line in os.pread(_proc_io[1], 4096, 0).splitlines():
+        if line.startswith(b"read_bytes:"):
+            return int(line.split()[1])
     return 0
