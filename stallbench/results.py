@@ -4,9 +4,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["SCHEMA", "Breakdown", "EpochRecord", "LoaderReport", "Machine", "Prediction", "Roofline", "RunRecord"]
+__all__ = [
+    "SCHEMA",
+    "Breakdown",
+    "EpochRecord",
+    "LoaderReport",
+    "Machine",
+    "Prediction",
+    "Roofline",
+    "RunRecord",
+    "Workload",
+]
 
 SCHEMA = "stallbench.report/1"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What was run: the same for every loader of a comparison."""
+
+    data: str  # path of the data (image folder, LMDB, Arrow/Parquet) or of the generated workload
+    dataset_bytes: int  # total bytes of the records
+    samples: int  # records per epoch
+    batch_size: int
+    workers: int
+    compute: str  # compute model, e.g. "emulated:20"
+    epochs: int
+    cache_bytes: int | None  # the cached loader's capacity; also the memory budget given to every loader
+    storage_bytes_per_s: float | None  # kernel read throttle, None when not throttled
+    memory_bytes: int | None  # kernel memory limit of each job, None when not limited
 
 
 @dataclass(frozen=True)
@@ -63,6 +89,8 @@ class Machine:
 
 @dataclass(frozen=True)
 class Prediction:
+    """Predicted steady epoch time for another cache size or worker count, capped by the ingestion rate."""
+
     cache_bytes: int
     workers: int
     epoch_seconds: float
@@ -71,6 +99,8 @@ class Prediction:
 
 @dataclass(frozen=True)
 class Roofline:
+    """The data roofline: the epoch can be no faster than the slowest of these three."""
+
     compute_seconds: float
     prep_seconds: float
     fetch_seconds: float
@@ -82,8 +112,8 @@ class Roofline:
 class LoaderReport:
     """Everything ``analyze`` says about one loader on one workload."""
 
-    loader: str
-    workload: dict
+    loader: str  # "torch" (torch.utils.data.DataLoader) or "cached" (loader.DataLoader with the cache)
+    workload: Workload
     runs: tuple[RunRecord, ...]
     breakdown: Breakdown
     storage_bytes: int  # per steady epoch
