@@ -1,8 +1,11 @@
-"""One loader's epochs over an image folder, as a job: a JSON line per epoch on stdout.
+"""One loader's epochs as a job: a JSON line per epoch on stdout.
 
-Run as ``python -m stallbench._epochs --loader torch|cached --data DIR ...`` (the demo does, inside a cgroup
-when it can) or through ``job_main(argv, transform=...)`` from a script that brings its own transform. Storage
-bytes are the kernel's count (``/proc/<pid>/io`` ``read_bytes``) summed over the job and its workers.
+Run as ``python -m stallbench._epochs --loader torch|cached --data PATH ...`` (the demo and the analysis do,
+inside a cgroup when they can) or through ``job_main(argv, transform=...)`` from a script that brings its
+own transform. Each batch goes through the compute model (``--compute``); ``--mode ingestion`` takes one
+batch and then only runs the step, the differential method's first run. Storage bytes are the kernel's count
+(``/proc/<pid>/io`` ``read_bytes``) summed over the job and its workers; both loaders are instrumented the
+same way (stage times come from the dataset and a timed collate in either loader).
 """
 
 from __future__ import annotations
@@ -18,77 +21,119 @@ from typing import Any
 import psutil
 import torch
 
+from stallbench._jobdata import make_dataset_and_loader
+from stallbench.compute import ComputeStep, parse_compute
+from stallbench.profile import profile
+
 __all__ = ["LOADERS", "job_main", "run_epochs", "storage_read_bytes"]
 
 LOADERS = ("torch", "cached")
-_STAT_DELTAS = ("hits", "misses", "bytes_from_cache", "bytes_from_storage", "records_admitted")
+_STAT_DELTAS = ("hits", "misses", "bytes_from_cache", "records_admitted", "fetch_seconds", "decode_seconds")
+_STAT_DELTAS += ("collate_seconds",)
+
+
+def _tree() -> list[psutil.Process]:
+    me = psutil.Process()
+    return [me, *me.children(recursive=True)]
 
 
 def storage_read_bytes() -> int:
     """Bytes the kernel read from storage for this process and all its live descendants."""
-    me = psutil.Process()
-    total = 0
-    for proc in [me, *me.children(recursive=True)]:
+    return sum(_each(lambda p: p.io_counters().read_bytes))
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and all its live descendants."""
+    return sum(_each(lambda p: sum(p.cpu_times()[:2])))
+
+
+def _each(read: Callable[[psutil.Process], float]) -> Iterator[float]:
+    for proc in _tree():
         try:
-            total += proc.io_counters().read_bytes
+            yield read(proc)
         except psutil.NoSuchProcess:
             continue
-    return total
 
 
-def _make_loader(args: argparse.Namespace, transform: Any) -> torch.utils.data.DataLoader:
-    import loader  # imported here: `python -m stallbench --help` need not load torch's data stack
+class Repeat:
+    """The ingestion run's loader: the same in-memory batch, as many times as the real loader has batches."""
 
-    dataset = loader.ImageFolder(args.data, transform=transform)
-    common = dict(
-        batch_size=args.batch_size,
-        shuffle=True,
-        num_workers=args.workers,
-        persistent_workers=args.workers > 0,
-        generator=torch.Generator().manual_seed(args.seed),
-    )
-    if args.loader == "torch":
-        return torch.utils.data.DataLoader(dataset, **common)
-    return loader.DataLoader(dataset, cache_bytes=args.cache_bytes, cache_dir=args.cache_dir, **common)
+    def __init__(self, batch: Any, times: int) -> None:
+        self.batch, self.times = batch, times
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self.batch for _ in range(self.times))
 
 
-def _stat_values(dl: torch.utils.data.DataLoader) -> dict[str, float]:
-    stats = asdict(dl.stats()) if hasattr(dl, "stats") else {}
-    return {k: stats[k] for k in (*_STAT_DELTAS, "cache_bytes_used") if k in stats}
+def _samples(batch: Any) -> int:
+    if isinstance(batch, (list, tuple)) and len(batch) == 2 and hasattr(batch[1], "__len__"):
+        return len(batch[1])
+    return 1
 
 
 def run_epochs(
-    dl: torch.utils.data.DataLoader, epochs: int, max_batches: int | None = None
+    dl: Any,
+    epochs: int,
+    max_batches: int | None = None,
+    step: ComputeStep | None = None,
+    stats: Callable[[], Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """Iterate ``dl`` for ``epochs`` epochs; per epoch: seconds, batches, storage bytes, stats deltas."""
+    """Iterate ``dl`` for ``epochs`` epochs, ``step`` on each batch; per epoch: times, bytes, stats deltas."""
+    prof = profile(dl)
     for epoch in range(1, epochs + 1):
-        before_stats, before_io = _stat_values(dl), storage_read_bytes()
-        start, batches = time.perf_counter(), 0
-        for _ in dl:
-            batches += 1
+        before = (_stat_values(stats), storage_read_bytes(), cpu_seconds())
+        start, batches, samples = time.perf_counter(), 0, 0
+        for batch in prof:
+            if step is not None:
+                step(batch)
+            batches, samples = batches + 1, samples + _samples(batch)
             if batches == max_batches:
                 break
-        record = {"epoch": epoch, "seconds": time.perf_counter() - start, "batches": batches}
-        record["storage_bytes"] = storage_read_bytes() - before_io
-        after = _stat_values(dl)
-        record.update({k: after[k] - before_stats[k] for k in _STAT_DELTAS if k in after})
-        if "hits" in after:
+        seconds = time.perf_counter() - start
+        record = {"epoch": epoch, "seconds": seconds, "batches": batches, "samples": samples}
+        record.update(_profile_fields(prof, last=epoch == epochs))
+        record["storage_bytes"] = storage_read_bytes() - before[1]
+        record["cpu_seconds"] = cpu_seconds() - before[2]
+        after = _stat_values(stats)
+        record.update({k: after[k] - before[0][k] for k in _STAT_DELTAS if k in after})
+        if "hits" in record:
             reads = record["hits"] + record["misses"]
             record["hit_rate"] = record["hits"] / reads if reads else 0.0
             record["cache_bytes_used"] = after["cache_bytes_used"]
         yield record
 
 
+def _profile_fields(prof: Any, last: bool) -> dict[str, Any]:
+    row = prof.to_dict()["epochs"][-1]
+    fields = {
+        "wait_seconds": row["wait_s"],  # the first batch's wait included
+        "step_seconds": row["step_s"],
+        "first_batch_seconds": row["first_batch_s"] or 0.0,
+    }
+    if last:
+        tl = prof.timeline()
+        mine = tl.epoch == tl.epoch.max()
+        pairs = zip(tl.wait_s[mine], tl.step_s[mine], strict=True)
+        fields["timeline"] = [[float(wait), float(step)] for wait, step in pairs]
+    return fields
+
+
+def _stat_values(stats: Callable[[], Any] | None) -> dict[str, float]:
+    return asdict(stats()) if stats is not None else {}
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loader", choices=LOADERS, required=True)
-    parser.add_argument("--data", required=True, help="image folder (root/<class>/<image>)")
+    parser.add_argument("--data", required=True, help="image folder, LMDB folder, or Arrow/Parquet file")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--cache-bytes", type=int, default=None, help="cache capacity (cached loader)")
     parser.add_argument("--cache-dir", default="/dev/shm")
     parser.add_argument("--transform", choices=("train", "eval", "none"), default="train")
+    parser.add_argument("--compute", default=None, help="compute model per batch, e.g. emulated:20")
+    parser.add_argument("--mode", choices=("pipeline", "ingestion"), default="pipeline")
     parser.add_argument("--max-batches", type=int, default=None, help="stop each epoch after this many")
     parser.add_argument("--seed", type=int, default=0)
     return parser
@@ -99,8 +144,12 @@ def job_main(argv: Sequence[str] | None = None, transform: Callable[[bytes], Any
     args = _parser().parse_args(argv)
     if transform is None and args.transform != "none":
         transform = args.transform
-    dl = _make_loader(args, transform)
-    for record in run_epochs(dl, args.epochs, args.max_batches):
+    torch.manual_seed(args.seed)
+    dl, stats = make_dataset_and_loader(args, transform)
+    step = parse_compute(args.compute) if args.compute else None
+    if args.mode == "ingestion":
+        dl, stats = Repeat(next(iter(dl)), min(len(dl), args.max_batches or len(dl))), None
+    for record in run_epochs(dl, args.epochs, args.max_batches, step, stats):
         print(json.dumps({"loader": args.loader, **record}), flush=True)
     return 0
 

@@ -1,0 +1,166 @@
+"""``analyze`` and ``compare``: the workload, its storage condition, the three runs, a report per loader."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from statistics import fmean
+
+from stallbench import whatif
+from stallbench._cliargs import CacheSpec, named_workload
+from stallbench._jobs import job_argv, measure_overhead, memory_limit, probe_cache_bytes
+from stallbench.measure import measure_machine
+from stallbench.phases import RunPlan, breakdown, run_phases, steady, storage_limits
+from stallbench.results import LoaderReport, RunRecord, Workload
+from stallbench.storage import StorageConditionUnavailable, probe_storage_conditions
+
+__all__ = ["AnalysisRequest", "analyze", "prepare"]
+
+
+HALF = CacheSpec(0.5)
+
+
+@dataclass(frozen=True)
+class AnalysisRequest:
+    """What the command line asked for, before the dataset is known."""
+
+    data: str
+    data_dir: Path = Path("stallbench-data")
+    workers: int = 2
+    batch_size: int = 64
+    compute: str = "emulated:0"
+    cache: int | CacheSpec = HALF
+    storage_bytes_per_s: int | None = None
+    memory: int | str | None = None  # bytes, "auto" (cache budget + measured job memory) or None
+    epochs: int = 3
+    transform: str = "train"
+    seed: int = 0
+
+
+def prepare(req: AnalysisRequest, kinds: Sequence[str]) -> RunPlan:
+    """Generate a named workload if needed, size the cache, check and size the storage condition."""
+    data = _materialise(req)
+    dataset_bytes, samples = _dataset_size(data)
+    cache = int(req.cache * dataset_bytes) if isinstance(req.cache, CacheSpec) else req.cache
+    _check_conditions(req, data)
+    workload = Workload(
+        data=str(data),
+        dataset_bytes=dataset_bytes,
+        samples=samples,
+        batch_size=req.batch_size,
+        workers=req.workers,
+        compute=req.compute,
+        epochs=req.epochs,
+        cache_bytes=cache,
+        storage_bytes_per_s=req.storage_bytes_per_s,
+        memory_bytes=req.memory if isinstance(req.memory, int) else None,
+    )
+    plan = RunPlan(workload=workload, transform=req.transform, seed=req.seed)
+    if req.memory == "auto":
+        plan = replace(plan, workload=replace(workload, memory_bytes=_auto_memory(plan, kinds)))
+    return plan
+
+
+def analyze(
+    plan: RunPlan, kinds: Sequence[str], on_run: Callable[[str, RunRecord], None] | None = None
+) -> Iterator[LoaderReport]:
+    """One report per loader kind, yielded as each is done: an interrupted compare keeps the finished ones."""
+    from stallbench._jobdata import make_dataset
+
+    w = plan.workload
+    machine = measure_machine(make_dataset(w.data, plan.transform), [w.data], limits=storage_limits(w))
+    for kind in kinds:
+        runs = {}
+        for run in run_phases(plan, kind):
+            runs[run.phase] = run
+            if on_run is not None:
+                on_run(kind, run)
+        yield _report(kind, w, runs, machine)
+
+
+def _report(kind: str, w: Workload, runs: dict[str, RunRecord], machine) -> LoaderReport:
+    b = breakdown(runs)
+    cold = steady(list(runs["cold"].epochs))
+    storage = fmean(e.storage_bytes for e in cold)
+    reads = sum(e.hits + e.misses for e in cold)
+    hit_rate = (
+        sum(e.hits for e in cold) / reads
+        if kind == "cached" and reads
+        else max(0.0, 1 - storage / w.dataset_bytes)
+    )
+    cpu = fmean(e.cpu_seconds for e in cold) / (b.epoch_seconds * machine.cores) if b.epoch_seconds else 0.0
+    measured = whatif.Measured(workload=w, breakdown=b, machine=machine, loader=kind)
+    roof, predictions = whatif.roofline(measured), whatif.what_if(measured)
+    return LoaderReport(
+        loader=kind,
+        workload=w,
+        runs=tuple(runs.values()),
+        breakdown=b,
+        storage_bytes=int(storage),
+        dataset_bytes=w.dataset_bytes,
+        hit_rate=hit_rate,
+        cpu_utilisation=cpu,
+        samples_per_s=fmean(e.samples for e in cold) / b.epoch_seconds,
+        machine=machine,
+        roofline=roof,
+        predictions=predictions,
+        advice=whatif.advise(measured, predictions),
+    )
+
+
+def _materialise(req: AnalysisRequest) -> Path:
+    from stallbench import workloads
+
+    named = named_workload(req.data)
+    if named is None:
+        return Path(req.data)
+    kind, count = named
+    if kind == "images":
+        if count is None:
+            return workloads.default_image_workload(req.data_dir)
+        root = req.data_dir / f"images-{count}"
+        return workloads.make_jpeg_folder(
+            root, num_images=count, num_classes=min(10, count), record_bytes=workloads.DEFAULT_RECORD_BYTES
+        )
+    count = count or 20_000
+    return workloads.make_token_arrow(
+        req.data_dir / f"tokens-{count}.arrow", num_sequences=count, min_len=16, max_len=2048
+    )
+
+
+def _dataset_size(data: Path) -> tuple[int, int]:
+    from stallbench._jobdata import make_dataset
+
+    dataset = make_dataset(data, None)
+    files = [data] if data.is_file() else [p for p in data.rglob("*") if p.is_file()]
+    return sum(os.path.getsize(p) for p in files), len(dataset)
+
+
+def _check_conditions(req: AnalysisRequest, data: Path) -> None:
+    problems = probe_storage_conditions(data)
+    wanted = {"read_throttle": req.storage_bytes_per_s, "memory_limit": req.memory}
+    for key, asked in wanted.items():
+        if asked is not None and problems[key] is not None:
+            option = "--storage-bandwidth" if key == "read_throttle" else "--memory-limit"
+            raise StorageConditionUnavailable(f"{option} cannot be enforced here: {problems[key]}")
+    if problems["page_cache_eviction"] is not None:
+        raise StorageConditionUnavailable(
+            f"the cold run cannot evict the page cache: {problems['page_cache_eviction']}"
+        )
+
+
+def _auto_memory(plan: RunPlan, kinds: Sequence[str]) -> int:
+    """The same limit for every loader: the cache budget plus the largest measured job memory (+ margin)."""
+    w = plan.workload
+
+    def probe_argv(kind: str, cache_dir: Path) -> list[str]:
+        options = dict(
+            epochs=1, max_batches=2, workers=w.workers, batch_size=w.batch_size, transform=plan.transform
+        )
+        if kind == "cached":
+            options.update(cache_bytes=probe_cache_bytes(w.samples), cache_dir=cache_dir)
+        return job_argv(kind, w.data, **options)
+
+    return memory_limit(w.cache_bytes, measure_overhead(probe_argv, list(kinds), w.data))

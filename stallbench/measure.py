@@ -1,0 +1,177 @@
+"""Machine figures an analysis needs, measured here and now, never assumed.
+
+* storage bandwidth: a random sample of the dataset's files read whole, in random order, from a cold page
+  cache (inside the run's ``StorageLimits`` when given, so a kernel throttle applies);
+* memory bandwidth: bytes per second of a numpy copy, best of a few;
+* prep rate: samples per second of the full per-sample pipeline (``dataset[i]``) on one core, records warm.
+
+The storage reader always runs in a fresh ``python -I`` child that imports nothing but the standard
+library, so that a memory limit is spent on the page cache, not on torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from stallbench.results import Machine
+from stallbench.storage import StorageLimits, _files, evict_page_cache
+
+__all__ = [
+    "available_cores",
+    "measure_machine",
+    "measure_memory_bandwidth",
+    "measure_prep_rate",
+    "measure_storage_bandwidth",
+]
+
+PathArg = str | os.PathLike
+_READER = """
+import json, sys, time
+files = json.load(sys.stdin)
+total, start = 0, time.perf_counter()
+for path in files:
+    with open(path, "rb", buffering=0) as f:
+        total += len(f.read())
+print(json.dumps({"bytes": total, "seconds": time.perf_counter() - start}))
+"""
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's count)."""
+    return len(os.sched_getaffinity(0))
+
+
+def _sample_files(paths: PathArg | Iterable[PathArg], sample_bytes: int, seed: int) -> list[str]:
+    """Files of ``paths`` in a random order, as many as it takes to reach ``sample_bytes``."""
+    files = list(_files(paths))
+    random.Random(seed).shuffle(files)
+    sample, total = [], 0
+    for path in files:
+        if total >= sample_bytes:
+            break
+        sample.append(path)
+        total += os.path.getsize(path)
+    if total == 0:
+        raise ValueError(f"no bytes to read: the files of {paths!r} are empty or missing")
+    return sample
+
+
+def _read_files(files: list[str], limits: StorageLimits | None) -> tuple[int, float]:
+    """Run ``_READER`` on ``files`` in a child, inside ``limits`` (entered here unless active): (bytes, s)."""
+    argv, feed = [sys.executable, "-I", "-c", _READER], json.dumps(files)
+    if limits is None:
+        done = subprocess.run(argv, input=feed, capture_output=True, text=True, check=False)
+    else:
+        with contextlib.nullcontext(limits) if limits.paths else limits:
+            done = limits.run(argv, input=feed, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the storage reader exited with {done.returncode}: {done.stderr[-800:]}")
+    result = json.loads(done.stdout)
+    return result["bytes"], result["seconds"]
+
+
+def measure_storage_bandwidth(
+    paths: PathArg | Iterable[PathArg],
+    *,
+    sample_bytes: int = 128 << 20,
+    limits: StorageLimits | None = None,
+    seed: int = 0,
+) -> float:
+    """Bytes/s of cold whole-file reads of a random sample of ``paths`` (directories walked).
+
+    The sample is evicted from the page cache before and again after, so a cold run that follows starts
+    cold. The files are read whole, in random order, by a child process (inside ``limits`` when given).
+    """
+    _check_positive_int("sample_bytes", sample_bytes)
+    files = _sample_files(paths, sample_bytes, seed)
+    evict_page_cache(files)
+    try:
+        nbytes, seconds = _read_files(files, limits)
+    finally:
+        evict_page_cache(files)
+    return nbytes / seconds
+
+
+def measure_memory_bandwidth(nbytes: int = 256 << 20, *, repeats: int = 3) -> float:
+    """Bytes/s copied by ``numpy.copyto`` of ``nbytes`` (each byte read once and written once), best run."""
+    _check_positive_int("nbytes", nbytes)
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.zeros_like(src)  # zeros: the pages are touched now, not inside the first timed copy
+    best = float("inf")
+    for _ in range(max(1, repeats)):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best
+
+
+@contextlib.contextmanager
+def _one_core() -> Iterator[None]:
+    """This thread pinned to one of its cores and torch on one thread; both restored on exit."""
+    cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    os.sched_setaffinity(0, {min(cores)})
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        os.sched_setaffinity(0, cores)
+
+
+def _timed_pass(dataset: Any, indices: Sequence[int], seconds: float) -> tuple[int, float]:
+    """``dataset[i]`` over ``indices`` until they are done or ``seconds`` pass: (samples, seconds)."""
+    start, done, now = time.perf_counter(), 0, 0.0
+    for index in indices:
+        dataset[index]
+        done += 1
+        now = time.perf_counter() - start
+        if now >= seconds:
+            break
+    return done, now
+
+
+def measure_prep_rate(dataset: Any, *, seconds: float = 1.0, max_samples: int = 400, seed: int = 0) -> float:
+    """Samples/s of ``dataset[i]`` (fetch, decode, augment) on one core, its records in the page cache.
+
+    A first pass over a random sample reads every record it times (warming the page cache and the decoder);
+    the second pass, over the same records, is timed. Each pass stops after ``seconds``.
+    """
+    if not seconds > 0:
+        raise ValueError(f"seconds must be positive, got {seconds!r}")
+    _check_positive_int("max_samples", max_samples)
+    if len(dataset) == 0:
+        raise ValueError("the dataset is empty: there is no sample to time")
+    indices = random.Random(seed).sample(range(len(dataset)), min(len(dataset), max_samples))
+    with _one_core():
+        warmed, _ = _timed_pass(dataset, indices, seconds)
+        done, elapsed = _timed_pass(dataset, indices[:warmed], seconds)
+    return done / elapsed
+
+
+def measure_machine(
+    dataset: Any, paths: PathArg | Iterable[PathArg], *, limits: StorageLimits | None = None
+) -> Machine:
+    """All four figures; the prep rate first, so the storage sample's final eviction comes last."""
+    prep = measure_prep_rate(dataset)
+    return Machine(
+        cores=available_cores(),
+        storage_bytes_per_s=measure_storage_bandwidth(paths, limits=limits),
+        memory_bytes_per_s=measure_memory_bandwidth(),
+        prep_samples_per_s_per_core=prep,
+    )

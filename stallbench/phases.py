@@ -1,0 +1,126 @@
+"""The differential runs: ingestion (T1), prep (T3) and cold (T2), each a job in its own process.
+
+- ingestion: one batch already in memory, only the step runs: the compute time T1 per epoch;
+- prep: every record in memory (page cache warmed; the cached loader's cache holds the whole dataset),
+  the full pipeline runs: T3; prep stall = T3 - T1;
+- cold: page cache evicted, the chosen storage condition (kernel read throttle, memory limit) and the
+  loader as configured, its cache starting empty: T2; fetch stall = T2 - T3.
+Steady figures are the mean over epochs 2.. (epoch 1 fills caches); the first epoch's excess is warm-up,
+reported apart.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import fmean
+
+from stallbench._jobs import job_argv, run_job, scratch_cache_dir
+from stallbench.results import Breakdown, EpochRecord, RunRecord, Workload
+from stallbench.storage import StorageLimits, evict_page_cache
+
+__all__ = ["RunPlan", "breakdown", "run_phases", "steady", "storage_limits"]
+
+_STAGES = ("fetch_seconds", "decode_seconds", "collate_seconds")
+_EPOCH_FIELDS = set(EpochRecord.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """How to run one loader kind on the workload (the same plan for every loader of a comparison)."""
+
+    workload: Workload
+    transform: str = "train"
+    seed: int = 0
+    max_batches: int | None = None
+
+
+def run_phases(plan: RunPlan, kind: str) -> Iterator[RunRecord]:
+    """The three runs of ``kind`` ("torch" or "cached"), in order; each yielded as soon as it is done."""
+    w = plan.workload
+    yield _run(plan, kind, "ingestion", "batches in memory, only the step", mode="ingestion")
+    _warm(w.data)
+    full = int(w.dataset_bytes * 1.01) + (64 << 20)  # the whole dataset, its index and page rounding
+    yield _run(plan, kind, "prep", "every record in memory (warm)", cache_bytes=full)
+    evict_page_cache(w.data)
+    yield _run(plan, kind, "cold", _condition(w), cache_bytes=w.cache_bytes, limits=storage_limits(w))
+
+
+def _run(
+    plan: RunPlan,
+    kind: str,
+    phase: str,
+    condition: str,
+    *,
+    mode: str = "pipeline",
+    cache_bytes: int | None = None,
+    limits: StorageLimits | None = None,
+) -> RunRecord:
+    w = plan.workload
+    cache_dir = scratch_cache_dir()
+    options = dict(epochs=w.epochs, workers=w.workers, batch_size=w.batch_size, transform=plan.transform)
+    options.update(compute=w.compute, mode=mode, seed=plan.seed, max_batches=plan.max_batches)
+    if kind == "cached":
+        options.update(cache_bytes=cache_bytes or w.dataset_bytes, cache_dir=cache_dir)
+    try:
+        with limits if limits is not None else nullcontext():
+            records = run_job(job_argv(kind, w.data, **options), limits)
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    return _record(phase, condition, records)
+
+
+def _record(phase: str, condition: str, records: list[dict]) -> RunRecord:
+    epochs = tuple(EpochRecord(**{k: v for k, v in r.items() if k in _EPOCH_FIELDS}) for r in records)
+    stages = {k: sum(r.get(k, 0.0) for r in steady(records)) for k in _STAGES if k in records[-1]}
+    timeline = tuple((float(w), float(s)) for w, s in records[-1].get("timeline", []))
+    return RunRecord(phase=phase, epochs=epochs, condition=condition, stage_seconds=stages, timeline=timeline)
+
+
+def steady(epochs: list) -> list:
+    """Epochs 2.. (epoch 1 fills caches and starts workers); all of them when there is only one."""
+    return epochs[1:] if len(epochs) > 1 else epochs
+
+
+def breakdown(runs: dict[str, RunRecord]) -> Breakdown:
+    """Compute, prep stall and fetch stall of a steady cold epoch by the differential method."""
+    t1, t3, t2 = (
+        fmean(e.seconds for e in steady(list(runs[p].epochs))) for p in ("ingestion", "prep", "cold")
+    )
+    first = runs["cold"].epochs[0].seconds
+    return Breakdown(
+        epoch_seconds=t2,
+        compute_seconds=t1,
+        prep_stall_seconds=max(0.0, t3 - t1),
+        fetch_stall_seconds=max(0.0, t2 - t3),
+        warmup_seconds=max(0.0, first - t2) if len(runs["cold"].epochs) > 1 else 0.0,
+    )
+
+
+def storage_limits(w: Workload) -> StorageLimits | None:
+    if w.storage_bytes_per_s is None and w.memory_bytes is None:
+        return None
+    bps = int(w.storage_bytes_per_s) if w.storage_bytes_per_s else None
+    return StorageLimits(memory_bytes=w.memory_bytes, read_bps=bps, device_path=w.data)
+
+
+def _condition(w: Workload) -> str:
+    parts = ["page cache evicted"]
+    if w.storage_bytes_per_s:
+        parts.append(f"storage reads throttled to {w.storage_bytes_per_s / 1e6:.0f} MB/s by the kernel")
+    if w.memory_bytes:
+        parts.append(f"memory limited to {w.memory_bytes / 1e6:.0f} MB by the kernel")
+    return ", ".join(parts)
+
+
+def _warm(data: str | Path) -> None:
+    """Read every file of the data once, so the prep run finds it all in the page cache."""
+    root = Path(data)
+    for path in root.rglob("*") if root.is_dir() else [root]:
+        if path.is_file():
+            with open(path, "rb") as f:
+                while f.read(1 << 20):
+                    pass

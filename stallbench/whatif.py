@@ -1,0 +1,200 @@
+"""Predictions for another cache size or worker count, the data roofline, and one line of advice.
+
+The model of a steady epoch has three terms, each the time one stage alone would take:
+
+* compute: ``T1``, the measured ingestion epoch (the step with every batch already in memory);
+* prep: ``samples / (prep rate per core * min(max(workers, 1), cores))``, from the measured per-core rate;
+* fetch: ``(1 - hit rate) * dataset_bytes / storage bandwidth`` (measured, inside the run's limits). The
+  hit rate of a steady epoch is ``min(1, C/D)`` for the cached loader (MinIO, the optimum under random
+  order) and the simulated LRU rate (``simulate("lru")``, epoch 2) for the OS page cache of the torch loader.
+  A budget of None means the page cache of the memory available now: all hits when the dataset fits.
+
+The stages overlap, so the model epoch is the largest term, and that term names the bound (the data
+roofline; its efficiency is model / measured epoch). A prediction is calibrated on the measured point:
+``predicted = max(T1, T2 * model(other) / model(measured))``, which reproduces the measured ``T2`` exactly
+and is never faster than the ingestion rate.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Literal
+
+import psutil
+
+from stallbench.results import Breakdown, Machine, Prediction, Roofline, Workload
+from stallbench.simulate import simulate
+
+__all__ = ["LOADERS", "Measured", "advise", "epoch_terms", "hit_rate", "predict", "roofline", "what_if"]
+
+Loader = Literal["torch", "cached"]
+LOADERS: tuple[str, ...] = ("torch", "cached")
+CACHE_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+WORKER_COUNTS = (1, 2, 4, 8)
+ACT_ON = 10.0  # a stall under this % of the epoch is not worth acting on
+MIN_GAIN = 0.02  # an action must cut the epoch by at least this fraction to be advised
+
+
+def _check_loader(loader: str) -> None:
+    if loader not in LOADERS:
+        raise ValueError(f"unknown loader {loader!r}; choose one of: {', '.join(LOADERS)}")
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What an analysis measured for one loader: the inputs of every function here."""
+
+    workload: Workload
+    breakdown: Breakdown  # compute_seconds = T1 (ingestion), epoch_seconds = T2 (cold, steady)
+    machine: Machine
+    loader: Loader
+
+    def __post_init__(self) -> None:
+        _check_loader(self.loader)
+        figures = {
+            "breakdown.epoch_seconds": self.breakdown.epoch_seconds,
+            "machine.cores": self.machine.cores,
+            "machine.storage_bytes_per_s": self.machine.storage_bytes_per_s,
+            "machine.prep_samples_per_s_per_core": self.machine.prep_samples_per_s_per_core,
+            "workload.samples": self.workload.samples,
+            "workload.dataset_bytes": self.workload.dataset_bytes,
+        }
+        for name, value in figures.items():
+            if not value > 0:
+                raise ValueError(f"{name} must be positive, got {value!r}")
+
+
+def _budget(cache_bytes: int | None) -> int:
+    """The memory a cache has: ``cache_bytes``, or for None the memory available now."""
+    return psutil.virtual_memory().available if cache_bytes is None else cache_bytes
+
+
+@functools.lru_cache(maxsize=256)
+def _lru_hit_rate(dataset_bytes: int, samples: int, cache_bytes: int) -> float:
+    record = max(1, dataset_bytes // samples)
+    result = simulate(
+        "lru",
+        dataset_bytes=dataset_bytes,
+        cache_bytes=cache_bytes,
+        record_bytes=record,
+        epochs=2,
+        max_records=50_000,
+    )
+    return result.epochs[-1].hit_rate
+
+
+def hit_rate(loader: Loader, *, dataset_bytes: int, samples: int, cache_bytes: int | None) -> float:
+    """Fraction of a steady epoch's reads served from memory (see the module docstring)."""
+    _check_loader(loader)
+    if cache_bytes is not None and cache_bytes < 0:
+        raise ValueError(f"cache_bytes must not be negative, got {cache_bytes!r}")
+    if loader == "cached" and cache_bytes is not None:
+        return min(1.0, cache_bytes / dataset_bytes)
+    budget = _budget(cache_bytes)
+    return 1.0 if budget >= dataset_bytes else _lru_hit_rate(dataset_bytes, samples, budget)
+
+
+def epoch_terms(
+    m: Measured, *, cache_bytes: int | None, workers: int, loader: Loader | None = None
+) -> dict[str, float]:
+    """Seconds of a steady epoch per stage, ``{"compute", "prep", "fetch"}``, for this configuration."""
+    w = m.workload
+    hits = hit_rate(
+        loader or m.loader, dataset_bytes=w.dataset_bytes, samples=w.samples, cache_bytes=cache_bytes
+    )
+    cores = min(max(workers, 1), m.machine.cores)
+    return {
+        "compute": m.breakdown.compute_seconds,
+        "prep": w.samples / (m.machine.prep_samples_per_s_per_core * cores),
+        "fetch": (1.0 - hits) * w.dataset_bytes / m.machine.storage_bytes_per_s,
+    }
+
+
+def _bound(terms: dict[str, float]) -> str:
+    return max(terms, key=terms.__getitem__)  # a tie goes to the first: compute, then prep
+
+
+def roofline(m: Measured) -> Roofline:
+    """The data roofline of the measured configuration; efficiency = bound / measured epoch, as it is."""
+    terms = epoch_terms(m, cache_bytes=m.workload.cache_bytes, workers=m.workload.workers)
+    bound = _bound(terms)
+    return Roofline(
+        compute_seconds=terms["compute"],
+        prep_seconds=terms["prep"],
+        fetch_seconds=terms["fetch"],
+        bound=bound,
+        efficiency=terms[bound] / m.breakdown.epoch_seconds,
+    )
+
+
+def predict(
+    m: Measured, *, cache_bytes: int | None, workers: int, loader: Loader | None = None
+) -> Prediction:
+    """Steady epoch of ``loader`` (default: the measured one) with ``cache_bytes`` and ``workers``."""
+    here = epoch_terms(m, cache_bytes=m.workload.cache_bytes, workers=m.workload.workers)
+    there = epoch_terms(m, cache_bytes=cache_bytes, workers=workers, loader=loader)
+    seconds = m.breakdown.epoch_seconds * (max(there.values()) / max(here.values()))
+    compute = m.breakdown.compute_seconds
+    bound = "compute" if seconds <= compute else _bound(there)
+    return Prediction(_budget(cache_bytes), workers, max(compute, seconds), bound)
+
+
+def what_if(m: Measured) -> tuple[Prediction, ...]:
+    """Cache sizes of 1/4 to 1 of the dataset at the measured workers, 1, 2, 4, 8 workers at the measured
+    cache, and the measured point; deduplicated, sorted by (cache_bytes, workers)."""
+    cache, workers = _budget(m.workload.cache_bytes), m.workload.workers
+    caches = {round(f * m.workload.dataset_bytes) for f in CACHE_FRACTIONS} | {cache}
+    points = {(c, workers) for c in caches} | {(cache, w) for w in {*WORKER_COUNTS, workers}}
+    return tuple(predict(m, cache_bytes=c, workers=w) for c, w in sorted(points))
+
+
+def _size(nbytes: float) -> str:
+    scale, unit = next(((f, u) for f, u in ((1e9, "GB"), (1e6, "MB")) if nbytes >= f), (1e3, "KB"))
+    return f"{nbytes / scale:.1f} {unit}"
+
+
+def _gain(prediction: Prediction, m: Measured) -> str:
+    change = 100.0 * (prediction.epoch_seconds / m.breakdown.epoch_seconds - 1.0)
+    return f"{prediction.epoch_seconds:.1f} s ({change:+.0f}%)"
+
+
+def _fetch_action(m: Measured, predictions: tuple[Prediction, ...]) -> tuple[Prediction, str] | None:
+    """For torch, the cached loader at the same budget if it helps; else the best cache at these workers."""
+    worth = (1.0 - MIN_GAIN) * m.breakdown.epoch_seconds
+    if m.loader == "torch":
+        cache = min(m.workload.dataset_bytes, _budget(m.workload.cache_bytes))
+        switch = predict(m, cache_bytes=cache, workers=m.workload.workers, loader="cached")
+        if switch.epoch_seconds < worth:
+            return switch, f"loader.DataLoader with cache_bytes={_size(cache)}"
+    options = [p for p in predictions if p.workers == m.workload.workers and p.epoch_seconds < worth]
+    best = min(options, key=lambda p: (p.epoch_seconds, p.cache_bytes), default=None)
+    what = "cache_bytes=" if m.loader == "cached" else "a page cache of "
+    return None if best is None else (best, what + _size(best.cache_bytes))
+
+
+def _prep_action(m: Measured, predictions: tuple[Prediction, ...]) -> Prediction | None:
+    """The fewest workers that give the fastest epoch, if that is worth it."""
+    worth = (1.0 - MIN_GAIN) * m.breakdown.epoch_seconds
+    options = [p for p in predictions if p.workers != m.workload.workers and p.epoch_seconds < worth]
+    return min(options, key=lambda p: (p.epoch_seconds, p.workers), default=None)
+
+
+def advise(m: Measured, predictions: tuple[Prediction, ...]) -> str:
+    """One line: the dominant stall and the action that cuts it, with numbers (``predictions``: what_if's)."""
+    b = m.breakdown
+    prep, fetch = b.percent(b.prep_stall_seconds), b.percent(b.fetch_stall_seconds)
+    if max(prep, fetch) < ACT_ON:
+        return f"no stall worth acting on: the epoch is compute-bound (stalls {prep + fetch:.0f}%)"
+    if fetch >= prep:
+        head, action = f"fetch stall is {fetch:.0f}% of the epoch", _fetch_action(m, predictions)
+        if action is None:
+            storage = _size(m.machine.storage_bytes_per_s)
+            return f"{head}: no larger cache predicts a faster epoch; storage reads {storage}/s"
+        return f"{head}: {action[1]} would cut the epoch to {_gain(action[0], m)}"
+    head, best = f"prep stall is {prep:.0f}% of the epoch", _prep_action(m, predictions)
+    rate = f"decode is {m.machine.prep_samples_per_s_per_core:.0f} samples/s per core"
+    if best is None:
+        where = f"{m.workload.workers} workers on {m.machine.cores} cores"
+        return f"{head} with {where}: {rate}; more workers would not help, faster decode or more cores would"
+    return f"{head}: {best.workers} workers would bring the epoch to {_gain(best, m)}; {rate}"

@@ -1,0 +1,267 @@
+"""stallbench.report: the table holds the numbers, the JSON holds its schema, the plot is a PNG."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stallbench.report import format_report, report_to_json, validate_report_json, write_json, write_plot
+from stallbench.results import (
+    SCHEMA,
+    Breakdown,
+    EpochRecord,
+    LoaderReport,
+    Machine,
+    Prediction,
+    Roofline,
+    RunRecord,
+    Workload,
+)
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "stallbench-json.md"
+GB = 10**9
+WORKLOAD = Workload("/data/imagenet-subset", 2 * GB, 20_000, 64, 4, "emulated:20", 3, GB, 200e6, 3 * GB // 2)
+
+
+def _timeline(n: int, wait: float, seed: int) -> tuple[tuple[float, float], ...]:
+    rng = random.Random(seed)
+    return tuple((2.0 if i == 0 else wait * rng.uniform(0.2, 1.8), 0.02) for i in range(n))
+
+
+def _run(phase: str, seconds: float, storage: int, wait: float = 0.0) -> RunRecord:
+    epochs = tuple(
+        EpochRecord(e, seconds, seconds * 0.4, seconds * 0.6, 0.8, 313, 20_000, storage, 100, 50, 30.5)
+        for e in range(3)
+    )
+    stages = {"fetch": seconds, "decode": 2 * seconds, "collate": 0.1} if phase == "cold" else {}
+    timeline = _timeline(313, wait, len(phase)) if phase == "cold" else ()
+    return RunRecord(phase, epochs, f"{phase} condition", stages, timeline)
+
+
+def make_report(loader: str, epoch: float, fetch: float, storage: int, **changes) -> LoaderReport:
+    """A report whose steady epoch is compute 6.25 s + prep 1.0 s + ``fetch``; other fields plausible."""
+    runs = (_run("ingestion", 6.25, 0), _run("prep", 7.25, 0), _run("cold", epoch, storage, fetch / 313))
+    predictions = tuple(
+        Prediction(c, w, 6.25 + fetch * (1 - c / (2 * GB)) * 4 / w, "fetch" if c < GB else "compute")
+        for c in (0, GB // 2, GB)
+        for w in (2, 4, 8)
+    )
+    report = LoaderReport(
+        loader=loader,
+        workload=WORKLOAD,
+        runs=runs,
+        breakdown=Breakdown(epoch, 6.25, 1.0, fetch, 3.5),
+        storage_bytes=storage,
+        dataset_bytes=2 * GB,
+        hit_rate=1 - storage / (2 * GB),
+        cpu_utilisation=0.42,
+        samples_per_s=20_000 / epoch,
+        machine=Machine(16, 1.8e9, 20e9, 620.0),
+        roofline=Roofline(6.25, 2.1, storage / 200e6, "compute", 6.25 / epoch),
+        predictions=predictions,
+        advice=f"{loader}: fetch-bound; a cache of 1.5 GB would make the epoch compute-bound.",
+    )
+    return dataclasses.replace(report, **changes)
+
+
+@pytest.fixture
+def pair() -> tuple[LoaderReport, LoaderReport]:
+    return make_report("torch", 15.25, 8.0, 3 * GB // 2), make_report("cached", 9.25, 2.0, GB)
+
+
+def test_single_table_holds_the_numbers():
+    text = format_report([make_report("torch", 15.25, 8.0, 3 * GB // 2)])
+    for needed in ("/data/imagenet-subset", "15.25 s", "6.25 s (41.0%)", "1.00 s (6.6%)", "8.00 s (52.5%)"):
+        assert needed in text
+    for needed in ("3.50 s", "1.50 GB", "75.0%", "25.0%", "42.0%", "1,311", "16", "1.80 GB/s", "620"):
+        assert needed in text
+    assert "fetch" in text and "decode" in text and "collate" in text
+    assert "what-if" in text and "*10.25 s compute" in text and "advice: torch: fetch-bound" in text
+    assert "vs" not in text.split("advice")[0]
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert "\x1b" not in text
+
+
+def test_compare_table_side_by_side_with_ratios(pair):
+    text = format_report(pair)
+    header = next(line for line in text.splitlines() if "cached vs torch" in line)
+    assert header.index("torch") < header.index("cached") < header.index("cached vs torch")
+    assert "1.65x faster" in text  # 15.25 / 9.25
+    assert "-75%" in text  # fetch stall 8 s -> 2 s
+    assert "-33%" in text  # storage 1.5 GB -> 1 GB
+    assert "advice (torch)" in text and "advice (cached)" in text
+    assert max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_wide_compare_wraps_to_100_columns(pair):
+    reports = [*pair, make_report("partitioned", 8.0, 0.75, GB // 2), make_report("other", 9.0, 1.75, GB)]
+    text = format_report(reports)
+    assert max(len(line) for line in text.splitlines()) <= 100
+    assert "other vs torch" in text
+
+
+def test_table_without_a_cache_budget_marks_nothing():
+    workload = dataclasses.replace(WORKLOAD, cache_bytes=None, storage_bytes_per_s=None, memory_bytes=None)
+    text = format_report([make_report("torch", 15.25, 8.0, GB, workload=workload)])
+    words = " ".join(text.split())
+    assert "the memory available" in words and "not throttled" in words and "not limited" in words
+    assert "*" not in text.split("what-if")[1].split("advice")[0].replace("(* = as run)", "")
+
+
+def test_not_finite_numbers_print_as_dash():
+    text = format_report([make_report("torch", 15.25, 8.0, GB, hit_rate=math.nan)])
+    assert "nan" not in text.lower()
+
+
+@pytest.mark.parametrize(
+    ("reports", "match"),
+    [([], "at least one"), ("twice", "must differ"), ("other", "another workload")],
+)
+def test_bad_reports_are_refused(pair, reports, match):
+    if reports == "twice":
+        reports = [pair[0], pair[0]]
+    elif reports == "other":
+        reports = [pair[0], dataclasses.replace(pair[1], workload=dataclasses.replace(WORKLOAD, workers=8))]
+    with pytest.raises(ValueError, match=match):
+        format_report(reports)
+
+
+def _roundtrip(obj: dict) -> dict:
+    return json.loads(json.dumps(obj, allow_nan=False))
+
+
+def test_json_round_trip_holds_the_schema(pair):
+    obj = _roundtrip(report_to_json(pair))
+    validate_report_json(obj)
+    assert obj["schema"] == SCHEMA == "stallbench.report/1"
+    assert [entry["loader"] for entry in obj["loaders"]] == ["torch", "cached"]
+    torch, cached = obj["loaders"]
+    assert torch["fetch_stall_seconds"] == 8.0 and torch["fetch_stall_percent"] == pytest.approx(52.459, 1e-3)
+    assert cached["storage_bytes"] == GB and cached["machine"]["cores"] == 16
+    assert [run["phase"] for run in cached["runs"]] == ["ingestion", "prep", "cold"]
+    assert cached["runs"][2]["stage_seconds"] == {"fetch": 9.25, "decode": 18.5, "collate": 0.1}
+    assert len(cached["runs"][2]["epochs"]) == 3 and len(cached["predictions"]) == 9
+    ratios = obj["ratios_to_baseline"]
+    assert set(ratios) == {"cached"}
+    assert ratios["cached"]["epoch_seconds"] == pytest.approx(9.25 / 15.25)
+    assert ratios["cached"]["fetch_stall_seconds"] == pytest.approx(0.25)
+    assert ratios["cached"]["storage_bytes"] == pytest.approx(2 / 3)
+    assert obj["workload"]["cache_bytes"] == GB
+
+
+def test_json_has_null_not_nan():
+    base = make_report("torch", 15.25, 0.0, 0, hit_rate=math.nan)
+    obj = report_to_json([base, make_report("cached", 9.25, 0.0, 0, samples_per_s=math.inf)])
+    assert obj["loaders"][0]["hit_rate"] is None and obj["loaders"][1]["samples_per_s"] is None
+    assert obj["ratios_to_baseline"]["cached"]["storage_bytes"] is None  # baseline read nothing
+    validate_report_json(_roundtrip(obj))
+
+
+def test_single_loader_json_has_no_ratios():
+    obj = _roundtrip(report_to_json([make_report("torch", 15.25, 8.0, GB)]))
+    validate_report_json(obj)
+    assert obj["ratios_to_baseline"] == {}
+
+
+def _set(obj: dict, path: tuple, value=None, delete: bool = False) -> dict:
+    broken = copy.deepcopy(obj)
+    *parents, last = path
+    target = broken
+    for key in parents:
+        target = target[key]
+    if delete:
+        del target[last]
+    else:
+        target[last] = value
+    return broken
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "delete", "named"),
+    [
+        (("workload",), None, True, "workload is missing"),
+        (("loaders", 0, "machine", "cores"), None, True, "loaders[0].machine.cores is missing"),
+        (("loaders", 1, "epoch_seconds"), "fast", False, "loaders[1].epoch_seconds must be number|null"),
+        (("loaders", 0, "storage_bytes"), 1.5, False, "loaders[0].storage_bytes must be integer"),
+        (("loaders", 0, "runs", 2, "epochs", 0, "hits"), True, False, "runs[2].epochs[0].hits"),
+        (("loaders", 0, "runs", 2, "stage_seconds", "fetch"), "1", False, "stage_seconds.fetch"),
+        (("loaders", 1, "predictions"), {}, False, "loaders[1].predictions must be list"),
+        (("ratios_to_baseline", "cached", "storage_bytes"), [], False, "cached.storage_bytes"),
+        (("schema",), "stallbench.report/0", False, "schema must be 'stallbench.report/1'"),
+        (("loaders",), [], False, "at least one loader"),
+    ],
+)
+def test_broken_json_is_named(pair, path, value, delete, named):
+    obj = _roundtrip(report_to_json(pair))
+    with pytest.raises(ValueError, match=re.escape(named)):
+        validate_report_json(_set(obj, path, value, delete))
+
+
+def test_validate_refuses_a_non_object():
+    with pytest.raises(ValueError, match="the report must be dict"):
+        validate_report_json([])
+
+
+def test_write_json_is_atomic_and_valid(pair, tmp_path):
+    path = write_json(pair, tmp_path / "report.json")
+    validate_report_json(json.loads(path.read_text()))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]  # no temporary left
+
+
+def test_write_plot_is_a_png(pair, tmp_path):
+    path = write_plot(pair, tmp_path / "report.png")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.png"]
+
+
+def test_write_plot_without_timelines(tmp_path):
+    report = make_report("torch", 15.25, 8.0, GB)
+    report = dataclasses.replace(report, runs=tuple(dataclasses.replace(r, timeline=()) for r in report.runs))
+    assert write_plot([report], tmp_path / "one.PNG").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_import_leaves_matplotlib_out():
+    code = "import sys, stallbench.report; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out == "False\n"
+
+
+def test_write_plot_refuses_other_suffixes(pair, tmp_path):
+    with pytest.raises(ValueError, match=re.escape(str(tmp_path / "plot.pdf"))):
+        write_plot(pair, tmp_path / "plot.pdf")
+    assert not list(tmp_path.iterdir())
+
+
+def _keys(obj: object, skip_free: bool = False) -> set[str]:
+    """Every key of a JSON value, less the free ones (loader and stage names)."""
+    if isinstance(obj, list):
+        return set().union(*(_keys(item) for item in obj))
+    if not isinstance(obj, dict):
+        return set()
+    found = set() if skip_free else set(obj)
+    for key, value in obj.items():
+        found |= _keys(value, skip_free=key in ("ratios_to_baseline", "stage_seconds"))
+    return found
+
+
+def test_every_key_is_documented(pair):
+    documented = set(re.findall(r"^\| `(\w+)` \|", DOC.read_text(), flags=re.M))
+    assert _keys(report_to_json(pair)) == documented
+
+
+def test_doc_example_runs(pair, tmp_path, monkeypatch, capsys):
+    (block,) = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
+    write_json(pair, tmp_path / "report.json")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, str(DOC), "exec"), {})
+    assert capsys.readouterr().out == "cached: 1.65x the speed of torch\n"

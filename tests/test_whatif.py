@@ -1,0 +1,157 @@
+"""stallbench.whatif on constructed measurements: the model, its calibration, the roofline and the advice."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from stallbench.results import Breakdown, Machine, Workload
+from stallbench.whatif import Measured, advise, epoch_terms, hit_rate, predict, roofline, what_if
+
+GB = 10**9
+D = 10 * GB  # 100,000 records of 100 KB
+
+
+def measured(
+    *,
+    loader: str = "torch",
+    cache: int | None = D // 2,
+    workers: int = 2,
+    cores: int = 2,
+    t1: float = 60.0,
+    t2: float = 100.0,
+    prep_stall: float = 0.0,
+    storage: float = 200e6,
+    rate: float = 600.0,
+) -> Measured:
+    workload = Workload(
+        data="/data",
+        dataset_bytes=D,
+        samples=100_000,
+        batch_size=64,
+        workers=workers,
+        compute="emulated:20",
+        epochs=3,
+        cache_bytes=cache,
+        storage_bytes_per_s=None,
+        memory_bytes=None,
+    )
+    breakdown = Breakdown(
+        epoch_seconds=t2,
+        compute_seconds=t1,
+        prep_stall_seconds=prep_stall,
+        fetch_stall_seconds=t2 - t1 - prep_stall,
+        warmup_seconds=0.0,
+    )
+    machine = Machine(
+        cores=cores, storage_bytes_per_s=storage, memory_bytes_per_s=10e9, prep_samples_per_s_per_core=rate
+    )
+    return Measured(workload=workload, breakdown=breakdown, machine=machine, loader=loader)
+
+
+def test_terms_follow_the_formulas():
+    terms = epoch_terms(measured(loader="cached"), cache_bytes=D // 4, workers=8)
+    assert terms == pytest.approx({"compute": 60.0, "prep": 100_000 / 1200, "fetch": 0.75 * D / 200e6})
+
+
+def test_minio_hit_rate_is_c_over_d_and_lru_is_far_below():
+    cached = hit_rate("cached", dataset_bytes=D, samples=100_000, cache_bytes=D // 2)
+    lru = hit_rate("torch", dataset_bytes=D, samples=100_000, cache_bytes=D // 2)
+    assert cached == 0.5
+    assert 0.12 < lru < 0.2  # DESIGN.md's table: 0.155 at half the dataset
+
+
+def test_a_dataset_that_fits_in_free_memory_always_hits():
+    assert hit_rate("torch", dataset_bytes=10**6, samples=10, cache_bytes=None) == 1.0
+
+
+@pytest.mark.parametrize("loader", ["torch", "cached"])
+def test_a_bigger_cache_makes_the_fetch_term_smaller(loader):
+    m = measured(loader=loader)
+    fetch = [epoch_terms(m, cache_bytes=round(f * D), workers=2)["fetch"] for f in (0.25, 0.5, 0.75, 1.0)]
+    assert fetch == sorted(fetch, reverse=True) and len(set(fetch)) == 4 and fetch[-1] == 0.0
+
+
+@pytest.mark.parametrize("loader", ["torch", "cached"])
+def test_the_measured_point_is_reproduced_exactly(loader):
+    m = measured(loader=loader, t2=97.3)
+    assert predict(m, cache_bytes=D // 2, workers=2).epoch_seconds == 97.3
+
+
+def test_no_prediction_is_faster_than_compute():
+    # model(measured) is 4x the measured epoch, so an uncapped calibration would predict T1 / 4
+    m = measured(loader="cached", t1=60.0, t2=80.0, storage=25e6)
+    best = predict(m, cache_bytes=100 * D, workers=64)
+    assert (best.epoch_seconds, best.bound) == (60.0, "compute")
+    assert all(p.epoch_seconds >= 60.0 for p in what_if(m))
+
+
+@pytest.mark.parametrize(
+    ("options", "bound"),
+    [({"storage": 50e6}, "fetch"), ({"rate": 100.0}, "prep"), ({"t1": 300.0, "t2": 310.0}, "compute")],
+)
+def test_roofline_names_the_largest_term(options, bound):
+    m = measured(**options)
+    line = roofline(m)
+    terms = (line.compute_seconds, line.prep_seconds, line.fetch_seconds)
+    assert line.bound == bound
+    assert line.efficiency == pytest.approx(max(terms) / m.breakdown.epoch_seconds)
+
+
+def test_prediction_bound_moves_from_fetch_to_prep():
+    m = measured(loader="cached", storage=50e6, rate=300.0)  # fetch 100 s, prep 167 s at 2 cores
+    assert predict(m, cache_bytes=0, workers=8).bound == "fetch"
+    assert predict(m, cache_bytes=D, workers=8).bound == "prep"
+
+
+def test_what_if_deduplicates_sorts_and_includes_the_measured_point():
+    preds = what_if(measured(cache=D // 2, workers=2))
+    points = [(p.cache_bytes, p.workers) for p in preds]
+    expected = {(round(f * D), 2) for f in (0.25, 0.5, 0.75, 1.0)} | {(D // 2, w) for w in (1, 4, 8)}
+    assert points == sorted(expected)
+    assert next(p for p in preds if (p.cache_bytes, p.workers) == (D // 2, 2)).epoch_seconds == 100.0
+
+
+def test_advice_for_a_fetch_stall_names_the_cached_loader_and_its_numbers():
+    m = measured(loader="torch", t1=60.0, t2=100.0, storage=100e6, rate=2000.0)  # fetch: 84 s at LRU's 0.155
+    switch = predict(m, cache_bytes=D // 2, workers=2, loader="cached")
+    text = advise(m, what_if(m))
+    assert text.startswith("fetch stall is 40% of the epoch: loader.DataLoader with cache_bytes=5.0 GB")
+    assert f"{switch.epoch_seconds:.1f} s ({100 * (switch.epoch_seconds / 100 - 1):+.0f}%)" in text
+
+
+def test_advice_for_a_prep_stall_names_a_worker_count_and_the_decode_rate():
+    m = measured(workers=1, cores=8, rate=500.0, t1=60.0, t2=210.0, prep_stall=150.0, storage=10e9)
+    text = advise(m, what_if(m))  # prep is 200 s on one core; 4 workers (50 s) already reach compute (60 s)
+    assert text == (
+        "prep stall is 71% of the epoch: 4 workers would bring the epoch to 63.0 s (-70%); "
+        "decode is 500 samples/s per core"
+    )
+
+
+def test_advice_without_a_stall_worth_acting_on():
+    m = measured(t1=100.0, t2=105.0, prep_stall=2.0)
+    assert advise(m, what_if(m)) == "no stall worth acting on: the epoch is compute-bound (stalls 5%)"
+
+
+def test_advice_when_the_cache_already_holds_the_dataset():
+    m = measured(loader="cached", cache=D, t1=60.0, t2=100.0, storage=100e6)
+    assert advise(m, what_if(m)).startswith("fetch stall is 40% of the epoch: no larger cache predicts")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"loader": "tape"}, {"machine": Machine(2, 0.0, 1e9, 600.0)}, {"machine": Machine(2, 1e8, 1e9, 0.0)}],
+)
+def test_bad_measurements_are_refused(change):
+    with pytest.raises(ValueError, match=r"unknown loader|must be positive"):
+        dataclasses.replace(measured(), **change)
+
+
+def test_advice_for_a_prep_stall_when_every_core_already_works():
+    m = measured(workers=2, cores=2, rate=500.0, t1=60.0, t2=110.0, prep_stall=50.0, storage=10e9)
+    assert advise(m, what_if(m)) == (
+        "prep stall is 45% of the epoch with 2 workers on 2 cores: decode is 500 samples/s per core; "
+        "more workers would not help, faster decode or more cores would"
+    )
