@@ -13,7 +13,7 @@ from typing import Any
 
 from stallbench.results import LoaderReport
 
-__all__ = ["png_bytes"]
+__all__ = ["png_bytes", "simulation_png_bytes"]
 
 _PARTS = (  # stacked bottom to top: label, colour, seconds of a breakdown
     ("compute", "#4c78a8", lambda b: b.compute_seconds),
@@ -85,6 +85,27 @@ def png_bytes(reports: Sequence[LoaderReport]) -> bytes:
     _breakdown_panel(left, reports)
     _timeline_panel(right, reports)
     fig.suptitle(f"{w.data}: {w.samples:,} samples, batch {w.batch_size}, {w.workers} workers, {w.compute}")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def simulation_png_bytes(results: Sequence[Any]) -> bytes:
+    """Hit rate per epoch of each simulated policy, grouped bars, as PNG bytes."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4.5), dpi=100, layout="constrained")
+    ax = fig.subplots()
+    width = 0.8 / len(results)
+    for k, result in enumerate(results):
+        xs = [e.epoch + k * width for e in result.epochs]
+        ax.bar(xs, [e.hit_rate for e in result.epochs], width, label=result.policy)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("hit rate")
+    ax.set_ylim(0, 1)
+    ax.legend()
+    first = results[0]
+    ax.set_title(f"{first.records:,} records, {first.cache_records:,} cached per node, {first.nodes} node(s)")
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()

@@ -43,7 +43,7 @@ def prepare(req: AnalysisRequest, kinds: Sequence[str]) -> RunPlan:
     """Generate a named workload if needed, size the cache, check and size the storage condition."""
     data = _materialise(req)
     dataset_bytes, samples = _dataset_size(data)
-    cache = int(req.cache * dataset_bytes) if isinstance(req.cache, CacheSpec) else req.cache
+    cache = round(req.cache * dataset_bytes) if isinstance(req.cache, CacheSpec) else req.cache
     _check_conditions(req, data)
     workload = Workload(
         data=str(data),
@@ -91,7 +91,9 @@ def _report(kind: str, w: Workload, runs: dict[str, RunRecord], machine) -> Load
         else max(0.0, 1 - storage / w.dataset_bytes)
     )
     cpu = fmean(e.cpu_seconds for e in cold) / (b.epoch_seconds * machine.cores) if b.epoch_seconds else 0.0
-    measured = whatif.Measured(workload=w, breakdown=b, machine=machine, loader=kind)
+    measured = whatif.Measured(
+        workload=w, breakdown=b, machine=machine, loader=kind, storage_bytes=int(storage)
+    )
     roof, predictions = whatif.roofline(measured), whatif.what_if(measured)
     return LoaderReport(
         loader=kind,

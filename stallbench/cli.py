@@ -1,91 +1,115 @@
-"""The ``stallbench`` command line: argparse subcommands (for now ``demo``).
+"""The ``stallbench`` command line: ``analyze``, ``compare``, ``simulate`` and ``demo``.
 
-Exit codes: 0 success, 1 failure, 2 usage error (argparse), 130 interrupted.
+Exit codes: 0 success, 1 failure, 2 usage error (a bad option, missing data, a condition the machine cannot
+enforce), 130 interrupted (results so far are written first).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from stallbench.demo import DemoOptions, run_demo
+from stallbench import _cliargs as types
+from stallbench._commands import run_analysis, run_demo, run_simulate
 
 __all__ = ["main", "make_parser"]
 
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+KINDS = ("torch", "cached")
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}")
-    return value
+def _kinds(text: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(
+            f"unknown loader {unknown or text!r}; choose from: {', '.join(KINDS)}"
+        )
+    return kinds
 
 
-def _add_demo(subparsers: argparse._SubParsersAction) -> None:
-    demo = subparsers.add_parser(
-        "demo",
-        help="torch's DataLoader vs loader.DataLoader on generated images, side by side",
-        description="Run the same epochs with torch.utils.data.DataLoader and loader.DataLoader over "
-        "generated JPEGs, with a cold page cache and (where cgroups allow) the same memory budget and "
-        "throttled storage, and print time and storage bytes per epoch side by side.",
+def _outputs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON to FILE")
+    p.add_argument("--plot", type=Path, metavar="FILE.png", help="also draw the results to FILE.png")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+
+
+def _workload(p: argparse.ArgumentParser, data_required: bool = True) -> None:
+    p.add_argument(
+        "--data", type=types.data_spec, required=data_required, help="a path or images[:N], tokens[:N]"
     )
+    p.add_argument("--data-dir", type=Path, default=Path("stallbench-data"), help="where named workloads go")
+    p.add_argument("--workers", type=types.positive_int, default=2)
+    p.add_argument("--batch-size", type=types.positive_int, default=64)
+    p.add_argument(
+        "--compute", type=types.compute_spec, default="emulated:10", help="emulated:<ms>, cpu, cuda"
+    )
+    p.add_argument("--cache", type=types.cache_spec, default="50%", help="cache size: 50%% or 2G")
+    p.add_argument("--storage-bandwidth", type=types.bandwidth, help="kernel read throttle, e.g. 200MB/s")
+    p.add_argument("--memory-limit", type=types.memory_spec, help="kernel memory limit per job: SIZE or auto")
+    p.add_argument("--epochs", type=types.positive_int, default=3)
+    p.add_argument("--transform", choices=("train", "eval", "none"), default="train")
+    _outputs(p)
+
+
+def _add_analysis(sub: argparse._SubParsersAction) -> None:
+    analyze = sub.add_parser(
+        "analyze", help="one loader: compute / prep stall / fetch stall, what-if, roofline"
+    )
+    _workload(analyze)
+    analyze.add_argument(
+        "--loader", choices=KINDS, default="cached", help="torch or cached (loader.DataLoader)"
+    )
+    compare = sub.add_parser("compare", help="several loaders on the same workload, side by side")
+    _workload(compare)
+    compare.add_argument("--loaders", type=_kinds, default=KINDS, help="comma-separated, baseline first")
+
+
+def _add_simulate(sub: argparse._SubParsersAction) -> None:
+    sim = sub.add_parser("simulate", help="hit rate and storage bytes per epoch of cache policies, no data")
+    sim.add_argument("--dataset", type=types.size, required=True, help="dataset size, e.g. 140G")
+    sim.add_argument("--cache", type=types.size, required=True, help="cache size per node, e.g. 64G")
+    sim.add_argument("--record-size", type=types.size, default=112_000, help="bytes per record")
+    sim.add_argument("--epochs", type=types.positive_int, default=3)
+    sim.add_argument("--nodes", type=types.positive_int, default=1)
+    sim.add_argument("--policy", choices=("all", "lru", "minio", "minio-partitioned"), default="all")
+    sim.add_argument("--seed", type=int, default=0)
+    _outputs(sim)
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    demo = sub.add_parser("demo", help="generate a JPEG dataset and compare torch's DataLoader with ours")
     demo.add_argument("--data-dir", type=Path, default=Path("stallbench-data"), help="where images are made")
-    demo.add_argument("--epochs", type=_positive_int, default=3)
-    demo.add_argument("--workers", type=_positive_int, default=2, help="DataLoader workers")
-    demo.add_argument("--batch-size", type=_positive_int, default=64)
-    demo.add_argument(
-        "--cache-fraction", type=_fraction, default=0.5, help="memory budget as a fraction of the data"
-    )
-    demo.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON to FILE")
-    demo.add_argument("--num-images", type=_positive_int, default=None, help=argparse.SUPPRESS)  # for tests
+    demo.add_argument("--epochs", type=types.positive_int, default=3)
+    demo.add_argument("--workers", type=types.positive_int, default=2)
+    demo.add_argument("--batch-size", type=types.positive_int, default=64)
+    demo.add_argument("--num-images", type=types.positive_int, default=None, help=argparse.SUPPRESS)
+    _outputs(demo)
+    demo.set_defaults(plot=Path("stallbench-demo.png"))
 
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="stallbench", description="Measure where a training job waits for its data."
+        prog="stallbench", description="Measure where a training job waits for data."
     )
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_demo(subparsers)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_analysis(sub)
+    _add_simulate(sub)
+    _add_demo(sub)
     return parser
 
 
-def _demo(args: argparse.Namespace) -> int:
-    opts = DemoOptions(
-        data_dir=args.data_dir,
-        epochs=args.epochs,
-        workers=args.workers,
-        batch_size=args.batch_size,
-        cache_fraction=args.cache_fraction,
-        num_images=args.num_images,
-    )
-    report = run_demo(opts)
-    if args.json is not None:
-        args.json.write_text(json.dumps(report, indent=1, default=str))
-    return 0
+def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.plot is not None and args.plot.suffix.lower() != ".png":
+        parser.error(f"--plot must name a .png file, got {str(args.plot)!r}")
+    for path in (args.json, args.plot):
+        if path is not None and not path.resolve().parent.is_dir():
+            parser.error(f"no folder to write {str(path)!r} into")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
-    try:
-        return _demo(args)
-    except KeyboardInterrupt:
-        print("stallbench: interrupted", file=sys.stderr)
-        return 130
-    except (RuntimeError, ValueError, OSError) as exc:
-        print(f"stallbench {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    _check_outputs(parser, args)
+    commands = {"analyze": run_analysis, "compare": run_analysis, "simulate": run_simulate, "demo": run_demo}
+    return commands[args.command](args)

@@ -35,7 +35,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import tempfile
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from stallbench import _timeline
+from stallbench._files import write_atomic
 from stallbench._timeline import EpochRecord, PhaseRecord, Timeline
 
 __all__ = ["PROFILE_SCHEMA_VERSION", "Profile", "Timeline", "profile"]
@@ -116,19 +116,7 @@ class Profile:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the JSON atomically (a temporary file in the same folder, then a rename)."""
-        path = Path(path)
-        text = json.dumps(self.to_dict(), indent=2)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-        return path
+        return write_atomic(path, json.dumps(self.to_dict(), indent=2).encode())
 
     def summary(self) -> str:
         """A readable table of the steady state, the transitions and each epoch."""

@@ -11,12 +11,12 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from stallbench import _plot, _table, results
+from stallbench._files import write_atomic
 from stallbench.results import SCHEMA, LoaderReport, RunRecord
 
 __all__ = ["format_report", "report_to_json", "validate_report_json", "write_json", "write_plot"]
@@ -153,25 +153,10 @@ def report_to_json(reports: Sequence[LoaderReport]) -> dict[str, Any]:
     )
 
 
-def _write_atomic(path: Path, data: bytes) -> Path:
-    """A temporary file in the same folder, synced, then renamed over ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return path
-
-
 def write_json(reports: Sequence[LoaderReport], path: str | os.PathLike[str]) -> Path:
     """Write :func:`report_to_json` to ``path`` atomically; returns the path."""
     text = json.dumps(report_to_json(reports), indent=1, allow_nan=False)
-    return _write_atomic(Path(path), (text + "\n").encode())
+    return write_atomic(Path(path), (text + "\n").encode())
 
 
 def write_plot(reports: Sequence[LoaderReport], path: str | os.PathLike[str]) -> Path:
@@ -180,7 +165,7 @@ def write_plot(reports: Sequence[LoaderReport], path: str | os.PathLike[str]) ->
     if path.suffix.lower() != ".png":
         raise ValueError(f"plot path must end in .png, got {str(path)!r}")
     _check_reports(reports)
-    return _write_atomic(path, _plot.png_bytes(reports))
+    return write_atomic(path, _plot.png_bytes(reports))
 
 
 def _check(value: Any, spec: Any, where: str) -> None:

@@ -49,6 +49,7 @@ class Measured:
     breakdown: Breakdown  # compute_seconds = T1 (ingestion), epoch_seconds = T2 (cold, steady)
     machine: Machine
     loader: Loader
+    storage_bytes: int | None = None  # measured per steady epoch (kernel count); None: use the model alone
 
     def __post_init__(self) -> None:
         _check_loader(self.loader)
@@ -100,15 +101,33 @@ def epoch_terms(
 ) -> dict[str, float]:
     """Seconds of a steady epoch per stage, ``{"compute", "prep", "fetch"}``, for this configuration."""
     w = m.workload
-    hits = hit_rate(
-        loader or m.loader, dataset_bytes=w.dataset_bytes, samples=w.samples, cache_bytes=cache_bytes
-    )
     cores = min(max(workers, 1), m.machine.cores)
     return {
         "compute": m.breakdown.compute_seconds,
         "prep": w.samples / (m.machine.prep_samples_per_s_per_core * cores),
-        "fetch": (1.0 - hits) * w.dataset_bytes / m.machine.storage_bytes_per_s,
+        "fetch": _miss_fraction(m, cache_bytes, loader or m.loader)
+        * w.dataset_bytes
+        / m.machine.storage_bytes_per_s,
     }
+
+
+def _model_miss(m: Measured, cache_bytes: int | None, loader: Loader) -> float:
+    w = m.workload
+    return 1.0 - hit_rate(loader, dataset_bytes=w.dataset_bytes, samples=w.samples, cache_bytes=cache_bytes)
+
+
+def _miss_fraction(m: Measured, cache_bytes: int | None, loader: Loader) -> float:
+    """The model's miss fraction, scaled so that the measured configuration gives the measured bytes.
+
+    The OS page cache of a job gets its budget plus whatever the job leaves unused of its memory limit, so
+    the measured storage bytes, not the model, say how it did; other budgets keep the model's proportion.
+    """
+    model = _model_miss(m, cache_bytes, loader)
+    if m.storage_bytes is None or loader != m.loader:
+        return model
+    measured = min(1.0, m.storage_bytes / m.workload.dataset_bytes)
+    at_measured = _model_miss(m, m.workload.cache_bytes, loader)
+    return min(1.0, model * measured / at_measured) if at_measured > 0 else model
 
 
 def _bound(terms: dict[str, float]) -> str:

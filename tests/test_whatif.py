@@ -155,3 +155,17 @@ def test_advice_for_a_prep_stall_when_every_core_already_works():
         "prep stall is 45% of the epoch with 2 workers on 2 cores: decode is 500 samples/s per core; "
         "more workers would not help, faster decode or more cores would"
     )
+
+
+def test_measured_storage_bytes_set_the_fetch_term_of_the_measured_point():
+    model_only = measured()
+    model_miss = epoch_terms(model_only, cache_bytes=D // 2, workers=2)["fetch"] * 200e6 / D
+    half_as_much = dataclasses.replace(model_only, storage_bytes=int(model_miss * D / 2))
+    here = epoch_terms(half_as_much, cache_bytes=D // 2, workers=2)["fetch"]
+    assert here == pytest.approx(model_miss * D / 2 / 200e6, rel=1e-6)
+    smaller = epoch_terms(half_as_much, cache_bytes=D // 4, workers=2)["fetch"]
+    assert smaller == pytest.approx(
+        epoch_terms(model_only, cache_bytes=D // 4, workers=2)["fetch"] / 2, rel=1e-6
+    )
+    other_loader = epoch_terms(half_as_much, cache_bytes=D // 2, workers=2, loader="cached")["fetch"]
+    assert other_loader == pytest.approx(0.5 * D / 200e6)  # the other loader keeps the model

@@ -1,0 +1,138 @@
+"""What each subcommand does once its options are parsed; errors become exit codes with a clear message."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from stallbench.analyze import AnalysisRequest, analyze, prepare
+from stallbench.results import LoaderReport
+from stallbench.storage import StorageConditionUnavailable
+
+__all__ = ["report_outputs", "run_analysis", "run_demo", "run_simulate"]
+
+RUNS_PER_LOADER = 3  # ingestion, prep, cold
+
+
+def _say_error(command: str, exc: BaseException) -> None:
+    print(f"stallbench {command}: error: {exc}", file=sys.stderr)
+
+
+def request_from(args: argparse.Namespace) -> AnalysisRequest:
+    return AnalysisRequest(
+        data=args.data, data_dir=args.data_dir, workers=args.workers, batch_size=args.batch_size,
+        compute=args.compute, cache=args.cache, storage_bytes_per_s=args.storage_bandwidth,
+        memory=args.memory_limit, epochs=args.epochs, transform=args.transform,
+    )  # fmt: skip
+
+
+def run_analysis(args: argparse.Namespace) -> int:
+    kinds = (args.loader,) if args.command == "analyze" else args.loaders
+    return analyse_and_report(args, request_from(args), kinds)
+
+
+def analyse_and_report(
+    args: argparse.Namespace, req: AnalysisRequest, kinds: Sequence[str], by_epoch: bool = False
+) -> int:
+    """Prepare (usage errors: 2), run with progress, print and write what was done (even when interrupted)."""
+    try:
+        plan = prepare(req, kinds)
+    except (StorageConditionUnavailable, ValueError) as exc:
+        _say_error(args.command, exc)
+        return 2
+    reports: list[LoaderReport] = []
+    try:
+        with _progress(args, total=RUNS_PER_LOADER * len(kinds)) as bar:
+            for report in analyze(plan, kinds, on_run=lambda kind, run: bar.update(kind, run.phase)):
+                reports.append(report)
+    except KeyboardInterrupt:
+        print("stallbench: interrupted; writing what was measured so far", file=sys.stderr)
+        report_outputs(args, reports, by_epoch)
+        return 130
+    except (RuntimeError, OSError, ValueError) as exc:
+        _say_error(args.command, exc)
+        report_outputs(args, reports, by_epoch)
+        return 1
+    report_outputs(args, reports, by_epoch)
+    return 0
+
+
+def report_outputs(args: argparse.Namespace, reports: Sequence[LoaderReport], by_epoch: bool = False) -> None:
+    """Print the table(s) and write the JSON and PNG, for whatever loaders are done."""
+    if not reports:
+        return
+    from stallbench.demo import epoch_table
+    from stallbench.report import format_report, write_json, write_plot
+
+    if by_epoch:
+        print("cold runs, epoch by epoch (storage MB: what the kernel read from the device):")
+        print(epoch_table(reports) + "\n")
+    print(format_report(reports))
+    if args.json is not None:
+        write_json(reports, args.json)
+        print(f"JSON written to {args.json}")
+    if args.plot is not None:
+        write_plot(reports, args.plot)
+        print(f"plot written to {args.plot}")
+
+
+class _progress:
+    """A tqdm bar over the runs on stderr, or nothing with --no-progress."""
+
+    def __init__(self, args: argparse.Namespace, total: int) -> None:
+        self._bar = None
+        if not args.no_progress:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc="runs", unit="run", file=sys.stderr, leave=False)
+
+    def __enter__(self) -> _progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+    def update(self, kind: str, phase: str) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"{kind}: {phase} done")
+            self._bar.update(1)
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    from stallbench.simulate import format_simulation, simulate, simulate_all, simulation_to_json
+
+    options = dict(
+        dataset_bytes=args.dataset, cache_bytes=args.cache, record_bytes=args.record_size,
+        epochs=args.epochs, nodes=args.nodes, seed=args.seed,
+    )  # fmt: skip
+    try:
+        results = simulate_all(**options) if args.policy == "all" else (simulate(args.policy, **options),)
+    except ValueError as exc:
+        _say_error("simulate", exc)
+        return 2
+    print(format_simulation(results))
+    if args.json is not None:
+        from stallbench._files import write_atomic
+
+        write_atomic(args.json, json.dumps(simulation_to_json(results), indent=1).encode())
+    if args.plot is not None:
+        from stallbench._files import write_atomic
+        from stallbench._plot import simulation_png_bytes
+
+        write_atomic(args.plot, simulation_png_bytes(results))
+    return 0
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from stallbench.demo import demo_request, describe
+
+    try:
+        req, kinds = demo_request(args)
+    except (StorageConditionUnavailable, ValueError) as exc:
+        _say_error("demo", exc)
+        return 2
+    describe(req)
+    return analyse_and_report(args, req, kinds, by_epoch=True)
