@@ -36,6 +36,7 @@ class RunPlan:
     transform: str = "train"
     seed: int = 0
     max_batches: int | None = None
+    job_script: str | None = None  # a script that calls ``_epochs.job_main`` with its own transform
 
 
 def run_phases(plan: RunPlan, kind: str) -> Iterator[RunRecord]:
@@ -67,7 +68,7 @@ def _run(
         options.update(cache_bytes=cache_bytes or w.dataset_bytes, cache_dir=cache_dir)
     try:
         with limits if limits is not None else nullcontext():
-            records = run_job(job_argv(kind, w.data, **options), limits)
+            records = run_job(job_argv(kind, w.data, script=plan.job_script, **options), limits)
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
     return _record(phase, condition, records)
