@@ -67,7 +67,7 @@ def run_job(argv: Sequence[str], limits: StorageLimits | None = None, timeout: f
 
 def scratch_cache_dir(parent: str | os.PathLike = "/dev/shm") -> Path:
     """A fresh private folder for one run's cache; the caller removes it (``shutil.rmtree``)."""
-    return Path(tempfile.mkdtemp(prefix="stallbench-run-", dir=parent))
+    return Path(tempfile.mkdtemp(prefix=f"stallbench-run-{os.getpid()}-", dir=parent))
 
 
 def probe_cache_bytes(num_records: int) -> int:

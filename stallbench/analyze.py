@@ -70,7 +70,8 @@ def analyze(
     from stallbench._jobdata import make_dataset
 
     w = plan.workload
-    machine = measure_machine(make_dataset(w.data, plan.transform), [w.data], limits=storage_limits(w))
+    transform = None if plan.transform == "none" else plan.transform
+    machine = measure_machine(make_dataset(w.data, transform), [w.data], limits=storage_limits(w))
     for kind in kinds:
         runs = {}
         for run in run_phases(plan, kind):

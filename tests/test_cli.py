@@ -1,0 +1,174 @@
+"""The command line through a subprocess: help, every bad input (exit 2), a full run, and Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from stallbench.report import validate_report_json
+
+REPO = Path(__file__).resolve().parents[1]
+CGROUPS = [Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/blkio")]
+TINY = ["--batch-size", "8", "--epochs", "2", "--workers", "1", "--no-progress"]
+
+
+def env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+
+
+def stallbench(*args: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "stallbench", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env(), text=True, capture_output=True, timeout=300, **kwargs)
+
+
+@pytest.mark.parametrize("command", ["analyze", "compare", "simulate", "demo"])
+def test_help(tmp_path, command):
+    assert command in stallbench("--help", cwd=tmp_path).stdout
+    done = stallbench(command, "--help", cwd=tmp_path)
+    assert done.returncode == 0 and "--json" in done.stdout and "--plot" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "culprit"),
+    [
+        (["analyze", "--data", "/no/such/folder"], "no such data: '/no/such/folder'"),
+        (["analyze", "--data", "videos:3"], "no such data: 'videos:3'"),
+        (["analyze", "--data", "images:8", "--compute", "tpu"], "unknown compute model 'tpu'"),
+        (["analyze", "--data", "images:8", "--cache", "12QB"], "'12QB'"),
+        (["analyze", "--data", "images:8", "--cache=-3G"], "-3G"),
+        (["analyze", "--data", "images:8", "--storage-bandwidth", "fast"], "'fast'"),
+        (["analyze", "--data", "images:8", "--plot", "out.jpg"], "out.jpg"),
+        (["compare", "--data", "images:8", "--loaders", "torch,dali"], "dali"),
+        (["simulate", "--dataset", "12QB", "--cache", "1G"], "'12QB'"),
+        (["simulate", "--dataset", "1G", "--cache", "1G", "--record-size", "2G"], "record_bytes"),
+        (["analyze"], "--data"),
+        ([], "COMMAND"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_culprit(tmp_path, args, culprit):
+    done = stallbench(*args, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert culprit in done.stderr and "Traceback" not in done.stderr
+
+
+def test_empty_data_folder_is_named(tmp_path):
+    (tmp_path / "empty").mkdir()
+    done = stallbench("analyze", "--data", str(tmp_path / "empty"), *TINY, cwd=tmp_path)
+    assert done.returncode == 2 and "empty" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_cgroups_without_permission_exit_2(tmp_path, monkeypatch, capsys):
+    from stallbench import analyze
+    from stallbench.cli import main
+
+    reason = "creating a cgroup needs root (running as uid 65534)"
+    probe = {"page_cache_eviction": None, "memory_limit": reason, "read_throttle": reason}
+    monkeypatch.setattr(analyze, "probe_storage_conditions", lambda path: probe)
+    argv = [
+        "analyze",
+        "--data",
+        "images:8",
+        "--data-dir",
+        str(tmp_path),
+        "--storage-bandwidth",
+        "10MB/s",
+        *TINY,
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"--storage-bandwidth cannot be enforced here: {reason}" in err
+
+
+def test_simulate_prints_writes_json_and_plot(tmp_path):
+    done = stallbench(
+        "simulate",
+        "--dataset",
+        "10G",
+        "--cache",
+        "5G",
+        "--nodes",
+        "2",
+        "--json",
+        "s.json",
+        "--plot",
+        "s.png",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "minio-partitioned" in done.stdout and "lru" in done.stdout
+    policies = [s["policy"] for s in json.loads((tmp_path / "s.json").read_text())["simulations"]]
+    assert policies == ["lru", "minio", "minio-partitioned"]
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_analyze_end_to_end(tmp_path):
+    done = stallbench(
+        "analyze",
+        "--data",
+        "images:24",
+        "--data-dir",
+        str(tmp_path),
+        *TINY,
+        "--json",
+        "a.json",
+        "--plot",
+        "a.png",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    for row in (
+        "compute",
+        "prep stall",
+        "fetch stall",
+        "storage read",
+        "cache hit rate",
+        "roofline",
+        "what-if",
+    ):
+        assert row in done.stdout
+    report = json.loads((tmp_path / "a.json").read_text())
+    validate_report_json(report)
+    assert report["loaders"][0]["loader"] == "cached" and (tmp_path / "a.png").stat().st_size > 10_000
+
+
+def leftovers(pid: int) -> set[str]:
+    """Cache folders and cgroups made by the stallbench process ``pid`` (both carry its pid)."""
+    shm = {p.name for p in Path("/dev/shm").glob(f"stallbench-run-{pid}-*")}
+    groups = {p.name for root in CGROUPS if root.is_dir() for p in root.glob(f"stallbench-{pid}-*")}
+    return shm | groups
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_interrupt_writes_results_so_far_and_leaves_nothing(tmp_path):
+    cmd = [sys.executable, "-m", "stallbench", "compare", "--data", "images:24", "--data-dir", str(tmp_path)]
+    cmd += ["--batch-size", "8", "--workers", "1", "--epochs", "40", "--json", "c.json"]
+    cmd += ["--storage-bandwidth", "50MB/s", "--memory-limit", "1G"]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    seen = ""
+    while "cached: ingestion done" not in seen and proc.poll() is None:
+        seen += proc.stderr.read(1)  # the progress bar says when the baseline is done
+    children = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, seen + err
+    assert "interrupted" in err and "torch" in out
+    assert [e["loader"] for e in json.loads((tmp_path / "c.json").read_text())["loaders"]] == ["torch"]
+    time.sleep(0.5)
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert not leftovers(proc.pid)

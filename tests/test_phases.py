@@ -1,0 +1,59 @@
+"""The differential method on tiny workloads: each stall shows when, and only when, it is made to."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stallbench._cliargs import CacheSpec
+from stallbench.analyze import AnalysisRequest, analyze, prepare
+from stallbench.phases import breakdown
+from stallbench.storage import probe_storage_conditions
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
+SLOW_PREP_JOB = str(Path(__file__).with_name("_slow_prep_job.py"))
+
+
+def run(tmp_path, *, transform="none", job_script=None, **options):
+    req = AnalysisRequest(
+        data="images:32", data_dir=tmp_path, batch_size=8, epochs=2, transform=transform, **options
+    )
+    plan = prepare(req, ["cached"])
+    if job_script is not None:
+        plan = type(plan)(**{**plan.__dict__, "job_script": job_script})
+    (report,) = analyze(plan, ["cached"])
+    return report
+
+
+def test_slow_prep_shows_as_prep_stall(tmp_path):
+    r = run(tmp_path, job_script=SLOW_PREP_JOB, workers=1, compute="emulated:1", cache=CacheSpec(1.0))
+    b = r.breakdown
+    assert b.prep_stall_seconds > 0.5 * b.epoch_seconds  # 32 x 10 ms of prep against 4 x 1 ms of compute
+    assert b.fetch_stall_seconds < 0.2 * b.epoch_seconds
+
+
+def test_throttled_storage_shows_as_fetch_stall(tmp_path):
+    reason = probe_storage_conditions(tmp_path)["read_throttle"]
+    if reason is not None:
+        pytest.fail(f"this test needs a kernel read throttle: {reason}")
+    r = run(tmp_path, workers=1, compute="emulated:1", cache=CacheSpec(0.5), storage_bytes_per_s=4_000_000)
+    b = r.breakdown
+    assert b.fetch_stall_seconds > 0.5 * b.epoch_seconds  # half of 3.6 MB at 4 MB/s each epoch
+    assert 0.45 * r.dataset_bytes < r.storage_bytes < 0.6 * r.dataset_bytes  # the half the cache misses
+    assert r.roofline.bound == "fetch"
+
+
+def test_cached_data_and_cheap_prep_show_no_stall(tmp_path):
+    r = run(tmp_path, workers=1, compute="emulated:40", cache=CacheSpec(1.0))
+    b = r.breakdown
+    assert b.prep_stall_seconds + b.fetch_stall_seconds < 0.25 * b.epoch_seconds
+    assert "no stall worth acting on" in r.advice
+
+
+def test_breakdown_adds_up(tmp_path):
+    r = run(tmp_path, workers=1, compute="emulated:5", cache=CacheSpec(0.5))
+    b = breakdown({run.phase: run for run in r.runs})
+    assert b == r.breakdown
+    parts = b.compute_seconds + b.prep_stall_seconds + b.fetch_stall_seconds
+    assert parts >= b.epoch_seconds * 0.999  # the stalls are clamped at zero, never negative
