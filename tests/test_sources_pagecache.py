@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from loader.sources import ArrowSource, ImageFolderSource, LMDBSource, image_folder_to_lmdb
-from loader.sources._pagecache import evict, resident_fraction
+from stallbench.storage import evict_page_cache, resident_bytes
 
 RECORDS, RECORD_BYTES = 8, 1 << 20  # 8 MB in all
 
@@ -50,23 +50,21 @@ def image_files(root) -> list[str]:
 
 def residency_after_reads(make_source, files: list[str], drop: bool) -> float:
     """Evict ``files``, read every record through a fresh source, return the fraction of pages resident."""
-    for path in files:
-        evict(path)
-    assert sum(resident_fraction(p) for p in files) == 0
+    evict_page_cache(files)
+    assert resident_bytes(files) == 0
     source = make_source()
     source.drop_page_cache = drop
     assert [source.read(i) for i in range(RECORDS)] == [payload(i) for i in range(RECORDS)]
-    sizes = [os.path.getsize(p) for p in files]
-    return sum(resident_fraction(p) * s for p, s in zip(files, sizes, strict=True)) / sum(sizes)
+    return resident_bytes(files) / sum(os.path.getsize(p) for p in files)
 
 
-def test_resident_fraction_and_evict(disk):
+def test_resident_bytes_and_evict(disk):
     path = image_files(disk)[0]
     with open(path, "rb") as f:
         f.read()
-    assert resident_fraction(path) == 1.0
-    evict(path)
-    assert resident_fraction(path) == 0.0
+    assert resident_bytes(path) == os.path.getsize(path)
+    evict_page_cache(path)
+    assert resident_bytes(path) == 0
 
 
 def test_image_folder(disk):

@@ -18,7 +18,7 @@ import mmap
 import os
 import weakref
 
-__all__ = ["PAGE", "MappedFile", "drop_file", "evict", "prefetch", "read_file", "resident_fraction"]
+__all__ = ["PAGE", "MappedFile", "drop_file", "prefetch", "read_file"]
 
 PAGE = mmap.PAGESIZE
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -56,16 +56,6 @@ def prefetch(address: int, length: int) -> None:
     if length > PAGE:
         start = address - address % PAGE
         _libc.madvise(start, address + length - start, mmap.MADV_WILLNEED)
-
-
-def evict(path: str) -> None:
-    """Flush the file and evict it from the page cache (a cold start for this file)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        drop_file(fd)
-    finally:
-        os.close(fd)
 
 
 class MappedFile:
@@ -111,25 +101,3 @@ def _mapping_at(address: int, path: str, inode: int) -> tuple[int, int, int] | N
                 ours = len(fields) == 6 and (fields[5] == path or int(fields[4]) == inode)
                 return (lo, hi, int(fields[2], 16)) if ours else None
     return None
-
-
-def resident_fraction(path: str) -> float:
-    """Fraction of the file's pages in the page cache (mincore: needs the file's owner or write access)."""
-    size = os.path.getsize(path)
-    if size == 0:
-        return 0.0
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-    finally:
-        os.close(fd)
-    if addr == _MAP_FAILED:
-        raise OSError(ctypes.get_errno(), f"mmap failed for {path}")
-    pages = -(-size // PAGE)
-    vec = (ctypes.c_ubyte * pages)()
-    try:
-        if _libc.mincore(addr, size, vec) != 0:
-            raise OSError(ctypes.get_errno(), f"mincore failed for {path}")
-    finally:
-        _libc.munmap(addr, size)
-    return sum(b & 1 for b in vec) / pages
