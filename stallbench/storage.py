@@ -15,6 +15,7 @@ from decimal import Decimal
 
 import numpy as np
 
+from loader._libc import MAP_FAILED, libc
 from stallbench._cgroup import (
     StorageConditionUnavailable,
     StorageLimits,
@@ -73,28 +74,12 @@ def _files(paths: PathArg | Iterable[PathArg]) -> Iterator[str]:
             raise FileNotFoundError(f"no such file or directory: {os.fspath(path)!r}")
 
 
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_long,
-    ]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    return libc
-
-
-def _resident_fd(libc: ctypes.CDLL, fd: int, size: int) -> int:
+def _resident_fd(fd: int, size: int) -> int:
     """Bytes of open file ``fd`` in the page cache (mincore on a mapping that touches no page)."""
     if size == 0:
         return 0
     addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-    if addr in (None, ctypes.c_void_p(-1).value):
+    if addr in (None, MAP_FAILED):
         raise OSError(ctypes.get_errno(), f"mmap failed: {os.strerror(ctypes.get_errno())}")
     try:
         vec = (ctypes.c_ubyte * -(-size // mmap.PAGESIZE))()
@@ -112,14 +97,14 @@ def resident_bytes(paths: PathArg | Iterable[PathArg]) -> int:
     The kernel tells this only to root, the file's owner or a process that may write it (it claims every
     page resident to anyone else), so other files raise PermissionError.
     """
-    libc, total = _libc(), 0
+    total = 0
     for path in _files(paths):
         fd = os.open(path, os.O_RDONLY)
         try:
             writer = os.access(path, os.W_OK, effective_ids=True)
             if not writer and os.geteuid() not in (0, os.fstat(fd).st_uid):
                 raise PermissionError(f"mincore reports the page cache only to the owner or a writer: {path}")
-            total += _resident_fd(libc, fd, os.fstat(fd).st_size)
+            total += _resident_fd(fd, os.fstat(fd).st_size)
         finally:
             os.close(fd)
     return total
@@ -131,13 +116,13 @@ def evict_page_cache(paths: PathArg | Iterable[PathArg]) -> int:
     Clean pages go at once; a file with pages left (dirty ones survive the advice) is written back and advised
     again. Needs no privilege. Pages of memory-only filesystems (tmpfs) and pages mapped by a process stay.
     """
-    libc, total = _libc(), 0
+    total = 0
     for path in _files(paths):
         fd = os.open(path, os.O_RDONLY)
         try:
             size = os.fstat(fd).st_size
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            if _resident_fd(libc, fd, size):
+            if _resident_fd(fd, size):
                 os.fdatasync(fd)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             total += size

@@ -62,6 +62,8 @@ class ArrowSource(Source):
     column; records are the sequence as little-endian int32 bytes).
     """
 
+    _per_process = ("_handle", "_chunk", "_labels")
+
     def __init__(
         self, path: str | os.PathLike, column: str | None = None, label_column: str | None = None
     ) -> None:
@@ -87,15 +89,6 @@ class ArrowSource(Source):
             self._labels: list[Any] | None = None
             self._pid = os.getpid()
         return self._handle
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        for name in ("_handle", "_chunk", "_labels", "_pid"):
-            state.pop(name, None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _pid=None)
 
     def __len__(self) -> int:
         return self._len

@@ -17,6 +17,16 @@ class Source(abc.ABC):
     """
 
     drop_page_cache: bool = False
+    _per_process: tuple[str, ...] = ()  # open handles: not pickled; each process opens its own (see _pid)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in (*self._per_process, "_pid"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _pid=None)
 
     @abc.abstractmethod
     def __len__(self) -> int:

@@ -23,7 +23,7 @@ import struct
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import lmdb
 import numpy as np
@@ -81,6 +81,8 @@ def _open_env(path: str) -> lmdb.Environment:
 class LMDBSource(Source):
     """Records of an LMDB environment, opened read-only, without locks or readahead, once per process."""
 
+    _per_process = ("_handle", "_mapped")
+
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.fspath(path)
         self._data_file = os.path.join(self.path, "data.mdb")
@@ -113,15 +115,6 @@ class LMDBSource(Source):
             self._mapped: MappedFile | None = None
             self._pid = os.getpid()
         return self._handle
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        for name in ("_handle", "_mapped", "_pid"):
-            state.pop(name, None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _pid=None)
 
     def __len__(self) -> int:
         return self._len
