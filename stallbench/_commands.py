@@ -38,14 +38,15 @@ def analyse_and_report(
 ) -> int:
     """Prepare (usage errors: 2), run with progress, print and write what was done (even when interrupted)."""
     try:
-        plan = prepare(req, kinds)
+        with _progress(args, "generating data", unit="image") as bar:
+            plan = prepare(req, kinds, progress=bar.to)
     except (StorageConditionUnavailable, ValueError) as exc:
         _say_error(args.command, exc)
         return 2
     reports: list[LoaderReport] = []
     try:
-        with _progress(args, total=RUNS_PER_LOADER * len(kinds)) as bar:
-            for report in analyze(plan, kinds, on_run=lambda kind, run: bar.update(kind, run.phase)):
+        with _progress(args, "runs", unit="step", total=1 + RUNS_PER_LOADER * len(kinds)) as bar:
+            for report in analyze(plan, kinds, on_step=bar.step):
                 reports.append(report)
     except KeyboardInterrupt:
         print("stallbench: interrupted; writing what was measured so far", file=sys.stderr)
@@ -79,14 +80,14 @@ def report_outputs(args: argparse.Namespace, reports: Sequence[LoaderReport], by
 
 
 class _progress:
-    """A tqdm bar over the runs on stderr, or nothing with --no-progress."""
+    """A tqdm bar on stderr (shown only for what lasts over a second), or nothing with --no-progress."""
 
-    def __init__(self, args: argparse.Namespace, total: int) -> None:
+    def __init__(self, args: argparse.Namespace, desc: str, unit: str, total: int | None = None) -> None:
         self._bar = None
         if not args.no_progress:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, desc="runs", unit="run", file=sys.stderr, leave=False)
+            self._bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, delay=1.0)
 
     def __enter__(self) -> _progress:
         return self
@@ -95,10 +96,15 @@ class _progress:
         if self._bar is not None:
             self._bar.close()
 
-    def update(self, kind: str, phase: str) -> None:
+    def step(self, label: str) -> None:
         if self._bar is not None:
-            self._bar.set_postfix_str(f"{kind}: {phase} done")
+            self._bar.set_postfix_str(label)
             self._bar.update(1)
+
+    def to(self, done: int, total: int) -> None:
+        if self._bar is not None:
+            self._bar.total = total
+            self._bar.update(done - self._bar.n)
 
 
 def run_simulate(args: argparse.Namespace) -> int:

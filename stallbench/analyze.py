@@ -20,6 +20,7 @@ __all__ = ["AnalysisRequest", "analyze", "prepare"]
 
 
 HALF = CacheSpec(0.5)
+Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -39,9 +40,11 @@ class AnalysisRequest:
     seed: int = 0
 
 
-def prepare(req: AnalysisRequest, kinds: Sequence[str]) -> RunPlan:
-    """Generate a named workload if needed, size the cache, check and size the storage condition."""
-    data = _materialise(req)
+def prepare(req: AnalysisRequest, kinds: Sequence[str], progress: Progress | None = None) -> RunPlan:
+    """Generate a named workload if needed, size the cache, check and size the storage condition.
+
+    ``progress(done, total)`` is told how the generation of a named workload goes."""
+    data = _materialise(req, progress)
     dataset_bytes, samples = _dataset_size(data)
     cache = round(req.cache * dataset_bytes) if isinstance(req.cache, CacheSpec) else req.cache
     _check_conditions(req, data)
@@ -64,20 +67,21 @@ def prepare(req: AnalysisRequest, kinds: Sequence[str]) -> RunPlan:
 
 
 def analyze(
-    plan: RunPlan, kinds: Sequence[str], on_run: Callable[[str, RunRecord], None] | None = None
+    plan: RunPlan, kinds: Sequence[str], on_step: Callable[[str], None] | None = None
 ) -> Iterator[LoaderReport]:
     """One report per loader kind, yielded as each is done: an interrupted compare keeps the finished ones."""
     from stallbench._jobdata import make_dataset
 
     w = plan.workload
     transform = None if plan.transform == "none" else plan.transform
+    step = on_step or (lambda label: None)
     machine = measure_machine(make_dataset(w.data, transform), [w.data], limits=storage_limits(w))
+    step("machine measured")
     for kind in kinds:
         runs = {}
         for run in run_phases(plan, kind):
             runs[run.phase] = run
-            if on_run is not None:
-                on_run(kind, run)
+            step(f"{kind}: {run.phase} done")
         yield _report(kind, w, runs, machine)
 
 
@@ -113,7 +117,7 @@ def _report(kind: str, w: Workload, runs: dict[str, RunRecord], machine) -> Load
     )
 
 
-def _materialise(req: AnalysisRequest) -> Path:
+def _materialise(req: AnalysisRequest, progress: Progress | None) -> Path:
     from stallbench import workloads
 
     named = named_workload(req.data)
@@ -121,16 +125,11 @@ def _materialise(req: AnalysisRequest) -> Path:
         return Path(req.data)
     kind, count = named
     if kind == "images":
-        if count is None:
-            return workloads.default_image_workload(req.data_dir)
-        root = req.data_dir / f"images-{count}"
-        return workloads.make_jpeg_folder(
-            root, num_images=count, num_classes=min(10, count), record_bytes=workloads.DEFAULT_RECORD_BYTES
-        )
+        count = count or workloads.DEFAULT_IMAGE_COUNT
+        return workloads.default_image_workload(req.data_dir, num_images=count, progress=progress)
     count = count or 20_000
-    return workloads.make_token_arrow(
-        req.data_dir / f"tokens-{count}.arrow", num_sequences=count, min_len=16, max_len=2048
-    )
+    path = req.data_dir / f"tokens-{count}.arrow"
+    return workloads.make_token_arrow(path, num_sequences=count, min_len=16, max_len=2048)
 
 
 def _dataset_size(data: Path) -> tuple[int, int]:

@@ -259,14 +259,22 @@ def make_token_arrow(
     return path
 
 
-def default_image_workload(data_dir: str | os.PathLike, *, seed: int = 0) -> Path:
-    """The demo's image set under ``data_dir``: ``DEFAULT_IMAGE_COUNT`` JPEGs of ``DEFAULT_RECORD_BYTES``."""
+def default_image_workload(
+    data_dir: str | os.PathLike,
+    *,
+    num_images: int = DEFAULT_IMAGE_COUNT,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> Path:
+    """The demo's image set under ``data_dir``: ``num_images`` JPEGs of ``DEFAULT_RECORD_BYTES``."""
     width, height = DEFAULT_IMAGE_SIZE
     return make_jpeg_folder(
-        Path(data_dir) / f"images-{DEFAULT_IMAGE_COUNT}",
-        num_images=DEFAULT_IMAGE_COUNT,
+        Path(data_dir) / f"images-{num_images}",
+        num_images=num_images,
+        num_classes=min(10, num_images),
         width=width,
         height=height,
         record_bytes=DEFAULT_RECORD_BYTES,
         seed=seed,
+        progress=progress,
     )
