@@ -76,7 +76,11 @@ def _run(
 
 def _record(phase: str, condition: str, records: list[dict]) -> RunRecord:
     epochs = tuple(EpochRecord(**{k: v for k, v in r.items() if k in _EPOCH_FIELDS}) for r in records)
-    stages = {k: sum(r.get(k, 0.0) for r in steady(records)) for k in _STAGES if k in records[-1]}
+    stages = {
+        k.removesuffix("_seconds"): sum(r.get(k, 0.0) for r in steady(records))
+        for k in _STAGES
+        if k in records[-1]
+    }
     timeline = tuple((float(w), float(s)) for w, s in records[-1].get("timeline", []))
     return RunRecord(phase=phase, epochs=epochs, condition=condition, stage_seconds=stages, timeline=timeline)
 

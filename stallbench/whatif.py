@@ -199,19 +199,33 @@ def _prep_action(m: Measured, predictions: tuple[Prediction, ...]) -> Prediction
     return min(options, key=lambda p: (p.epoch_seconds, p.workers), default=None)
 
 
+def _dominant(m: Measured, prep: float, fetch: float) -> str:
+    """The stall to act on: the one the roofline says bounds the epoch, if it was measured worth acting on;
+    else the larger one measured.
+
+    Removing a stall that is not the bound does not shorten the epoch: with fetch the bound, a faster
+    decode only moves the wait from prep to fetch.
+    """
+    measured = {"fetch": fetch, "prep": prep}  # a tie goes to fetch
+    bound = roofline(m).bound
+    return bound if measured.get(bound, 0.0) >= ACT_ON else max(measured, key=measured.__getitem__)
+
+
 def advise(m: Measured, predictions: tuple[Prediction, ...]) -> str:
-    """One line: the dominant stall and the action that cuts it, with numbers (``predictions``: what_if's)."""
+    """One line: the stall that bounds the epoch and the action that cuts it, with numbers."""
     b = m.breakdown
     prep, fetch = b.percent(b.prep_stall_seconds), b.percent(b.fetch_stall_seconds)
     if max(prep, fetch) < ACT_ON:
         return f"no stall worth acting on: the epoch is compute-bound (stalls {prep + fetch:.0f}%)"
-    if fetch >= prep:
+    if _dominant(m, prep, fetch) == "fetch":
         head, action = f"fetch stall is {fetch:.0f}% of the epoch", _fetch_action(m, predictions)
+        head += "" if fetch >= prep else f" and storage bounds it (prep stall {prep:.0f}% waits behind it)"
         if action is None:
             storage = _size(m.machine.storage_bytes_per_s)
             return f"{head}: no larger cache predicts a faster epoch; storage reads {storage}/s"
         return f"{head}: {action[1]} would cut the epoch to {_gain(action[0], m)}"
     head, best = f"prep stall is {prep:.0f}% of the epoch", _prep_action(m, predictions)
+    head += "" if prep >= fetch else f" and decode bounds it (fetch stall {fetch:.0f}% waits behind it)"
     rate = f"decode is {m.machine.prep_samples_per_s_per_core:.0f} samples/s per core"
     if best is None:
         where = f"{m.workload.workers} workers on {m.machine.cores} cores"

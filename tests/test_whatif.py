@@ -169,3 +169,12 @@ def test_measured_storage_bytes_set_the_fetch_term_of_the_measured_point():
     )
     other_loader = epoch_terms(half_as_much, cache_bytes=D // 2, workers=2, loader="cached")["fetch"]
     assert other_loader == pytest.approx(0.5 * D / 200e6)  # the other loader keeps the model
+
+
+def test_advice_acts_on_the_bound_not_the_larger_stall():
+    # storage bounds the epoch (fetch term 25 s at 200 MB/s) though the measured prep stall is larger
+    m = measured(loader="cached", t1=5.0, t2=25.0, prep_stall=12.0, rate=4000.0)
+    assert roofline(m).bound == "fetch"
+    text = advise(m, what_if(m))
+    assert text.startswith("fetch stall is 32% of the epoch and storage bounds it (prep stall 48% waits")
+    assert "cache_bytes=" in text
