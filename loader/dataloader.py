@@ -31,6 +31,7 @@ class DataLoader(torch.utils.data.DataLoader):
       cache_dir: where the cache lives (default ``/dev/shm``).
       on_error: ``"raise"`` (default) stops at a bad record with an error naming it; ``"skip"`` drops it from
         its batch and counts it in ``stats().records_skipped``.
+      readahead: threads per worker that fetch a batch's records while the worker decodes (0: one by one).
     With any other dataset it behaves exactly like PyTorch's DataLoader.
     """
 
@@ -57,14 +58,17 @@ class DataLoader(torch.utils.data.DataLoader):
         cache_bytes: int | None = None,
         cache_dir: str | os.PathLike = "/dev/shm",
         on_error: Literal["raise", "skip"] = "raise",
+        readahead: int = 4,
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if isinstance(readahead, bool) or not isinstance(readahead, int) or readahead < 0:
+            raise ValueError(f"readahead must be a number of threads (0 or more), got {readahead!r}")
         board = StatsBoard(num_workers if isinstance(num_workers, int) and num_workers > 0 else 0)
         cache = None
         if isinstance(dataset, SourceDataset):
             cache = _open_cache(dataset, cache_bytes, cache_dir)
-            dataset = dataset.bind(cache=cache, board=board, on_error=on_error)
+            dataset = dataset.bind(cache=cache, board=board, on_error=on_error, readahead=readahead)
             batched = batch_sampler is not None or batch_size is not None
             collate_fn = TimedCollate(
                 collate_fn or (default_collate if batched else default_convert), board, batched

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from loader._readahead import ReadAhead
 from loader.cache import MinIOCache
 from loader.decode import make_transform
 from loader.errors import BadRecordError
@@ -39,6 +41,16 @@ class _Skipped:
 SKIPPED = _Skipped()
 
 
+@dataclass(frozen=True)
+class _Fetched:
+    """One record's raw bytes and how they were had; counted by the worker's own thread."""
+
+    raw: bytes
+    hit: bool
+    admitted: bool
+    seconds: float
+
+
 class SourceDataset(Dataset):
     """``dataset[i] -> (transform(raw_bytes_i), label_i)``; ``transform=None`` gives the raw bytes."""
 
@@ -48,15 +60,40 @@ class SourceDataset(Dataset):
         self._cache: MinIOCache | None = None
         self._board: StatsBoard | None = None
         self._on_error: OnError = "raise"
+        self._readahead: ReadAhead | None = None
 
     def __len__(self) -> int:
         return len(self.source)
 
     def __getitem__(self, index: int) -> Any:
         index = self.source.check_index(index)
+        return self._sample(index, lambda: self._fetch(index))
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """A batch (torch's fetcher calls this): with read-ahead, records are fetched while others decode."""
+        if self._readahead is None or not self.source.thread_safe_reads:
+            return [self[i] for i in indices]
+        indices = [self.source.check_index(i) for i in indices]
+        futures = self._readahead.submit_all(self._fetch, indices)
+        return [self._sample(i, future.result) for i, future in zip(indices, futures, strict=True)]
+
+    def bind(
+        self, *, cache: MinIOCache | None, board: StatsBoard, on_error: OnError, readahead: int = 0
+    ) -> SourceDataset:
+        """A copy that reads through ``cache``, reports into ``board``, treats bad records per on_error,
+        and fetches ``readahead`` records at a time on threads (0: one by one, as torch does)."""
+        bound = copy.copy(self)
+        bound.source = copy.copy(self.source)
+        bound.source.drop_page_cache = cache is not None
+        bound._cache, bound._board, bound._on_error = cache, board, on_error
+        bound._readahead = ReadAhead(readahead) if readahead else None
+        return bound
+
+    def _sample(self, index: int, fetched: Callable[[], _Fetched]) -> Any:
         try:
-            raw = self._fetch(index)
-            sample = self._decode(index, raw)
+            got = fetched()
+            self._note(got)
+            sample = self._decode(index, got.raw)
         except BadRecordError:
             if self._on_error == "raise":
                 raise
@@ -64,28 +101,27 @@ class SourceDataset(Dataset):
             return SKIPPED
         return sample, self.source.label(index)
 
-    def bind(self, *, cache: MinIOCache | None, board: StatsBoard, on_error: OnError) -> SourceDataset:
-        """A copy that reads through ``cache``, reports into ``board``, treats bad records per on_error."""
-        bound = copy.copy(self)
-        bound.source = copy.copy(self.source)
-        bound.source.drop_page_cache = cache is not None
-        bound._cache, bound._board, bound._on_error = cache, board, on_error
-        return bound
-
-    def _fetch(self, index: int) -> bytes:
+    def _fetch(self, index: int) -> _Fetched:
+        """Thread-safe: reads and admits, counts nothing."""
         start = time.perf_counter()
         raw = self._cache.get(index) if self._cache is not None else None
         if raw is not None:
+            return _Fetched(raw, True, False, time.perf_counter() - start)
+        raw = self.source.read(index)
+        admitted = self._cache is not None and self._cache.admit(index, raw)
+        return _Fetched(raw, False, admitted, time.perf_counter() - start)
+
+    def _note(self, got: _Fetched) -> None:
+        size = len(got.raw)
+        if got.hit:
             self._count("hits", 1)
-            self._count("bytes_from_cache", len(raw))
+            self._count("bytes_from_cache", size)
         else:
-            raw = self.source.read(index)
             self._count("misses", 1)
-            self._count("bytes_from_source", len(raw))
-            if self._cache is not None and self._cache.admit(index, raw):
-                self._count("records_admitted", 1)
-        self._count("fetch_seconds", time.perf_counter() - start)
-        return raw
+            self._count("bytes_from_source", size)
+        if got.admitted:
+            self._count("records_admitted", 1)
+        self._count("fetch_seconds", got.seconds)
 
     def _decode(self, index: int, raw: bytes) -> Any:
         if self.transform is None:

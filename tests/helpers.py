@@ -16,6 +16,8 @@ from loader.sources import Source
 class MemorySource(Source):
     """Records held in a list: record i is ``size`` bytes that encode i, label i % 10."""
 
+    thread_safe_reads = True
+
     def __init__(self, n: int, size: int = 512, salt: str = "") -> None:
         self.records = [_payload(i, size) for i in range(n)]
         self.salt = salt

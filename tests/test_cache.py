@@ -133,3 +133,13 @@ def test_writer_killed_mid_insert_leaves_no_torn_record(shm_dir):
     cache = open_store(shm_dir, 1 << 20)
     assert cache._state[7] == RESERVED and cache.get(7) is None  # never read as a record
     assert cache.admit(8, record(8)) and cache.get(8) == record(8)  # the lock was released: still usable
+
+
+def test_threads_of_one_process_fill_one_store_together(shm_dir):
+    from concurrent.futures import ThreadPoolExecutor
+
+    cache = open_store(shm_dir, 1 << 22)
+    with ThreadPoolExecutor(8) as pool:  # all race for every record, from a cache object none has used
+        admitted = sum(pool.map(lambda i: cache.admit(i % N, record(i % N, 3000)), range(8 * N)))
+    assert admitted == N and all(cache.get(i) == record(i, 3000) for i in range(N))
+    assert cache.info().bytes_used == index_bytes(N) + N * len(record(0, 3000))

@@ -26,7 +26,7 @@ def test_every_torch_parameter_exists_with_the_same_default_and_kind(name):
 
 def test_our_options_are_keyword_only():
     extra = [p for n, p in OUR_PARAMS.items() if n not in TORCH_PARAMS]
-    assert {p.name for p in extra} == {"cache_bytes", "cache_dir", "on_error"}
+    assert {p.name for p in extra} == {"cache_bytes", "cache_dir", "on_error", "readahead"}
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extra)
 
 
@@ -69,12 +69,13 @@ def half_cache(n: int, size: int) -> int:
     return index_bytes(n) + (n // 2) * size
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-def test_half_cache_hits_exactly_what_it_admitted_each_epoch(num_workers, shm_dir):
+@pytest.mark.parametrize(("num_workers", "readahead"), [(0, 0), (0, 4), (2, 0), (2, 4)])
+def test_half_cache_hits_exactly_what_it_admitted_each_epoch(num_workers, readahead, shm_dir):
     n, size = 64, 512
     data = SourceDataset(MemorySource(n, size), transform=first_index)
     dl = DataLoader(
         data,
+        readahead=readahead,
         batch_size=8,
         shuffle=True,
         num_workers=num_workers,
@@ -134,6 +135,7 @@ def test_batch_of_only_bad_records_is_dropped():
     ("kwargs", "match"),
     [
         ({"on_error": "ignore"}, "on_error"),
+        ({"readahead": -1}, "readahead"),
         ({"cache_bytes": -1}, "cache_bytes"),
         ({"cache_bytes": 10}, "cache_bytes"),
     ],

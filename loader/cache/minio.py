@@ -15,6 +15,7 @@ import fcntl
 import mmap
 import os
 import shutil
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,16 @@ from loader.cache._layout import (
 from loader.cache._storefiles import create_store
 
 __all__ = ["CacheInfo", "MinIOCache", "store_path"]
+
+_setup_lock = threading.Lock()  # guards each process's one-time lock setup; new in a forked child
+
+
+def _new_setup_lock() -> None:
+    global _setup_lock
+    _setup_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_setup_lock)
 
 
 @dataclass(frozen=True)
@@ -119,11 +130,12 @@ class MinIOCache:
         shutil.rmtree(self.path, ignore_errors=True)
 
     def close(self) -> None:
-        for fd in (self._data_fd, self._lock_fd):
+        lock_fd = self._lock_state[1] if self._lock_state[0] == os.getpid() else None
+        for fd in (self._data_fd, lock_fd):
             if fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        self._data_fd = self._lock_fd = None
+        self._data_fd, self._lock_state = None, (-1, None, None)
 
     def __getstate__(self) -> dict:
         return {"path": self.path, "fingerprint": self._fingerprint, "num_records": self._num_records}
@@ -144,20 +156,31 @@ class MinIOCache:
         slots = np.frombuffer(self._map, SLOT_DTYPE, count=self._num_records, offset=4096)
         self._offset, self._length, self._state = slots["offset"], slots["length"], slots["state"]
         self._data_fd = os.open(self.path / "data", os.O_RDWR)
-        self._lock_fd: int | None = None
-        self._lock_pid = -1
+        self._lock_state: tuple[int, int, threading.Lock] | tuple[int, None, None] = (-1, None, None)
         self._full_here = False
 
     @contextlib.contextmanager
     def _locked(self):
-        if self._lock_pid != os.getpid():  # flock is per open file: each process opens its own
-            self._lock_fd = os.open(self.path / "lock", os.O_RDWR)
-            self._lock_pid = os.getpid()
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        """Excludes other processes (flock, released by the kernel if the holder dies) and other threads."""
+        fd, thread_lock = self._process_lock()
+        with thread_lock:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _process_lock(self) -> tuple[int, threading.Lock]:
+        """This process's lock file (flock is per open file, so each process opens its own) and a thread
+        lock (threads share that open file, so flock alone would let them all in); made once per process."""
+        state = self._lock_state
+        if state[0] != os.getpid():
+            with _setup_lock:
+                state = self._lock_state
+                if state[0] != os.getpid():
+                    state = (os.getpid(), os.open(self.path / "lock", os.O_RDWR), threading.Lock())
+                    self._lock_state = state
+        return state[1], state[2]
 
     def _reserve(self, index: int, length: int) -> int | None:
         with self._locked():

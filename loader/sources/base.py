@@ -17,6 +17,7 @@ class Source(abc.ABC):
     """
 
     drop_page_cache: bool = False
+    thread_safe_reads: bool = False  # read() may run on several threads at once (the loader then reads ahead)
     _per_process: tuple[str, ...] = ()  # open handles: not pickled; each process opens its own (see _pid)
 
     def __getstate__(self) -> dict[str, Any]:

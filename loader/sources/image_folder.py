@@ -21,6 +21,8 @@ class ImageFolderSource(Source):
     by class, then by path. Extensions match case-insensitively. ``read`` returns the file's bytes.
     """
 
+    thread_safe_reads = True  # each read opens, reads and closes its own file
+
     def __init__(self, root: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXTENSIONS) -> None:
         self.root = os.fspath(root)
         if not os.path.isdir(self.root):
