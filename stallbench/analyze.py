@@ -20,6 +20,7 @@ __all__ = ["AnalysisRequest", "analyze", "prepare"]
 
 
 HALF = CacheSpec(0.5)
+_PREFETCH = 2  # torch's default prefetch_factor: batches each worker keeps ready
 Progress = Callable[[int, int], None]
 
 
@@ -159,7 +160,11 @@ def _auto_memory(plan: RunPlan, kinds: Sequence[str]) -> int:
 
     def probe_argv(kind: str, cache_dir: Path) -> list[str]:
         options = dict(
-            epochs=1, max_batches=2, workers=w.workers, batch_size=w.batch_size, transform=plan.transform
+            epochs=1,
+            max_batches=_PREFETCH * w.workers + 2,  # every worker's prefetch queue full, as in a real run
+            workers=w.workers,
+            batch_size=w.batch_size,
+            transform=plan.transform,
         )
         if kind == "cached":
             options.update(cache_bytes=probe_cache_bytes(w.samples), cache_dir=cache_dir)
