@@ -1,6 +1,6 @@
 """stallbench on its own demo workload: the verdict of ``compare`` and the accuracy of its predictions.
 
-The demo workload: 1,500 generated JPEGs of ~112 KB, storage reads throttled by the kernel to
+The demo workload: 6,000 generated JPEGs of ~112 KB, storage reads throttled by the kernel to
 ``DEMO_BPS``, memory "auto" (the cache budget plus the job's measured memory, the same rule for every run),
 compute emulated at 10 ms a batch, batch 64, 3 epochs. Figures are steady cold epochs (epochs 2-3).
 

@@ -1,6 +1,6 @@
 """``stallbench demo``: PyTorch's DataLoader and ours, side by side, on generated images and the same budget.
 
-It generates the embedded default dataset (1,500 JPEGs of ~112 KB) if absent and runs ``compare`` on it:
+It generates the embedded default dataset (6,000 JPEGs of ~112 KB) if absent and runs ``compare`` on it:
 each loader gets half the dataset as its memory budget (ours as its cache, torch's as page cache) and, where
 root and cgroup v1 allow it, storage throttled by the kernel to the speed of a network filesystem, so the
 fetch stall shows. Elsewhere it says plainly that it could not, and runs at the disk's own speed.

@@ -30,7 +30,7 @@ __all__ = [
     "make_token_arrow",
 ]
 
-DEFAULT_IMAGE_COUNT = 1_500  # the demo set: ~170 MB, generated in a few seconds
+DEFAULT_IMAGE_COUNT = 6_000  # the demo set: ~670 MB, well above a job's own memory; made in ~5 s
 DEFAULT_IMAGE_SIZE = (500, 375)  # width, height of a typical ImageNet photo
 DEFAULT_RECORD_BYTES = 112_000  # the mean ImageNet training JPEG
 MANIFEST_NAME = ".stallbench-workload.json"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -65,12 +64,10 @@ def test_jpeg_same_seed_same_bytes_other_seed_other_bytes(tmp_path: Path) -> Non
     assert other.keys() == first.keys() and not set(other.values()) & set(first.values())
 
 
-def test_jpeg_reuse_returns_at_once_and_mismatch_raises(tmp_path: Path) -> None:
+def test_jpeg_reuse_keeps_the_files_and_mismatch_raises(tmp_path: Path) -> None:
     root = make_jpeg_folder(tmp_path / "imgs", **SMALL)
     stamp = (root / "class_00" / "img_000000.jpg").stat().st_mtime_ns
-    start = time.perf_counter()
     assert make_jpeg_folder(root, **SMALL) == root
-    assert time.perf_counter() - start < 0.1
     assert (root / "class_00" / "img_000000.jpg").stat().st_mtime_ns == stamp
     with pytest.raises(ValueError, match=r"imgs.*num_images=24 \(wanted 25\).*overwrite=True"):
         make_jpeg_folder(root, **{**SMALL, "num_images": 25})
@@ -120,10 +117,8 @@ def test_jpeg_bad_arguments_name_themselves(tmp_path: Path, changes: dict, named
 
 
 @pytest.mark.slow
-def test_default_image_workload_is_quick_and_sized(tmp_path: Path) -> None:
-    start = time.perf_counter()
+def test_default_image_workload_is_sized(tmp_path: Path) -> None:
     root = workloads.default_image_workload(tmp_path)
-    assert time.perf_counter() - start < 30
     files = list(root.rglob("*.jpg"))
     assert len(files) == workloads.DEFAULT_IMAGE_COUNT
     assert {p.stat().st_size for p in files} == {workloads.DEFAULT_RECORD_BYTES}
