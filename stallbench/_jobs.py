@@ -20,6 +20,7 @@ from typing import Any
 from stallbench.storage import StorageLimits, evict_page_cache, resident_bytes
 
 __all__ = [
+    "EXTRA_WORKER_MARGIN",
     "OVERHEAD_MARGIN",
     "JobFailed",
     "job_argv",
@@ -35,6 +36,10 @@ _TAIL = 2_000  # characters of a failed job's stderr kept in the error
 # grow a job a few MB past its probe, and a cache in /dev/shm cannot be reclaimed, so it would meet the OOM
 # killer. The margin goes to both loaders: the page cache of torch's loader gets to use it.
 OVERHEAD_MARGIN = 32 << 20
+# Workers beyond the cores each grow past the probe too: over a long run their copy-on-write pages of the
+# parent are copied, which a probe of a few batches does not see (measured: a 4-worker job on 2 cores was
+# killed at the probe's figure + 32 MiB).
+EXTRA_WORKER_MARGIN = 24 << 20
 
 
 class JobFailed(RuntimeError):
@@ -100,6 +105,7 @@ def measure_overhead(
     return peaks
 
 
-def memory_limit(cache_bytes: int, overheads: dict[str, int]) -> int:
+def memory_limit(cache_bytes: int, overheads: dict[str, int], workers: int = 2) -> int:
     """The one limit every loader of a comparison gets: the cache budget plus the largest job overhead."""
-    return cache_bytes + max(overheads.values()) + OVERHEAD_MARGIN
+    extra = max(0, workers - (os.cpu_count() or 1)) * EXTRA_WORKER_MARGIN
+    return cache_bytes + max(overheads.values()) + OVERHEAD_MARGIN + extra

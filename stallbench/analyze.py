@@ -170,4 +170,4 @@ def _auto_memory(plan: RunPlan, kinds: Sequence[str]) -> int:
             options.update(cache_bytes=probe_cache_bytes(w.samples), cache_dir=cache_dir)
         return job_argv(kind, w.data, **options)
 
-    return memory_limit(w.cache_bytes, measure_overhead(probe_argv, list(kinds), w.data))
+    return memory_limit(w.cache_bytes, measure_overhead(probe_argv, list(kinds), w.data), w.workers)
