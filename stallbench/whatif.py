@@ -3,7 +3,9 @@
 The model of a steady epoch has three terms, each the time one stage alone would take:
 
 * compute: ``T1``, the measured ingestion epoch (the step with every batch already in memory);
-* prep: ``samples / (prep rate per core * min(max(workers, 1), cores))``, from the measured per-core rate;
+* prep: the prep run's epoch ``T3`` (all records in memory) scaled by ``cores used then / cores used``, where
+  prep bounded that run; where compute hid it, ``samples / (prep rate per core * cores used)`` from the
+  per-core rate measured on one core (cores used: ``min(max(workers, 1), cores)``);
 * fetch: ``(1 - hit rate) * dataset_bytes / storage bandwidth`` (measured, inside the run's limits). The
   hit rate of a steady epoch is ``min(1, C/D)`` for the cached loader (MinIO, the optimum under random
   order) and the simulated LRU rate (``simulate("lru")``, epoch 2) for the OS page cache of the torch loader.
@@ -101,14 +103,24 @@ def epoch_terms(
 ) -> dict[str, float]:
     """Seconds of a steady epoch per stage, ``{"compute", "prep", "fetch"}``, for this configuration."""
     w = m.workload
-    cores = min(max(workers, 1), m.machine.cores)
     return {
         "compute": m.breakdown.compute_seconds,
-        "prep": w.samples / (m.machine.prep_samples_per_s_per_core * cores),
+        "prep": _prep_seconds(m, workers),
         "fetch": _miss_fraction(m, cache_bytes, loader or m.loader)
         * w.dataset_bytes
         / m.machine.storage_bytes_per_s,
     }
+
+
+def _prep_seconds(m: Measured, workers: int) -> float:
+    """Prep time of an epoch with ``workers``: the prep run's epoch (T3) where prep bounded it, scaled by
+    cores; where compute hid it (no prep stall), the per-core rate measured on one core."""
+    cores = min(max(workers, 1), m.machine.cores)
+    b = m.breakdown
+    if b.prep_stall_seconds > 0:
+        measured_cores = min(max(m.workload.workers, 1), m.machine.cores)
+        return (b.compute_seconds + b.prep_stall_seconds) * measured_cores / cores
+    return m.workload.samples / (m.machine.prep_samples_per_s_per_core * cores)
 
 
 def _model_miss(m: Measured, cache_bytes: int | None, loader: Loader) -> float:

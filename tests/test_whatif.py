@@ -50,6 +50,15 @@ def measured(
     return Measured(workload=workload, breakdown=breakdown, machine=machine, loader=loader)
 
 
+def test_prep_term_is_the_measured_prep_run_where_prep_bounded_it():
+    m = measured(workers=2, cores=4, t1=60.0, t2=100.0, prep_stall=30.0)
+    assert epoch_terms(m, cache_bytes=D // 2, workers=2)["prep"] == pytest.approx(
+        90.0
+    )  # T3 = T1 + prep stall
+    assert epoch_terms(m, cache_bytes=D // 2, workers=4)["prep"] == pytest.approx(45.0)
+    assert epoch_terms(m, cache_bytes=D // 2, workers=8)["prep"] == pytest.approx(45.0)  # only 4 cores
+
+
 def test_terms_follow_the_formulas():
     terms = epoch_terms(measured(loader="cached"), cache_bytes=D // 4, workers=8)
     assert terms == pytest.approx({"compute": 60.0, "prep": 100_000 / 1200, "fetch": 0.75 * D / 200e6})
@@ -123,9 +132,11 @@ def test_advice_for_a_fetch_stall_names_the_cached_loader_and_its_numbers():
 
 def test_advice_for_a_prep_stall_names_a_worker_count_and_the_decode_rate():
     m = measured(workers=1, cores=8, rate=500.0, t1=60.0, t2=210.0, prep_stall=150.0, storage=10e9)
-    text = advise(m, what_if(m))  # prep is 200 s on one core; 4 workers (50 s) already reach compute (60 s)
+    text = advise(
+        m, what_if(m)
+    )  # the prep run took 210 s on one core; 4 (52.5 s) already reach compute (60 s)
     assert text == (
-        "prep stall is 71% of the epoch: 4 workers would bring the epoch to 63.0 s (-70%); "
+        "prep stall is 71% of the epoch: 4 workers would bring the epoch to 60.0 s (-71%); "
         "decode is 500 samples/s per core"
     )
 
