@@ -16,7 +16,6 @@ class ReplayableSampler:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.epoch_order: list[Any] = []
-        self.start = 0
         self._pending: tuple[list[Any], int] | None = None
 
     def __len__(self) -> int:
@@ -25,10 +24,10 @@ class ReplayableSampler:
     def __iter__(self) -> Iterator[Any]:
         # a generator: nothing is drawn until the first index is asked for, as with torch's own samplers
         if self._pending is not None:
-            (self.epoch_order, self.start), self._pending = self._pending, None
+            (self.epoch_order, start), self._pending = self._pending, None
         else:
-            self.epoch_order, self.start = list(self.inner), 0
-        yield from self.epoch_order[self.start :]
+            self.epoch_order, start = list(self.inner), 0
+        yield from self.epoch_order[start:]
 
     def resume(self, order: list[Any], position: int) -> None:
         """Make the next epoch the rest of ``order`` from ``position`` on."""

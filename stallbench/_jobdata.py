@@ -24,21 +24,10 @@ def make_dataset(data: str | Path, transform: Any) -> Any:
         return loader.LMDBDataset(str(path), transform=transform)
     if path.suffix.lower() in ARROW_SUFFIXES:
         source = loader.ArrowSource(path)
-        labels = "label" if "label" in _columns(source) else None
+        labels = "label" if "label" in source.columns else None
         transform = transform if source.kind == "binary" else None  # image transforms do not apply to tokens
         return loader.ArrowDataset(str(path), column=source.column, label_column=labels, transform=transform)
     return loader.ImageFolder(str(path), transform=transform)
-
-
-def _columns(source: Any) -> list[str]:
-    import pyarrow.parquet as pq
-    from pyarrow import ipc
-
-    path = str(source.path)
-    if path.endswith(".parquet"):
-        return pq.ParquetFile(path).schema_arrow.names
-    with ipc.open_file(path) as reader:
-        return reader.schema.names
 
 
 def pad_tokens(batch: list[tuple[torch.Tensor, Any]]) -> tuple[torch.Tensor, torch.Tensor]:

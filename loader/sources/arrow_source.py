@@ -74,6 +74,7 @@ class ArrowSource(Source):
         if label_column is not None and label_column not in schema.names:
             raise SourceError(f"{self.path!r} has no label column {label_column!r}; columns: {schema.names}")
         self.label_column = label_column
+        self.columns: list[str] = schema.names
         self.kind = "binary" if _is_binary(schema.field(self.column).type) else "tokens"
         self._value = binary_value if self.kind == "binary" else token_value
         self._starts = list(itertools.accumulate(self._io().chunk_rows(), initial=0))
