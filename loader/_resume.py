@@ -17,6 +17,7 @@ class ReplayableSampler:
         self.inner = inner
         self.epoch_order: list[Any] = []
         self._pending: tuple[list[Any], int] | None = None
+        self._before_draw: Any = None
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -26,12 +27,19 @@ class ReplayableSampler:
         if self._pending is not None:
             (self.epoch_order, start), self._pending = self._pending, None
         else:
+            if self._before_draw is not None:
+                self._before_draw, before = None, self._before_draw
+                before()
             self.epoch_order, start = list(self.inner), 0
         yield from self.epoch_order[start:]
 
     def resume(self, order: list[Any], position: int) -> None:
         """Make the next epoch the rest of ``order`` from ``position`` on."""
         self._pending = (order, position)
+
+    def before_next_draw(self, callback: Any) -> None:
+        """Call ``callback()`` once, just before the next epoch's order is drawn from the inner sampler."""
+        self._before_draw = callback
 
     def next_start(self) -> int:
         """Position at which the next epoch begins: 0, or where a resumed epoch left off."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch.utils.data
 from torch.utils.data import Dataset, Sampler
@@ -20,9 +20,10 @@ from loader.stats import LoaderStats, StatsBoard
 __all__ = ["DataLoader"]
 
 _STATE_VERSION = 1
+_T_co = TypeVar("_T_co", covariant=True)
 
 
-class DataLoader(torch.utils.data.DataLoader):
+class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """A drop-in ``torch.utils.data.DataLoader``; with a source-backed dataset it reads through a MinIO cache.
 
     Keyword-only additions:
@@ -100,27 +101,31 @@ class DataLoader(torch.utils.data.DataLoader):
         )
         self._cache = cache
         self._board = board
-        self._replay = ReplayableSampler(super()._index_sampler)
+        # Only a map-style dataset's order can be kept: an IterableDataset's sampler never ends.
+        self._replay = ReplayableSampler(super()._index_sampler) if self._resumable_kind else None
         self._delivered = 0
         self._epoch_order = []
-        self._resume_rng: dict[str, Any] | None = None
+        self._resume: tuple[dict[str, Any], bool] | None = None  # (generator states, mid-epoch?)
 
     @property
-    def _index_sampler(self) -> ReplayableSampler:
-        return self._replay
+    def _resumable_kind(self) -> bool:
+        return self._dataset_kind == _DatasetKind.Map
+
+    @property
+    def _index_sampler(self) -> Any:
+        return self._replay if self._replay is not None else super()._index_sampler
 
     @property
     def cache(self) -> MinIOCache | None:
         """The shared cache this loader reads through, or None."""
         return self._cache
 
-    def __iter__(self) -> CountingIterator:
+    def __iter__(self) -> Any:
         if self.num_workers == 0:
             self._board.start_storage_count()
-        inner = super().__iter__()
-        if self._resume_rng is not None:
-            restore_generators(self._generators(), self._resume_rng)
-            self._resume_rng = None
+        if self._replay is None:
+            return super().__iter__()
+        inner = self._iter_resumed() if self._resume is not None else super().__iter__()
         self._delivered = self._replay.next_start()
         self._epoch_order = []  # known once the epoch's first batch is out
         return CountingIterator(inner, self._count_delivered, skip=SKIPPED)
@@ -131,7 +136,7 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def state_dict(self) -> dict[str, Any]:
         """Where the current epoch stands: its whole order and how many batches were handed out."""
-        if self._dataset_kind != _DatasetKind.Map:
+        if self._replay is None:
             raise TypeError(
                 "state_dict() needs a map-style dataset; an IterableDataset keeps its own position"
             )
@@ -153,9 +158,27 @@ class DataLoader(torch.utils.data.DataLoader):
         order, done = state["epoch_order"], state["batches_delivered"]
         if not 0 <= done <= len(order):
             raise ValueError(f"batches_delivered={done} is outside the saved epoch of {len(order)} batches")
+        if self._replay is None:
+            raise TypeError("load_state_dict() needs a map-style dataset")
         if done < len(order):
             self._replay.resume(order, done)
-        self._resume_rng = state["generators"]
+        self._resume = (state["generators"], done < len(order))
+
+    def _iter_resumed(self) -> Any:
+        """The first iterator after ``load_state_dict``: the generators make the same draws as the saved
+        loader's would have. Torch draws the workers' base seed when an iterator is made, then the order."""
+        states, mid_epoch = self._resume
+        self._resume = None
+        restore = lambda: restore_generators(self._generators(), states)  # noqa: E731
+        if not mid_epoch and not self.persistent_workers:
+            restore()  # the next epoch draws a base seed and its order, as the saved loader's next would
+            return super().__iter__()
+        if not mid_epoch:  # persistent workers keep their base seed: only the order was still to draw
+            self._replay.before_next_draw(restore)
+            return super().__iter__()
+        inner = super().__iter__()  # the rest of the epoch is replayed and draws nothing
+        restore()
+        return inner
 
     def _count_delivered(self) -> None:
         if not self._epoch_order:
