@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import Dataset
 
 from loader._readahead import ReadAhead
-from loader.cache import MinIOCache
+from loader.cache import CorruptRecordError, MinIOCache
 from loader.decode import make_transform
 from loader.errors import BadRecordError
 from loader.sources import ArrowSource, ImageFolderSource, LMDBSource, Source
@@ -49,6 +49,7 @@ class _Fetched:
     hit: bool
     admitted: bool
     seconds: float
+    corrupt: bool = False  # the cache held it but failed its check: read from the source instead
 
 
 class SourceDataset(Dataset):
@@ -104,12 +105,16 @@ class SourceDataset(Dataset):
     def _fetch(self, index: int) -> _Fetched:
         """Thread-safe: reads and admits, counts nothing."""
         start = time.perf_counter()
-        raw = self._cache.get(index) if self._cache is not None else None
+        corrupt = False
+        try:
+            raw = self._cache.get(index) if self._cache is not None else None
+        except CorruptRecordError:
+            raw, corrupt = None, True
         if raw is not None:
             return _Fetched(raw, True, False, time.perf_counter() - start)
         raw = self.source.read(index)
-        admitted = self._cache is not None and self._cache.admit(index, raw)
-        return _Fetched(raw, False, admitted, time.perf_counter() - start)
+        admitted = not corrupt and self._cache is not None and self._cache.admit(index, raw)
+        return _Fetched(raw, False, admitted, time.perf_counter() - start, corrupt)
 
     def _note(self, got: _Fetched) -> None:
         size = len(got.raw)
@@ -121,6 +126,8 @@ class SourceDataset(Dataset):
             self._count("bytes_from_source", size)
         if got.admitted:
             self._count("records_admitted", 1)
+        if got.corrupt:
+            self._count("records_corrupt", 1)
         self._count("fetch_seconds", got.seconds)
 
     def _decode(self, index: int, raw: bytes) -> Any:

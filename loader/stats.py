@@ -25,6 +25,7 @@ FIELDS = (
     "bytes_from_storage",
     "records_admitted",
     "records_skipped",
+    "records_corrupt",
     "fetch_seconds",
     "decode_seconds",
     "collate_seconds",
@@ -43,7 +44,8 @@ class LoaderStats:
     ``bytes_from_storage`` is what the kernel counted as read from the storage device by the loader's
     processes (``/proc/<pid>/io`` ``read_bytes``); ``bytes_from_source`` is what the sources returned, which
     includes reads served by the OS page cache. ``records_admitted`` counts admissions by this loader;
-    ``records_cached`` is what the shared cache holds, from any job.
+    ``records_cached`` is what the shared cache holds, from any job. ``records_corrupt`` counts cached records
+    that failed their bounds or checksum check: each was read from the source instead, never served.
     """
 
     hits: int = 0
@@ -53,6 +55,7 @@ class LoaderStats:
     bytes_from_storage: int = 0
     records_admitted: int = 0
     records_skipped: int = 0
+    records_corrupt: int = 0
     fetch_seconds: float = 0.0
     decode_seconds: float = 0.0
     collate_seconds: float = 0.0

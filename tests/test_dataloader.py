@@ -226,3 +226,19 @@ def test_pin_memory_behaves_as_in_torch():
         out = [b[0].tolist() for b in DataLoader(data, batch_size=2, pin_memory=True)]
     assert out == [[0, 1], [2, 3]]
     assert [str(w.message) for w in ours] == [str(w.message) for w in theirs]
+
+
+@pytest.mark.multiproc
+def test_bad_record_in_a_worker_is_still_a_bad_record_error():
+    source = MemorySource(8)
+    source.records[5] = None
+    dl = DataLoader(SourceDataset(source, transform=first_index), batch_size=2, num_workers=2)
+    with pytest.raises(
+        loader.BadRecordError, match=r"(?s)worker process.*record 5 \(memory\[5\]\)"
+    ) as caught:
+        list(dl)
+    assert (caught.value.index, caught.value.where, caught.value.reason) == (
+        5,
+        "memory[5]",
+        "record is missing",
+    )

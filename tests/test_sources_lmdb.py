@@ -139,3 +139,15 @@ def test_missing_key_and_truncated_value_name_path_and_index(tmp_path):
         source.read(2)
     with pytest.raises(BadRecordError, match=f"record 1 \\({path}\\[1\\]\\).*truncated"):
         source.read(1)
+
+
+def test_a_bad_record_among_those_fingerprinted_does_not_stop_the_loader(tmp_path):
+    from loader import DataLoader, LMDBDataset
+
+    values = {LEN_KEY: b"16", LABELS_KEY: np.arange(16, dtype=">i4").tobytes()}
+    values.update({record_key(i): pack_record(i, bytes([i]) * 10) for i in range(16) if i != 8})
+    write_env(tmp_path, values)  # record 8, one the fingerprint samples, is missing
+    dl = DataLoader(LMDBDataset(tmp_path, transform=None), batch_size=4, on_error="skip")
+    assert [raw for batch, _ in dl for raw in batch] == [bytes([i]) * 10 for i in range(16) if i != 8]
+    assert dl.stats().records_skipped == 1
+    assert LMDBSource(tmp_path).fingerprint == dl.dataset.source.fingerprint

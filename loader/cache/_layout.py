@@ -3,18 +3,23 @@
 ``index`` (mmap'ed by every process that uses the store)::
 
     header (4096 bytes): magic, version, capacity, num_records, data_capacity, used, full, fingerprint
-    slots  (16 bytes each, one per record): offset u64, length u32, state u32
+    slots  (32 bytes each, one per record): offset u64, length u32, state u32, checksum u64,
+                                            writer u32, generation u32
 
-A slot is EMPTY, RESERVED (space taken by a writer, payload not yet complete) or READY. A writer
-reserves under the store's lock, writes the payload with ``pwrite``, and only then flips the slot to
-READY with one aligned 4-byte store, so a reader never sees a torn record and a writer killed
-mid-insert leaves a RESERVED slot that no reader uses. ``data`` holds payloads back to back: the
-memory used is the bytes admitted, not pages per record.
+A slot is EMPTY, RESERVED (space taken by a writer, payload not yet complete) or READY. A writer reserves
+under the store's lock (naming itself in ``writer`` and ``generation``), writes the payload with ``pwrite``
+and its checksum, and only then flips the slot to READY with one aligned 4-byte store, so a reader never
+sees a torn record. A writer killed mid-insert leaves a RESERVED slot that no reader uses, and the next
+writer of that record takes it over once the kernel says its writer is gone. ``data`` holds payloads back
+to back: the memory used is the bytes admitted, not pages per record. The checksum (xxh3-64 of the payload,
+seeded with the record's index) is checked on every read, so neither damaged bytes nor a slot moved to
+another record's place is ever served.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import xxhash
 
 __all__ = [
     "EMPTY",
@@ -25,11 +30,12 @@ __all__ = [
     "RESERVED",
     "SLOT_DTYPE",
     "VERSION",
+    "checksum",
     "index_bytes",
 ]
 
 MAGIC = b"SBMINIO1"
-VERSION = 1
+VERSION = 2
 HEADER_BYTES = 4096
 EMPTY, RESERVED, READY = 0, 1, 2
 
@@ -47,9 +53,23 @@ HEADER_DTYPE = np.dtype(
         ("fingerprint", "S64"),
     ]
 )
-SLOT_DTYPE = np.dtype([("offset", "<u8"), ("length", "<u4"), ("state", "<u4")])
+SLOT_DTYPE = np.dtype(
+    [
+        ("offset", "<u8"),
+        ("length", "<u4"),
+        ("state", "<u4"),
+        ("checksum", "<u8"),
+        ("writer", "<u4"),
+        ("generation", "<u4"),
+    ]
+)
 
 
 def index_bytes(num_records: int) -> int:
     """Bytes the index file takes for ``num_records`` records (counted against the capacity)."""
     return HEADER_BYTES + SLOT_DTYPE.itemsize * num_records
+
+
+def checksum(index: int, payload: bytes) -> int:
+    """The record's checksum: xxh3-64 of its bytes, seeded with its index (~2 us per 100 KB)."""
+    return xxhash.xxh3_64_intdigest(payload, seed=index)

@@ -11,11 +11,13 @@ import numpy as np
 
 from loader.cache._layout import HEADER_DTYPE, MAGIC, VERSION, index_bytes
 
-__all__ = ["create_store"]
+__all__ = ["STORE_FILES", "create_store"]
+
+STORE_FILES = ("index", "data", "lock", "writers")
 
 
 def create_store(path: Path, *, fingerprint: str, num_records: int, capacity: int) -> None:
-    """Make the store at ``path`` unless another process makes it first (then theirs is used)."""
+    """Make the store at ``path`` (in a private folder) unless another process makes it first."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     os.mkdir(tmp, 0o700)
@@ -23,6 +25,7 @@ def create_store(path: Path, *, fingerprint: str, num_records: int, capacity: in
         _write_index(tmp / "index", fingerprint, num_records, capacity)
         _make_file(tmp / "data", capacity - index_bytes(num_records), allocate=False)
         _make_file(tmp / "lock", 0, allocate=False)
+        _make_file(tmp / "writers", 0, allocate=False)
         try:
             os.rename(tmp, path)
         except OSError:
@@ -45,8 +48,8 @@ def _write_index(file: Path, fingerprint: str, num_records: int, capacity: int) 
 
 
 def _make_file(file: Path, size: int, *, allocate: bool) -> None:
-    """A 0600 file of ``size`` bytes; ``allocate`` reserves the memory now, so a full /dev/shm fails here."""
-    fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    """A new 0600 file of ``size`` bytes; ``allocate`` reserves memory now, so a full /dev/shm fails here."""
+    fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         if allocate and size:
             os.posix_fallocate(fd, 0, size)

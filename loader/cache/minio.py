@@ -2,20 +2,21 @@
 
 Every epoch of a random-order job touches every record once, so the records to keep are any ``capacity``
 of them, kept forever: each later epoch then hits exactly ``capacity / dataset`` of its reads, which is the
-best any policy can do (see docs/concepts/minio-cache.md). One store per dataset fingerprint lives in
-``cache_dir`` (``/dev/shm`` by default), shared by every worker and every job that reads the same source,
-and it outlives the job, so the next run starts warm.
+best any policy can do (see docs/concepts/minio-cache.md). One store per dataset fingerprint lives in this
+user's private folder of ``cache_dir`` (``/dev/shm`` by default), shared by every worker and every job of the
+user that reads the same source, and it outlives the job, so the next run starts warm. Nothing read back is
+trusted: every record is bounds-checked and checksummed before it is served.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import mmap
 import os
 import shutil
-import threading
+import stat
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,27 +25,28 @@ import numpy as np
 
 from loader.cache._layout import (
     EMPTY,
+    HEADER_BYTES,
     HEADER_DTYPE,
     MAGIC,
     READY,
     RESERVED,
     SLOT_DTYPE,
     VERSION,
+    checksum,
     index_bytes,
 )
+from loader.cache._locks import LockTimeout, StoreMutex, forget_writer, writer_alive, writer_id
+from loader.cache._private import check_private, open_private, private_dir
 from loader.cache._storefiles import create_store
 
-__all__ = ["CacheInfo", "MinIOCache", "store_path"]
+__all__ = ["LOCK_TIMEOUT", "CacheInfo", "CorruptRecordError", "MinIOCache", "store_path"]
 
-_setup_lock = threading.Lock()  # guards each process's one-time lock setup; new in a forked child
-
-
-def _new_setup_lock() -> None:
-    global _setup_lock
-    _setup_lock = threading.Lock()
+LOCK_TIMEOUT = 5.0  # seconds a writer waits for the store's lock before it reads on without admitting
+_ADMIT_PAUSE = 30.0  # after such a timeout, this process admits nothing for this long
 
 
-os.register_at_fork(after_in_child=_new_setup_lock)
+class CorruptRecordError(ValueError):
+    """A cached record failed its bounds or checksum check; it is not served."""
 
 
 @dataclass(frozen=True)
@@ -59,31 +61,48 @@ class CacheInfo:
 
 
 def store_path(cache_dir: str | os.PathLike, fingerprint: str) -> Path:
-    """Where the store of a source with ``fingerprint`` lives: private to this user, one per source."""
-    return Path(cache_dir) / f"stallbench-minio-{os.getuid()}-{fingerprint[:32]}"
+    """Where the store of a source with ``fingerprint`` lives: in this user's folder of ``cache_dir``."""
+    return Path(cache_dir) / f"stallbench-{os.geteuid()}" / f"minio-{fingerprint[:64]}"
 
 
 class MinIOCache:
     """A fixed-capacity record store in shared memory; safe for many processes to read and fill at once."""
 
-    def __init__(self, path: Path, fingerprint: str, num_records: int) -> None:
+    def __init__(
+        self, path: Path, fingerprint: str, num_records: int, lock_timeout: float = LOCK_TIMEOUT
+    ) -> None:
         self.path = path
         self._fingerprint = fingerprint
         self._num_records = num_records
+        self._mutex = StoreMutex(path, lock_timeout)
         self._attach()
 
     @classmethod
     def open(
-        cls, *, fingerprint: str, num_records: int, capacity: int, cache_dir: str | os.PathLike = "/dev/shm"
+        cls,
+        *,
+        fingerprint: str,
+        num_records: int,
+        capacity: int,
+        cache_dir: str | os.PathLike = "/dev/shm",
+        lock_timeout: float = LOCK_TIMEOUT,
     ) -> MinIOCache:
-        """Attach to this source's store in ``cache_dir``, creating it with ``capacity`` bytes if absent."""
+        """Attach to this source's store in ``cache_dir``, creating it with ``capacity`` bytes if absent.
+
+        Raises UntrustedCacheError (a PermissionError) naming the path and its owner when the folder or a
+        file in the way is not this user's own and private.
+        """
         _check_capacity(capacity, num_records)
         if not Path(cache_dir).is_dir():
             raise ValueError(f"cache_dir {str(cache_dir)!r} is not an existing directory")
         path = store_path(cache_dir, fingerprint)
-        if not path.exists():
-            create_store(path, fingerprint=fingerprint, num_records=num_records, capacity=capacity)
-        store = cls(path, fingerprint, num_records)
+        private_dir(path.parent.parent, path.parent.name)
+        try:
+            store = cls._attach_or_create(path, fingerprint, num_records, capacity, lock_timeout)
+        except _Damaged as exc:
+            warnings.warn(f"{exc}; the cache is made anew", RuntimeWarning, stacklevel=2)
+            shutil.rmtree(path, ignore_errors=True)
+            store = cls._attach_or_create(path, fingerprint, num_records, capacity, lock_timeout)
         if store.capacity != capacity:
             warnings.warn(
                 f"the cache at {path} was made with capacity {store.capacity} bytes; using it as it is "
@@ -93,25 +112,45 @@ class MinIOCache:
             )
         return store
 
+    @classmethod
+    def _attach_or_create(
+        cls, path: Path, fingerprint: str, num_records: int, capacity: int, lock_timeout: float
+    ) -> MinIOCache:
+        if not os.path.lexists(path):
+            create_store(path, fingerprint=fingerprint, num_records=num_records, capacity=capacity)
+        return cls(path, fingerprint, num_records, lock_timeout)
+
     @property
     def capacity(self) -> int:
         return int(self._header["capacity"][0])
 
     def get(self, index: int) -> bytes | None:
-        """The cached bytes of record ``index``, or None when the store does not hold it."""
+        """The cached bytes of record ``index``, or None when the store does not hold it.
+
+        Raises CorruptRecordError when the slot points outside the data or the bytes fail their checksum.
+        """
         if self._state[index] != READY:
             return None
-        return os.pread(self._data_fd, int(self._length[index]), int(self._offset[index]))
+        length, offset = int(self._length[index]), int(self._offset[index])
+        if offset + length > self._data_bytes:
+            raise CorruptRecordError(f"slot {index} of {self.path} points past the end of its data")
+        raw = os.pread(self._data_fd, length, offset)
+        if len(raw) != length or checksum(index, raw) != int(self._checksum[index]):
+            raise CorruptRecordError(f"record {index} in {self.path} fails its checksum")
+        return raw
 
     def admit(self, index: int, payload: bytes) -> bool:
         """Store record ``index`` if there is room; True when it was admitted by this call."""
-        if self._full_here or self._header["full"][0]:
+        if self._full_here or self._header["full"][0] or time.monotonic() < self._paused_until:
             return False
-        offset = self._reserve(index, len(payload))
-        if offset is None:
+        try:
+            offset = self._reserve(index, len(payload))
+        except LockTimeout as exc:
+            self._pause_admission(exc)
             return False
-        if not self._write(payload, offset):
+        if offset is None or not self._write(payload, offset):
             return False
+        self._checksum[index] = checksum(index, payload)
         self._state[index] = READY  # one aligned 4-byte store: the record becomes visible whole
         return True
 
@@ -127,65 +166,63 @@ class MinIOCache:
     def destroy(self) -> None:
         """Remove the store from ``cache_dir`` (other processes still attached keep their mapping)."""
         self.close()
+        forget_writer(self.path)
         shutil.rmtree(self.path, ignore_errors=True)
 
     def close(self) -> None:
-        lock_fd = self._lock_state[1] if self._lock_state[0] == os.getpid() else None
-        for fd in (self._data_fd, lock_fd):
-            if fd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self._data_fd, self._lock_state = None, (-1, None, None)
+        if self._data_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._data_fd)
+        self._data_fd = None
+        self._mutex.close()
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "fingerprint": self._fingerprint, "num_records": self._num_records}
+        return {
+            "path": self.path,
+            "fingerprint": self._fingerprint,
+            "num_records": self._num_records,
+            "lock_timeout": self._mutex.timeout,
+        }
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"], state["fingerprint"], state["num_records"])
+        self.__init__(state["path"], state["fingerprint"], state["num_records"], state["lock_timeout"])
 
     def _attach(self) -> None:
-        index_fd = os.open(self.path / "index", os.O_RDWR)
+        check_private(os.lstat(self.path), self.path, want=stat.S_IFDIR)  # again in every process
+        index_fd = open_private(self.path, "index", os.O_RDWR)
         try:
+            size = os.fstat(index_fd).st_size
+            if size < HEADER_BYTES:
+                raise _Damaged(f"the cache index {self.path / 'index'} is truncated")
             self._map = mmap.mmap(index_fd, 0)
         finally:
             os.close(index_fd)
         self._header = np.frombuffer(self._map, HEADER_DTYPE, count=1)
         _check_header(self._header, self.path, self._fingerprint, self._num_records)
-        if len(self._map) != index_bytes(self._num_records):
-            raise ValueError(f"the cache index {self.path / 'index'} has the wrong size; remove {self.path}")
-        slots = np.frombuffer(self._map, SLOT_DTYPE, count=self._num_records, offset=4096)
+        if size != index_bytes(self._num_records):
+            raise _Damaged(f"the cache index {self.path / 'index'} has the wrong size")
+        slots = np.frombuffer(self._map, SLOT_DTYPE, count=self._num_records, offset=HEADER_BYTES)
         self._offset, self._length, self._state = slots["offset"], slots["length"], slots["state"]
-        self._data_fd = os.open(self.path / "data", os.O_RDWR)
-        self._lock_state: tuple[int, int, threading.Lock] | tuple[int, None, None] = (-1, None, None)
+        self._checksum, self._writer, self._generation = (
+            slots["checksum"],
+            slots["writer"],
+            slots["generation"],
+        )
+        self._data_fd = open_private(self.path, "data", os.O_RDWR)
+        self._data_bytes = min(int(self._header["data_capacity"][0]), os.fstat(self._data_fd).st_size)
         self._full_here = False
-
-    @contextlib.contextmanager
-    def _locked(self):
-        """Excludes other processes (flock, released by the kernel if the holder dies) and other threads."""
-        fd, thread_lock = self._process_lock()
-        with thread_lock:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-
-    def _process_lock(self) -> tuple[int, threading.Lock]:
-        """This process's lock file (flock is per open file, so each process opens its own) and a thread
-        lock (threads share that open file, so flock alone would let them all in); made once per process."""
-        state = self._lock_state
-        if state[0] != os.getpid():
-            with _setup_lock:
-                state = self._lock_state
-                if state[0] != os.getpid():
-                    state = (os.getpid(), os.open(self.path / "lock", os.O_RDWR), threading.Lock())
-                    self._lock_state = state
-        return state[1], state[2]
+        self._paused_until = 0.0
 
     def _reserve(self, index: int, length: int) -> int | None:
-        with self._locked():
+        """Space for ``length`` bytes of record ``index``, marked as this process's; None if none is had."""
+        me = writer_id(self.path)
+        with self._mutex.held():
+            state = self._state[index]
+            if state == RESERVED and self._reclaimable(index, length):
+                self._writer[index], self._generation[index] = me  # a dead writer's: space reused
+                return int(self._offset[index])
             header = self._header
-            if header["full"][0] or self._state[index] != EMPTY:
+            if header["full"][0] or state != EMPTY:
                 return None
             used = int(header["used"][0])
             if used + length > int(header["data_capacity"][0]):
@@ -193,8 +230,15 @@ class MinIOCache:
                 return None
             header["used"][0] = used + length  # space first: a writer killed now only wastes it
             self._offset[index], self._length[index] = used, length
+            self._writer[index], self._generation[index] = me
             self._state[index] = RESERVED
             return used
+
+    def _reclaimable(self, index: int, length: int) -> bool:
+        """A RESERVED slot left by a writer that died mid-insert, sized for this record."""
+        fits = int(self._length[index]) == length and int(self._offset[index]) + length <= self._data_bytes
+        writer = (int(self._writer[index]), int(self._generation[index]))
+        return fits and not writer_alive(self.path, writer)
 
     def _write(self, payload: bytes, offset: int) -> bool:
         try:
@@ -215,6 +259,19 @@ class MinIOCache:
         )
         return False
 
+    def _pause_admission(self, exc: LockTimeout) -> None:
+        self._paused_until = time.monotonic() + _ADMIT_PAUSE
+        warnings.warn(
+            f"{exc} ({self._mutex.timeout:g} s): this process admits no records for {_ADMIT_PAUSE:g} s "
+            "and reads them from storage",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+class _Damaged(ValueError):
+    """The store's own files are not a whole store of this version: it is rebuilt."""
+
 
 def _check_capacity(capacity: int, num_records: int) -> None:
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
@@ -228,6 +285,8 @@ def _check_capacity(capacity: int, num_records: int) -> None:
 
 def _check_header(header: np.ndarray, path: Path, fingerprint: str, num_records: int) -> None:
     if header["magic"][0] != MAGIC or header["version"][0] != VERSION:
-        raise ValueError(f"{path} is not a stallbench cache of version {VERSION}; remove it")
-    if header["fingerprint"][0].decode() != fingerprint[:64] or header["num_records"][0] != num_records:
+        raise _Damaged(f"{path} is not a stallbench cache of version {VERSION}")
+    if header["fingerprint"][0].decode(errors="replace") != fingerprint[:64]:
+        raise _Damaged(f"the header of {path} names other data")
+    if header["num_records"][0] != num_records:
         raise ValueError(f"the cache at {path} belongs to other data (fingerprint or record count differ)")

@@ -162,6 +162,13 @@ class LMDBSource(Source):
         if self._fingerprint is None:
             st = os.stat(self._data_file)
             samples = sorted({k * self._len // _SAMPLES for k in range(_SAMPLES)} if self._len else set())
-            values = (self._lookup(i, lambda value: hashlib.sha256(value).hexdigest()) for i in samples)
+            values = (self._value_digest(i) for i in samples)
             self._fingerprint = digest([self._len, st.st_size, st.st_mtime_ns, *values])
         return self._fingerprint
+
+    def _value_digest(self, index: int) -> str:
+        """A sampled value's digest; a bad record is part of the data as it is, not a reason to refuse it."""
+        try:
+            return self._lookup(index, lambda value: hashlib.sha256(value).hexdigest())
+        except BadRecordError as exc:
+            return f"bad record: {exc.reason}"

@@ -1,0 +1,72 @@
+"""Folders and files only this user can touch: made with O_EXCL, checked on every open, never followed.
+
+``/dev/shm`` and ``/tmp`` are world-writable: another user can create, ahead of us, the very name our store
+would take. So the store lives in a per-user folder that is made 0700 or, if it exists, is used only when it
+is a real folder (not a link) owned by us that no one else may enter; every file in it is opened with
+``O_NOFOLLOW`` and checked the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import stat
+from pathlib import Path
+
+__all__ = ["UntrustedCacheError", "check_private", "open_private", "private_dir"]
+
+_FOREIGN_BITS = 0o077  # any access for group or others
+
+
+class UntrustedCacheError(PermissionError):
+    """A cache folder or file that someone else owns or may change: never attached to."""
+
+
+def private_dir(parent: Path, name: str) -> Path:
+    """``parent/name`` as a folder private to this user: made 0700 if absent, else checked."""
+    path = parent / name
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    check_private(os.lstat(path), path, want=stat.S_IFDIR)
+    return path
+
+
+def open_private(folder: Path, name: str, flags: int) -> int:
+    """An fd of the file ``folder/name`` (which must be ours, private, and not a link); caller closes it."""
+    path = folder / name
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UntrustedCacheError(f"the cache file {path} cannot be opened safely: {exc.strerror}") from exc
+    try:
+        check_private(os.fstat(fd), path, want=stat.S_IFREG)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_private(st: os.stat_result, path: Path, *, want: int) -> None:
+    """Raise UntrustedCacheError, naming ``path`` and its owner, unless it is ours, private and a ``want``."""
+    kind = "folder" if want == stat.S_IFDIR else "file"
+    if stat.S_IFMT(st.st_mode) != want:
+        what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else f"not a {kind}"
+        raise UntrustedCacheError(f"the cache {kind} {path} is {what} (owner {_owner(st.st_uid)}); not used")
+    if st.st_uid != os.geteuid():
+        raise UntrustedCacheError(
+            f"the cache {kind} {path} belongs to {_owner(st.st_uid)}, not to you "
+            f"({_owner(os.geteuid())}); not used: remove it or choose another cache_dir"
+        )
+    if st.st_mode & _FOREIGN_BITS:
+        raise UntrustedCacheError(
+            f"the cache {kind} {path} (owner {_owner(st.st_uid)}) has mode {stat.S_IMODE(st.st_mode):04o}: "
+            "others may change it; not used (it must be 0700 for a folder, 0600 for a file)"
+        )
+
+
+def _owner(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
