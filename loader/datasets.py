@@ -62,6 +62,7 @@ class SourceDataset(Dataset):
         self._board: StatsBoard | None = None
         self._on_error: OnError = "raise"
         self._readahead: ReadAhead | None = None
+        self._spent = [0.0, 0.0]  # this batch's fetch and decode seconds, for the read-ahead switch
 
     def __len__(self) -> int:
         return len(self.source)
@@ -71,11 +72,17 @@ class SourceDataset(Dataset):
         return self._sample(index, lambda: self._fetch(index))
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """A batch (torch's fetcher calls this): with read-ahead, records are fetched while others decode."""
-        if self._readahead is None or not self.source.thread_safe_reads:
+        """A batch (torch's fetcher calls this): read ahead on threads where that pays (see _readahead)."""
+        readahead = self._readahead
+        if readahead is None or not self.source.thread_safe_reads:
             return [self[i] for i in indices]
+        if not readahead.wanted():
+            self._spent = [0.0, 0.0]
+            samples = [self[i] for i in indices]
+            readahead.observe(*self._spent, len(indices))
+            return samples
         indices = [self.source.check_index(i) for i in indices]
-        futures = self._readahead.submit_all(self._fetch, indices)
+        futures = readahead.submit_all(self._fetch, indices)
         return [self._sample(i, future.result) for i, future in zip(indices, futures, strict=True)]
 
     def bind(
@@ -129,6 +136,7 @@ class SourceDataset(Dataset):
         if got.corrupt:
             self._count("records_corrupt", 1)
         self._count("fetch_seconds", got.seconds)
+        self._spent[0] += got.seconds
 
     def _decode(self, index: int, raw: bytes) -> Any:
         if self.transform is None:
@@ -138,7 +146,9 @@ class SourceDataset(Dataset):
             sample = self.transform(raw)
         except (ValueError, OSError) as exc:
             raise BadRecordError(self.source.describe(index), index, str(exc)) from exc
-        self._count("decode_seconds", time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        self._count("decode_seconds", seconds)
+        self._spent[1] += seconds
         return sample
 
     def _count(self, field: str, amount: float) -> None:

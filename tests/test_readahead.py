@@ -1,0 +1,76 @@
+"""Read-ahead turns itself on where fetches are slow against decode, off where records are in memory."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from helpers import MemorySource, first_index
+
+from loader import DataLoader, SourceDataset
+from loader._readahead import MIN_FETCH_S, PROBE_EVERY, ReadAhead
+
+
+class SlowReads(MemorySource):
+    """Records on 'storage': each read waits ``delay`` seconds, as a disk or network read does."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        super().__init__(n)
+        self.delay = delay
+
+    def read(self, index: int) -> bytes:
+        if self.delay:
+            time.sleep(self.delay)
+        return super().read(index)
+
+
+def slow_decode(raw: bytes) -> int:
+    time.sleep(0.002)
+    return first_index(raw)
+
+
+def switch_of(dl: DataLoader) -> ReadAhead:
+    return dl.dataset._readahead
+
+
+def test_records_in_memory_are_never_read_ahead():
+    dl = DataLoader(SourceDataset(MemorySource(64), transform=slow_decode), batch_size=8)
+    assert [i for b, _ in dl for i in b.tolist()] == list(range(64))
+    assert not switch_of(dl).active and switch_of(dl)._pool is None  # no thread was ever started
+
+
+def test_slow_reads_turn_it_on_after_one_batch_and_keep_the_order():
+    source = SlowReads(64, delay=0.003)
+    dl = DataLoader(SourceDataset(source, transform=first_index), batch_size=8, shuffle=True)
+    order, seen = [], []
+    for batch, _ in dl:
+        seen.append(switch_of(dl).active)
+        order.extend(batch.tolist())
+    assert seen[0] is True and all(seen)  # measured on the first batch, on from the second
+    assert sorted(order) == list(range(64)) and switch_of(dl)._pool is not None
+
+
+def test_it_turns_off_when_reads_become_fast():
+    source = SlowReads(8 * (PROBE_EVERY + 2), delay=0.003)
+    dl = DataLoader(SourceDataset(source, transform=first_index), batch_size=8)
+    it = iter(dl)
+    next(it)
+    assert switch_of(dl).active
+    dl.dataset.source.delay = 0  # the loader's copy of the source: its records are now in memory
+    states = [switch_of(dl).active for _ in it]
+    assert states[-1] is False and True in states  # off at the next probe, not before
+
+
+@pytest.mark.parametrize(
+    ("fetch", "decode", "on"),
+    [
+        (2 * MIN_FETCH_S, 0.0, True),
+        (MIN_FETCH_S / 2, 0.0, False),
+        (1e-3, 1e-3 / 0.09, False),
+        (1e-3, 5e-3, True),
+    ],
+)
+def test_the_switch_weighs_fetch_against_decode(fetch, decode, on):
+    switch = ReadAhead(2)
+    switch.observe(fetch * 10, decode * 10, 10)
+    assert switch.active is on
