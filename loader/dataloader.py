@@ -32,13 +32,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       cache_dir: where the cache lives (default ``/dev/shm``).
       on_error: ``"raise"`` (default) stops at a bad record with an error naming it; ``"skip"`` drops it from
         its batch and counts it in ``stats().records_skipped``.
-      readahead: threads per worker that fetch a batch's records while the worker decodes (0: one by one).
+      readahead: threads per worker that fetch a batch's records while the worker decodes, used only while
+        the worker measures fetches slow enough against decode to pay for them (0: always one by one).
     With any other dataset it behaves exactly like PyTorch's DataLoader.
     """
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: Dataset[_T_co],
         batch_size: int | None = 1,
         shuffle: bool | None = None,
         sampler: Sampler | Any | None = None,
