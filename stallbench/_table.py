@@ -63,6 +63,25 @@ def _change(value: Callable[[LoaderReport], float]) -> Ratio:
     return ratio
 
 
+LEVEL = 0.02  # stalls that differ by less than this share of the baseline's epoch are level
+
+
+def _level(value: Callable[[LoaderReport], float]) -> Ratio:
+    """'level' where the two differ by under LEVEL of the baseline's epoch, else the difference in seconds."""
+
+    def ratio(base: LoaderReport, r: LoaderReport) -> str:
+        b, o, epoch = value(base), value(r), base.breakdown.epoch_seconds
+        if not (_finite(b) and _finite(o) and _finite(epoch)) or epoch <= 0:
+            return "-"
+        return "level" if abs(o - b) < LEVEL * epoch else f"{o - b:+.2f} s"
+
+    return ratio
+
+
+def _prep_stall(r: LoaderReport) -> float:
+    return r.breakdown.prep_stall_seconds
+
+
 def _fetch_stall(r: LoaderReport) -> float:
     return r.breakdown.fetch_stall_seconds
 
@@ -77,7 +96,7 @@ _EPOCH_ROWS: Spec = (
     ("steady epoch", None, None),
     ("epoch time", lambda r: _sec(r.breakdown.epoch_seconds), _speedup),
     ("compute", lambda r: _part(r, r.breakdown.compute_seconds), None),
-    ("prep stall", lambda r: _part(r, r.breakdown.prep_stall_seconds), None),
+    ("prep stall", lambda r: _part(r, _prep_stall(r)), _level(_prep_stall)),
     ("fetch stall", lambda r: _part(r, _fetch_stall(r)), _change(_fetch_stall)),
     ("warm-up (apart)", lambda r: _sec(r.breakdown.warmup_seconds), None),
     ("storage read", lambda r: _bytes(r.storage_bytes), _change(_storage)),

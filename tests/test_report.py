@@ -102,6 +102,15 @@ def test_compare_table_side_by_side_with_ratios(pair):
     assert max(len(line) for line in text.splitlines()) <= 100
 
 
+def test_prep_stall_row_says_level_or_the_difference(pair):
+    def prep_row(reports) -> str:
+        return next(line for line in format_report(reports).splitlines() if "prep stall" in line)
+
+    assert prep_row(pair).endswith(" level")  # both 1.00 s
+    slower = dataclasses.replace(pair[1], breakdown=Breakdown(9.75, 6.25, 1.5, 2.0, 3.5))
+    assert prep_row([pair[0], slower]).endswith(" +0.50 s")  # more than 2% of the 15.25 s epoch
+
+
 def test_wide_compare_wraps_to_100_columns(pair):
     reports = [*pair, make_report("partitioned", 8.0, 0.75, GB // 2), make_report("other", 9.0, 1.75, GB)]
     text = format_report(reports)
