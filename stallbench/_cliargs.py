@@ -13,13 +13,14 @@ __all__ = [
     "bandwidth",
     "cache_spec",
     "compute_spec",
+    "data_dir",
     "data_spec",
     "memory_spec",
     "positive_int",
     "size",
 ]
 
-_NAMED = re.compile(r"^(images|tokens)(?::(\d+))?$")
+_NAMED = re.compile(r"^(images|tokens)(?::(.*))?$")
 
 
 def positive_int(text: str) -> int:
@@ -82,12 +83,25 @@ def memory_spec(text: str) -> int | str:
 
 def data_spec(text: str) -> str:
     """An existing path (image folder, LMDB folder, Arrow/Parquet file) or a named generated workload."""
-    if _NAMED.match(text) or Path(text).exists():
-        return text
+    try:
+        if named_workload(text) is not None or Path(text).exists():
+            return text
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     raise argparse.ArgumentTypeError(
         f"no such data: {text!r} (give an image folder, an LMDB folder, an Arrow/Parquet file, "
         "or a generated workload: images, images:<count>, tokens, tokens:<count>)"
     )
+
+
+def data_dir(text: str) -> Path:
+    """A folder to generate workloads in: existing, or to be made where nothing but folders is in the way."""
+    path = Path(text)
+    blocker = next((p for p in (path, *path.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        where = "" if blocker == path else f" (in the way of {text!r})"
+        raise argparse.ArgumentTypeError(f"{str(blocker)!r} exists and is not a directory{where}")
+    return path
 
 
 def compute_spec(text: str) -> str:
@@ -102,6 +116,16 @@ def compute_spec(text: str) -> str:
 
 
 def named_workload(text: str) -> tuple[str, int | None] | None:
-    """``("images", 48)`` for ``"images:48"``; None for a path."""
+    """``("images", 48)`` for ``"images:48"``, ``("images", None)`` for ``"images"``; None for a path.
+
+    A count that is not a positive integer (``"images:0"``, ``"tokens:-5"``, ``"images:many"``) raises
+    ``ValueError`` naming it."""
     match = _NAMED.match(text)
-    return (match.group(1), int(match.group(2)) if match.group(2) else None) if match else None
+    if match is None:
+        return None
+    kind, count = match[1], match[2]
+    if count is None:
+        return kind, None
+    if not (count.isascii() and count.isdigit() and int(count) > 0):
+        raise ValueError(f"the count in {text!r} must be a positive integer ({kind}:<count>), got {count!r}")
+    return kind, int(count)

@@ -11,7 +11,7 @@ from stallbench.analyze import AnalysisRequest, analyze, prepare
 from stallbench.results import LoaderReport
 from stallbench.storage import StorageConditionUnavailable
 
-__all__ = ["report_outputs", "run_analysis", "run_demo", "run_simulate"]
+__all__ = ["interrupted", "report_outputs", "run_analysis", "run_demo", "run_simulate"]
 
 RUNS_PER_LOADER = 3  # ingestion, prep, cold
 
@@ -39,25 +39,35 @@ def analyse_and_report(
     """Prepare (usage errors: 2), run with progress, print and write what was done (even when interrupted)."""
     try:
         with _progress(args, "generating data", unit="image") as bar:
-            plan = prepare(req, kinds, progress=bar.to)
+            plan = prepare(req, kinds, progress=bar.to)  # generation and the --memory-limit auto probe
     except (StorageConditionUnavailable, ValueError) as exc:
         _say_error(args.command, exc)
         return 2
+    except KeyboardInterrupt:
+        return interrupted(args)
     reports: list[LoaderReport] = []
     try:
         with _progress(args, "runs", unit="step", total=1 + RUNS_PER_LOADER * len(kinds)) as bar:
             for report in analyze(plan, kinds, on_step=bar.step):
                 reports.append(report)
     except KeyboardInterrupt:
-        print("stallbench: interrupted; writing what was measured so far", file=sys.stderr)
-        report_outputs(args, reports, by_epoch)
-        return 130
+        return interrupted(args, reports, by_epoch)
     except (RuntimeError, OSError, ValueError) as exc:
         _say_error(args.command, exc)
         report_outputs(args, reports, by_epoch)
         return 1
     report_outputs(args, reports, by_epoch)
     return 0
+
+
+def interrupted(
+    args: argparse.Namespace, reports: Sequence[LoaderReport] = (), by_epoch: bool = False
+) -> int:
+    """Ctrl-C anywhere in a command: say so, write what was measured so far, exit code 130."""
+    done = "; writing what was measured so far" if reports else ""
+    print(f"stallbench {args.command}: interrupted{done}", file=sys.stderr)
+    report_outputs(args, reports, by_epoch)
+    return 130
 
 
 def report_outputs(args: argparse.Namespace, reports: Sequence[LoaderReport], by_epoch: bool = False) -> None:

@@ -24,6 +24,7 @@ __all__ = [
     "OVERHEAD_MARGIN",
     "JobFailed",
     "job_argv",
+    "job_tmpdir",
     "measure_overhead",
     "memory_limit",
     "probe_cache_bytes",
@@ -32,6 +33,8 @@ __all__ = [
 ]
 
 _TAIL = 2_000  # characters of a failed job's stderr kept in the error
+_SUN_PATH = 107  # bytes of a Unix socket's path (sun_path, less its NUL)
+_SOCKET, _TMP_NAME = len("/pymp-XXXXXXXX/listener-XXXXXXXX"), len("/sb-XXXXXXXX")
 # Headroom over the measured overhead: the kernel's own objects (inodes, page tables) and later allocations
 # grow a job a few MB past its probe, and a cache in /dev/shm cannot be reclaimed, so it would meet the OOM
 # killer. The margin goes to both loaders: the page cache of torch's loader gets to use it.
@@ -59,15 +62,38 @@ def job_argv(
 
 
 def run_job(argv: Sequence[str], limits: StorageLimits | None = None, timeout: float = 600) -> list[dict]:
-    """Run a job (inside ``limits`` when given) and return its per-epoch records."""
-    paths = [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
+    """Run a job (inside ``limits`` when given) and return its per-epoch records.
+
+    The job gets a private ``TMPDIR``, removed when it is done: a DataLoader worker creates a ``pymp-*``
+    folder there (``multiprocessing.util.get_temp_dir``, for sharing tensors) and leaves it behind when it is
+    killed (an interrupted run, a cgroup's sweep) rather than let to exit.
+    """
     run = limits.run if limits is not None else subprocess.run
-    done = run(list(argv), capture_output=True, text=True, timeout=timeout, env=env)
+    tmp = job_tmpdir()
+    try:
+        done = run(list(argv), capture_output=True, text=True, timeout=timeout, env=_job_env(tmp))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     if done.returncode != 0:
         where = " inside the cgroup" if limits is not None else ""
         raise JobFailed(f"{' '.join(argv[1:4])}... exited {done.returncode}{where}:\n{done.stderr[-_TAIL:]}")
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def job_tmpdir() -> str:
+    """A fresh folder for a job's ``TMPDIR``, in this one (``tempfile.gettempdir()``) or else in /tmp.
+
+    A worker's socket goes at ``<TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX``, and a Unix socket's path has at
+    most 107 bytes: a deeper one cannot be bound, the worker cannot send its batch and the job hangs."""
+    bases = (tempfile.gettempdir(), "/tmp")
+    fits = [base for base in bases if len(os.fsencode(base)) + _TMP_NAME + _SOCKET <= _SUN_PATH]
+    return tempfile.mkdtemp(prefix="sb-", dir=fits[0] if fits else None)
+
+
+def _job_env(tmpdir: str) -> dict[str, str]:
+    """This environment, with this checkout importable and ``TMPDIR`` set to ``tmpdir``."""
+    paths = [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths)), "TMPDIR": tmpdir}
 
 
 def scratch_cache_dir(parent: str | os.PathLike = "/dev/shm") -> Path:

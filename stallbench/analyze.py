@@ -126,9 +126,9 @@ def _materialise(req: AnalysisRequest, progress: Progress | None) -> Path:
         return Path(req.data)
     kind, count = named
     if kind == "images":
-        count = count or workloads.DEFAULT_IMAGE_COUNT
+        count = workloads.DEFAULT_IMAGE_COUNT if count is None else count
         return workloads.default_image_workload(req.data_dir, num_images=count, progress=progress)
-    count = count or 20_000
+    count = 20_000 if count is None else count
     path = req.data_dir / f"tokens-{count}.arrow"
     return workloads.make_token_arrow(path, num_sequences=count, min_len=16, max_len=2048)
 

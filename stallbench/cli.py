@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stallbench import _cliargs as types
-from stallbench._commands import run_analysis, run_demo, run_simulate
+from stallbench._commands import interrupted, run_analysis, run_demo, run_simulate
 
 __all__ = ["main", "make_parser"]
 
@@ -38,7 +38,9 @@ def _workload(p: argparse.ArgumentParser, data_required: bool = True) -> None:
     p.add_argument(
         "--data", type=types.data_spec, required=data_required, help="a path or images[:N], tokens[:N]"
     )
-    p.add_argument("--data-dir", type=Path, default=Path("stallbench-data"), help="where named workloads go")
+    p.add_argument(
+        "--data-dir", type=types.data_dir, default=Path("stallbench-data"), help="where named workloads go"
+    )
     p.add_argument("--workers", type=types.positive_int, default=2)
     p.add_argument("--batch-size", type=types.positive_int, default=64)
     p.add_argument(
@@ -79,7 +81,9 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser("demo", help="generate a JPEG dataset and compare torch's DataLoader with ours")
-    demo.add_argument("--data-dir", type=Path, default=Path("stallbench-data"), help="where images are made")
+    demo.add_argument(
+        "--data-dir", type=types.data_dir, default=Path("stallbench-data"), help="where images are made"
+    )
     demo.add_argument("--epochs", type=types.positive_int, default=3)
     demo.add_argument("--workers", type=types.positive_int, default=2)
     demo.add_argument("--batch-size", type=types.positive_int, default=64)
@@ -112,4 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _check_outputs(parser, args)
     commands = {"analyze": run_analysis, "compare": run_analysis, "simulate": run_simulate, "demo": run_demo}
-    return commands[args.command](args)
+    try:
+        return commands[args.command](args)
+    except KeyboardInterrupt:  # before a command's own handler (e.g. while the demo imports torch)
+        return interrupted(args)

@@ -27,9 +27,10 @@ def env() -> dict[str, str]:
     }
 
 
-def stallbench(*args: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
+def stallbench(*args: str, cwd: Path, extra_env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "stallbench", *args]
-    return subprocess.run(cmd, cwd=cwd, env=env(), text=True, capture_output=True, timeout=300, **kwargs)
+    run_env = {**env(), **(extra_env or {})}
+    return subprocess.run(cmd, cwd=cwd, env=run_env, text=True, capture_output=True, timeout=300, **kwargs)
 
 
 @pytest.mark.parametrize("command", ["analyze", "compare", "simulate", "demo"])
@@ -52,6 +53,11 @@ def test_help(tmp_path, command):
         (["compare", "--data", "images:8", "--loaders", "torch,dali"], "dali"),
         (["simulate", "--dataset", "12QB", "--cache", "1G"], "'12QB'"),
         (["simulate", "--dataset", "1G", "--cache", "1G", "--record-size", "2G"], "record_bytes"),
+        (["analyze", "--data", "images:0"], "argument --data: the count in 'images:0'"),
+        (["analyze", "--data", "tokens:0"], "argument --data: the count in 'tokens:0'"),
+        (["analyze", "--data", "images:-5"], "argument --data: the count in 'images:-5'"),
+        (["compare", "--data", "images:many"], "argument --data: the count in 'images:many'"),
+        (["analyze", "--data", "tokens:"], "argument --data: the count in 'tokens:'"),
         (["analyze"], "--data"),
         ([], "COMMAND"),
     ],
@@ -60,6 +66,17 @@ def test_bad_input_exits_2_naming_the_culprit(tmp_path, args, culprit):
     done = stallbench(*args, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert culprit in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("command", [["demo"], ["analyze", "--data", "images:8"]])
+@pytest.mark.parametrize("under", ["", "sub"])
+def test_data_dir_that_is_a_file_is_a_usage_error(tmp_path, command, under):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a regular file")
+    done = stallbench(*command, "--data-dir", str(blocker / under), "--no-progress", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert f"argument --data-dir: '{blocker}' exists and is not a directory" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 def test_empty_data_folder_is_named(tmp_path):
@@ -115,6 +132,8 @@ def test_simulate_prints_writes_json_and_plot(tmp_path):
 @pytest.mark.slow
 @pytest.mark.multiproc
 def test_analyze_end_to_end(tmp_path):
+    scratch = tmp_path / "tmpdir"  # the run's TMPDIR: no process may leave a pymp-* folder in it
+    scratch.mkdir()
     done = stallbench(
         "analyze",
         "--data",
@@ -127,8 +146,10 @@ def test_analyze_end_to_end(tmp_path):
         "--plot",
         "a.png",
         cwd=tmp_path,
+        extra_env={"TMPDIR": str(scratch)},
     )
     assert done.returncode == 0, done.stderr
+    assert not list(scratch.iterdir())
     for row in (
         "compute",
         "prep stall",
@@ -172,3 +193,77 @@ def test_interrupt_writes_results_so_far_and_leaves_nothing(tmp_path):
     time.sleep(0.5)
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not leftovers(proc.pid)
+
+
+def start(*args: str, cwd: Path, extra_env: dict | None = None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "stallbench", *args]
+    run_env = {**env(), **(extra_env or {})}
+    return subprocess.Popen(
+        cmd, cwd=cwd, env=run_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+
+def wait_for(proc: subprocess.Popen, ready) -> None:
+    """Poll (no time limit of its own: pytest-timeout bounds it) until ``ready()`` or the process ends."""
+    while not ready() and proc.poll() is None:
+        time.sleep(0.01)
+    assert proc.poll() is None, proc.communicate()
+
+
+def interrupt(proc: subprocess.Popen) -> tuple[list[psutil.Process], str]:
+    """SIGINT now; the process's descendants just before, and its stderr."""
+    children = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    return children, err
+
+
+def assert_clean_interrupt(proc: subprocess.Popen, err: str, children: list[psutil.Process]) -> None:
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err, err
+    time.sleep(0.5)
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert not leftovers(proc.pid)
+
+
+@pytest.mark.slow
+def test_interrupt_during_generation_exits_130_and_leaves_nothing(tmp_path):
+    data = tmp_path / "data"
+    proc = start("demo", "--data-dir", str(data), "--num-images", "100000", "--no-progress", cwd=tmp_path)
+    wait_for(proc, lambda: any(data.glob("images-100000.tmp-*/class_*/*.jpg")))  # generating
+    children, err = interrupt(proc)
+    assert_clean_interrupt(proc, err, children)
+    assert "stallbench demo: interrupted" in err
+    assert not list(data.iterdir())  # the half-made workload is gone
+
+
+def in_use(pid: int) -> set[str]:
+    """Which of a per-run cache folder and a run's cgroup the stallbench process ``pid`` has now."""
+    shm = any(Path("/dev/shm").glob(f"stallbench-run-{pid}-*"))
+    groups = any(root.glob(f"stallbench-{pid}-*") for root in CGROUPS if root.is_dir())
+    return {name for name, present in (("shm", shm), ("cgroup", groups)) if present}
+
+
+def _cgroup_v1_problem() -> str | None:
+    from stallbench.storage import probe_storage_conditions
+
+    problems = probe_storage_conditions(Path(__file__).parent)
+    return problems["memory_limit"] or problems["page_cache_eviction"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_interrupt_during_memory_probe_exits_130_and_leaves_nothing(tmp_path):
+    if (problem := _cgroup_v1_problem()) is not None:
+        pytest.skip(f"--memory-limit auto needs a cgroup v1 memory controller: {problem}")
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    args = ["analyze", "--data", "images:48", "--data-dir", str(tmp_path), "--memory-limit", "auto", *TINY]
+    proc = start(*args, cwd=tmp_path, extra_env={"TMPDIR": str(scratch)})
+    # the probe's jobs make the first per-run cache folders (the real runs come after measuring the machine);
+    # a job runs once its cgroup is there too
+    wait_for(proc, lambda: {"shm", "cgroup"} <= in_use(proc.pid))
+    children, err = interrupt(proc)
+    assert_clean_interrupt(proc, err, children)
+    assert "stallbench analyze: interrupted" in err
+    assert not list(scratch.iterdir())
