@@ -8,8 +8,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -41,8 +40,7 @@ class _Skipped:
 SKIPPED = _Skipped()
 
 
-@dataclass(frozen=True)
-class _Fetched:
+class _Fetched(NamedTuple):
     """One record's raw bytes and how they were had; counted by the worker's own thread."""
 
     raw: bytes

@@ -35,6 +35,15 @@ FIELDS = (
 _COLUMN = {name: i for i, name in enumerate(FIELDS)}
 _COUNTS = {f for f in FIELDS if not f.endswith("_seconds")}
 _STORAGE = _COLUMN["bytes_from_storage"]
+_pid = os.getpid()  # this process's pid, kept current across forks: no getpid() call per sample
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,13 +93,13 @@ class StatsBoard:
         self._local_pid = -1
 
     def add(self, field: str, amount: float) -> None:
-        if self._local_pid != os.getpid():
+        if self._local_pid != _pid:
             self._start_local()
         self._pending[_COLUMN[field]] += amount
 
     def flush(self, storage: bool = True) -> None:
         """Publish this process's pending counts and (``storage``) its storage reads since the last flush."""
-        if self._local_pid != os.getpid():
+        if self._local_pid != _pid:
             self._start_local()
         if storage:
             now = _read_bytes_of_self()

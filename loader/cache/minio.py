@@ -16,6 +16,7 @@ import mmap
 import os
 import shutil
 import stat
+import struct
 import time
 import warnings
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ from loader.cache._storefiles import create_store
 
 __all__ = ["LOCK_TIMEOUT", "CacheInfo", "CorruptRecordError", "MinIOCache", "store_path"]
 
+_SLOT_HEAD = struct.Struct("<QIIQ")  # offset, length, state, checksum: the head of a slot, read in one call
+_SLOT_SIZE = SLOT_DTYPE.itemsize
 LOCK_TIMEOUT = 5.0  # seconds a writer waits for the store's lock before it reads on without admitting
 _ADMIT_PAUSE = 30.0  # after such a timeout, this process admits nothing for this long
 
@@ -129,13 +132,15 @@ class MinIOCache:
 
         Raises CorruptRecordError when the slot points outside the data or the bytes fail their checksum.
         """
-        if self._state[index] != READY:
+        if not 0 <= index < self._num_records:
+            raise IndexError(f"record index {index} out of range for a cache of {self._num_records} records")
+        offset, length, state, expected = _SLOT_HEAD.unpack_from(self._map, HEADER_BYTES + _SLOT_SIZE * index)
+        if state != READY:
             return None
-        length, offset = int(self._length[index]), int(self._offset[index])
         if offset + length > self._data_bytes:
             raise CorruptRecordError(f"slot {index} of {self.path} points past the end of its data")
         raw = os.pread(self._data_fd, length, offset)
-        if len(raw) != length or checksum(index, raw) != int(self._checksum[index]):
+        if len(raw) != length or checksum(index, raw) != expected:
             raise CorruptRecordError(f"record {index} in {self.path} fails its checksum")
         return raw
 
