@@ -4,8 +4,9 @@ Storage reads release the GIL, so with records on storage a worker no longer sit
 decodes. With records in memory (our cache, the page cache) a fetch is a ~10 us copy: there is nothing to
 hide, and the threads only cost (measured: ~100 us per 500x375 JPEG, 8% of its decode). So each worker
 decides from what it measures: it fetches one by one and times it, turns read-ahead on when a record's fetch
-costs at least ``MIN_FETCH_S`` and ``ON_RATIO`` of its decode, and re-measures one by one every
-``PROBE_EVERY`` batches, turning it off again below ``OFF_RATIO``.
+costs at least ``MIN_FETCH_S`` and ``ON_RATIO`` of its decode. It turns it off again as soon as a batch read
+ahead came wholly from our cache (a memory copy, whatever the threads measured), and re-measures one by one
+every ``PROBE_EVERY`` batches, turning it off below ``OFF_RATIO``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ __all__ = ["MIN_FETCH_S", "OFF_RATIO", "ON_RATIO", "PROBE_EVERY", "ReadAhead"]
 
 MIN_FETCH_S = 50e-6  # a fetch faster than this is a memory copy
 ON_RATIO, OFF_RATIO = 0.10, 0.05  # fetch time per record, as a fraction of its decode time
-PROBE_EVERY = 32  # while on, one batch in this many is fetched one by one to measure the fetch again
+PROBE_EVERY = 16  # while on, one batch in this many is fetched one by one to measure the fetch again
 
 
 class ReadAhead:
@@ -46,6 +47,11 @@ class ReadAhead:
         fetch, decode = fetch_seconds / records, decode_seconds / records
         ratio = OFF_RATIO if self.active else ON_RATIO
         self.active = fetch >= MIN_FETCH_S and fetch >= ratio * decode
+
+    def saw_misses(self, misses: int) -> None:
+        """A batch read ahead: with no record missing our cache, there was nothing to hide."""
+        if misses == 0:
+            self.active = False
 
     def submit_all(self, fetch: Callable[[int], Any], indices: Sequence[int]) -> list[Future]:
         """Start ``fetch(i)`` for every index; the futures come back in the same order."""

@@ -60,7 +60,7 @@ class SourceDataset(Dataset):
         self._board: StatsBoard | None = None
         self._on_error: OnError = "raise"
         self._readahead: ReadAhead | None = None
-        self._spent = [0.0, 0.0]  # this batch's fetch and decode seconds, for the read-ahead switch
+        self._spent = [0.0, 0.0, 0]  # this batch's fetch and decode seconds and misses: the read-ahead switch
 
     def __len__(self) -> int:
         return len(self.source)
@@ -74,14 +74,16 @@ class SourceDataset(Dataset):
         readahead = self._readahead
         if readahead is None or not self.source.thread_safe_reads:
             return [self[i] for i in indices]
+        self._spent = [0.0, 0.0, 0]
         if not readahead.wanted():
-            self._spent = [0.0, 0.0]
             samples = [self[i] for i in indices]
-            readahead.observe(*self._spent, len(indices))
+            readahead.observe(self._spent[0], self._spent[1], len(indices))
             return samples
         indices = [self.source.check_index(i) for i in indices]
         futures = readahead.submit_all(self._fetch, indices)
-        return [self._sample(i, future.result) for i, future in zip(indices, futures, strict=True)]
+        samples = [self._sample(i, future.result) for i, future in zip(indices, futures, strict=True)]
+        readahead.saw_misses(self._spent[2])
+        return samples
 
     def bind(
         self, *, cache: MinIOCache | None, board: StatsBoard, on_error: OnError, readahead: int = 0
@@ -129,6 +131,7 @@ class SourceDataset(Dataset):
         else:
             self._count("misses", 1)
             self._count("bytes_from_source", size)
+            self._spent[2] += 1
         if got.admitted:
             self._count("records_admitted", 1)
         if got.corrupt:

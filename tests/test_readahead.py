@@ -74,3 +74,13 @@ def test_the_switch_weighs_fetch_against_decode(fetch, decode, on):
     switch = ReadAhead(2)
     switch.observe(fetch * 10, decode * 10, 10)
     assert switch.active is on
+
+
+def test_a_batch_wholly_from_the_cache_turns_it_off(shm_dir):
+    source = SlowReads(64, delay=0.003)
+    data = SourceDataset(source, transform=first_index)
+    dl = DataLoader(data, batch_size=8, cache_bytes=1 << 20, cache_dir=shm_dir)
+    first = [switch_of(dl).active for _ in dl]  # epoch 1 reads storage and fills the cache
+    second = [switch_of(dl).active for _ in dl]  # epoch 2: every record is a hit
+    assert first[-1] is True
+    assert second[0] is False and not any(second)
