@@ -9,7 +9,7 @@ import math
 import textwrap
 from collections.abc import Callable, Sequence
 
-from stallbench.results import LoaderReport, Workload
+from stallbench.results import LoaderReport, Workload, steady
 
 __all__ = ["table_text"]
 
@@ -63,17 +63,25 @@ def _change(value: Callable[[LoaderReport], float]) -> Ratio:
     return ratio
 
 
-LEVEL = 0.02  # stalls that differ by less than this share of the baseline's epoch are level
+LEVEL = 0.02  # stalls that differ by less than this share of the baseline's epoch are level...
 
 
-def _level(value: Callable[[LoaderReport], float]) -> Ratio:
-    """'level' where the two differ by under LEVEL of the baseline's epoch, else the difference in seconds."""
+def _spread(r: LoaderReport, phase: str) -> float:
+    """...or by less than the spread of the steady epochs of either loader's run of ``phase`` (its noise)."""
+    run = next((run for run in r.runs if run.phase == phase), None)
+    seconds = [e.seconds for e in steady(list(run.epochs))] if run is not None else []
+    return max(seconds) - min(seconds) if seconds else 0.0
+
+
+def _level(value: Callable[[LoaderReport], float], phase: str) -> Ratio:
+    """'level' where two stalls differ by less than the noise (see LEVEL), else the difference in seconds."""
 
     def ratio(base: LoaderReport, r: LoaderReport) -> str:
         b, o, epoch = value(base), value(r), base.breakdown.epoch_seconds
         if not (_finite(b) and _finite(o) and _finite(epoch)) or epoch <= 0:
             return "-"
-        return "level" if abs(o - b) < LEVEL * epoch else f"{o - b:+.2f} s"
+        noise = max(LEVEL * epoch, _spread(base, phase), _spread(r, phase))
+        return "level" if abs(o - b) <= noise else f"{o - b:+.2f} s"
 
     return ratio
 
@@ -96,7 +104,7 @@ _EPOCH_ROWS: Spec = (
     ("steady epoch", None, None),
     ("epoch time", lambda r: _sec(r.breakdown.epoch_seconds), _speedup),
     ("compute", lambda r: _part(r, r.breakdown.compute_seconds), None),
-    ("prep stall", lambda r: _part(r, _prep_stall(r)), _level(_prep_stall)),
+    ("prep stall", lambda r: _part(r, _prep_stall(r)), _level(_prep_stall, "prep")),
     ("fetch stall", lambda r: _part(r, _fetch_stall(r)), _change(_fetch_stall)),
     ("warm-up (apart)", lambda r: _sec(r.breakdown.warmup_seconds), None),
     ("storage read", lambda r: _bytes(r.storage_bytes), _change(_storage)),

@@ -12,8 +12,8 @@ from stallbench import whatif
 from stallbench._cliargs import CacheSpec, named_workload
 from stallbench._jobs import job_argv, measure_overhead, memory_limit, probe_cache_bytes
 from stallbench.measure import measure_machine
-from stallbench.phases import RunPlan, breakdown, run_phases, steady, storage_limits
-from stallbench.results import LoaderReport, RunRecord, Workload
+from stallbench.phases import RunPlan, breakdown, run_phases, storage_limits
+from stallbench.results import LoaderReport, RunRecord, Workload, steady
 from stallbench.storage import StorageConditionUnavailable, probe_storage_conditions
 
 __all__ = ["AnalysisRequest", "analyze", "prepare"]

@@ -19,10 +19,10 @@ from pathlib import Path
 from statistics import fmean
 
 from stallbench._jobs import job_argv, run_job, scratch_cache_dir
-from stallbench.results import Breakdown, EpochRecord, RunRecord, Workload
+from stallbench.results import Breakdown, EpochRecord, RunRecord, Workload, steady
 from stallbench.storage import StorageLimits, evict_page_cache
 
-__all__ = ["RunPlan", "breakdown", "run_phases", "steady", "storage_limits"]
+__all__ = ["RunPlan", "breakdown", "run_phases", "storage_limits"]
 
 _STAGES = ("fetch_seconds", "decode_seconds", "collate_seconds")
 _EPOCH_FIELDS = set(EpochRecord.__dataclass_fields__)
@@ -83,11 +83,6 @@ def _record(phase: str, condition: str, records: list[dict]) -> RunRecord:
     }
     timeline = tuple((float(w), float(s)) for w, s in records[-1].get("timeline", []))
     return RunRecord(phase=phase, epochs=epochs, condition=condition, stage_seconds=stages, timeline=timeline)
-
-
-def steady(epochs: list) -> list:
-    """Epochs 2.. (epoch 1 fills caches and starts workers); all of them when there is only one."""
-    return epochs[1:] if len(epochs) > 1 else epochs
 
 
 def breakdown(runs: dict[str, RunRecord]) -> Breakdown:

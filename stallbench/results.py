@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 __all__ = [
+    "steady",
     "SCHEMA",
     "Breakdown",
     "EpochRecord",
@@ -125,3 +126,8 @@ class LoaderReport:
     roofline: Roofline
     predictions: tuple[Prediction, ...]
     advice: str
+
+
+def steady(epochs: list) -> list:
+    """Epochs 2.. (epoch 1 fills caches and starts workers); all of them when there is only one."""
+    return epochs[1:] if len(epochs) > 1 else epochs

@@ -110,6 +110,17 @@ def test_prep_stall_row_says_level_or_the_difference(pair):
     slower = dataclasses.replace(pair[1], breakdown=Breakdown(9.75, 6.25, 1.5, 2.0, 3.5))
     assert prep_row([pair[0], slower]).endswith(" +0.50 s")  # more than 2% of the 15.25 s epoch
 
+    def noisy(report: LoaderReport, spread: float) -> LoaderReport:
+        prep = next(run for run in report.runs if run.phase == "prep")
+        epochs = tuple(
+            dataclasses.replace(e, seconds=e.seconds + spread * i) for i, e in enumerate(prep.epochs)
+        )
+        runs = tuple(dataclasses.replace(run, epochs=epochs) if run is prep else run for run in report.runs)
+        return dataclasses.replace(report, runs=runs)
+
+    assert prep_row([pair[0], noisy(slower, 0.6)]).endswith(" level")  # 0.5 s within its epochs' spread
+    assert prep_row([pair[0], noisy(slower, 0.4)]).endswith(" +0.50 s")
+
 
 def test_wide_compare_wraps_to_100_columns(pair):
     reports = [*pair, make_report("partitioned", 8.0, 0.75, GB // 2), make_report("other", 9.0, 1.75, GB)]
