@@ -16,6 +16,7 @@ class ReplayableSampler:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.epoch_order: list[Any] = []
+        self.epochs_started = 0  # how many times an epoch's order was drawn or resumed
         self._pending: tuple[list[Any], int] | None = None
         self._before_draw: Any = None
 
@@ -31,6 +32,7 @@ class ReplayableSampler:
                 self._before_draw, before = None, self._before_draw
                 before()
             self.epoch_order, start = list(self.inner), 0
+        self.epochs_started += 1
         yield from self.epoch_order[start:]
 
     def resume(self, order: list[Any], position: int) -> None:

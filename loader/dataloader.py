@@ -105,8 +105,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # Only a map-style dataset's order can be kept: an IterableDataset's sampler never ends.
         self._replay = ReplayableSampler(super()._index_sampler) if self._resumable_kind else None
         self._delivered = 0
-        self._epoch_order = []
-        self._resume: tuple[dict[str, Any], bool] | None = None  # (generator states, mid-epoch?)
+        self._started_before = 0  # epochs the sampler had started when the current iterator was made
+        self._made_iterator = False
+        self._resume: tuple[dict[str, Any], bool, bool] | None = None  # (states, mid-epoch?, order next?)
 
     @property
     def _resumable_kind(self) -> bool:
@@ -126,9 +127,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             self._board.start_storage_count()
         if self._replay is None:
             return super().__iter__()
+        # read before the iterator is made: with workers, making it already starts the epoch (prefetch)
+        self._delivered, self._started_before = self._replay.next_start(), self._replay.epochs_started
+        self._made_iterator = True
         inner = self._iter_resumed() if self._resume is not None else super().__iter__()
-        self._delivered = self._replay.next_start()
-        self._epoch_order = []  # known once the epoch's first batch is out
         return CountingIterator(inner, self._count_delivered, skip=SKIPPED)
 
     def stats(self) -> LoaderStats:
@@ -145,11 +147,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             raise ValueError(
                 "state_dict() needs in_order=True: with in_order=False batches arrive out of order"
             )
+        started = self._replay.epochs_started > self._started_before  # this iterator's order is drawn
         return {
             "version": _STATE_VERSION,
-            "epoch_order": list(self._epoch_order),
+            "epoch_order": list(self._replay.epoch_order) if started else [],
             "batches_delivered": self._delivered,
             "generators": generator_states(self._generators()),
+            # an iterator made whose order is not drawn yet: its base seed is drawn, the order comes next
+            "order_next": self._made_iterator and not started,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -163,18 +168,19 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             raise TypeError("load_state_dict() needs a map-style dataset")
         if done < len(order):
             self._replay.resume(order, done)
-        self._resume = (state["generators"], done < len(order))
+        mid_epoch, order_next = done < len(order), bool(state.get("order_next"))
+        self._resume = (state["generators"], mid_epoch, order_next or self.persistent_workers)
 
     def _iter_resumed(self) -> Any:
         """The first iterator after ``load_state_dict``: the generators make the same draws as the saved
         loader's would have. Torch draws the workers' base seed when an iterator is made, then the order."""
-        states, mid_epoch = self._resume
+        states, mid_epoch, order_next = self._resume
         self._resume = None
         restore = lambda: restore_generators(self._generators(), states)  # noqa: E731
-        if not mid_epoch and not self.persistent_workers:
+        if not mid_epoch and not order_next:
             restore()  # the next epoch draws a base seed and its order, as the saved loader's next would
             return super().__iter__()
-        if not mid_epoch:  # persistent workers keep their base seed: only the order was still to draw
+        if not mid_epoch:  # the base seed was drawn (or persistent workers keep theirs): the order is next
             self._replay.before_next_draw(restore)
             return super().__iter__()
         inner = super().__iter__()  # the rest of the epoch is replayed and draws nothing
@@ -182,8 +188,6 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         return inner
 
     def _count_delivered(self) -> None:
-        if not self._epoch_order:
-            self._epoch_order = self._replay.epoch_order
         self._delivered += 1
 
     def _generators(self) -> dict[str, Any]:

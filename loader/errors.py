@@ -6,7 +6,7 @@ import re
 
 __all__ = ["BadRecordError", "SourceError"]
 
-_NAMED = re.compile(r"record (-?\d+) \((.*)\): (.*)")
+_NAMED = re.compile(r"record (-?\d+) \((.*?)\): (.*)")
 
 
 class SourceError(ValueError):

@@ -6,6 +6,7 @@ import fcntl
 import hashlib
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import stat
 import warnings
@@ -25,8 +26,8 @@ NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="planting as another user needs root to drop to it")
 
 
-def open_store(cache_dir, **kw) -> MinIOCache:
-    return MinIOCache.open(fingerprint=FP, num_records=N, capacity=1 << 20, cache_dir=cache_dir, **kw)
+def open_store(cache_dir, capacity: int = 1 << 20, **kw) -> MinIOCache:
+    return MinIOCache.open(fingerprint=FP, num_records=N, capacity=capacity, cache_dir=cache_dir, **kw)
 
 
 def record(i: int) -> bytes:
@@ -207,25 +208,40 @@ def test_a_held_lock_times_out_and_the_loader_reads_on(shm_dir):
     assert holder.exitcode == 0
 
 
-def _die_mid_insert(cache_dir, index: int) -> None:
-    cache = open_store(cache_dir)
+def _die_mid_insert(cache_dir, index: int, capacity: int) -> None:
+    cache = open_store(cache_dir, capacity)
     offset = cache._reserve(index, len(record(index)))
     os.pwrite(cache._data_fd, b"\x01" * 100, offset)  # half the payload, then the writer dies
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _byte_is_free(path, k: int, out) -> None:
+    fd = os.open(path / "writers", os.O_RDWR)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, k)
+        out.put(True)
+    except OSError:
+        out.put(False)
+
+
 @pytest.mark.multiproc
-def test_a_slot_left_by_a_killed_writer_is_reclaimed_in_place(shm_dir):
+def test_a_slot_left_by_a_killed_writer_is_reclaimed_in_place_even_when_full(shm_dir):
+    capacity = index_bytes(N) + SIZE  # room for one record: the dead writer's
     ctx = mp.get_context("spawn")
-    proc = ctx.Process(target=_die_mid_insert, args=(shm_dir, 7))
+    proc = ctx.Process(target=_die_mid_insert, args=(shm_dir, 7, capacity))
     proc.start()
     proc.join(60)
     assert proc.exitcode == -signal.SIGKILL
-    cache = open_store(shm_dir)
-    used = cache.info().bytes_used
-    assert cache.get(7) is None
+    cache = open_store(shm_dir, capacity)
+    assert cache.get(7) is None and not cache.admit(8, record(8)) and cache.info().full
     assert cache.admit(7, record(7)) and cache.get(7) == record(7)
-    assert cache.info().bytes_used == used == index_bytes(N) + SIZE  # its space was reused, not lost
+    assert cache.info().bytes_used == capacity  # its space was reused, not lost
+    # this process took the dead writer's byte (the lowest free one) and must still hold it after reclaiming
+    out = ctx.Queue()
+    checker = ctx.Process(target=_byte_is_free, args=(cache.path, int(cache._writer[7]), out))
+    checker.start()
+    assert out.get(timeout=60) is False
+    checker.join(30)
 
 
 def _reserve_and_wait(cache_dir, index: int, reserved, release) -> None:
@@ -248,3 +264,27 @@ def test_a_live_writers_slot_is_left_to_it(shm_dir):
         release.set()
         writer.join(30)
     assert writer.exitcode == 0
+
+
+def test_a_cache_dir_anyone_may_write_without_the_sticky_bit_is_refused(shm_dir):
+    os.chmod(shm_dir, 0o777)
+    with pytest.raises(UntrustedCacheError, match=r"writable by every user and not sticky"):
+        open_store(shm_dir)
+
+
+@pytest.mark.multiproc
+def test_a_store_removed_between_epochs_leaves_training_on_storage(shm_dir):
+    source = MemorySource(N, SIZE)
+    dl = DataLoader(
+        SourceDataset(source),
+        batch_size=4,
+        num_workers=2,
+        multiprocessing_context="spawn",
+        cache_bytes=1 << 20,
+        cache_dir=shm_dir,
+    )
+    assert sorted(raw for batch, _ in dl for raw in batch) == sorted(source.records)
+    shutil.rmtree(dl.cache.path)  # another job, or a person, removed it
+    before = dl.stats()
+    assert sorted(raw for batch, _ in dl for raw in batch) == sorted(source.records)
+    assert dl.stats().hits == before.hits  # nothing was served from the removed store

@@ -242,3 +242,41 @@ def test_bad_record_in_a_worker_is_still_a_bad_record_error():
         "memory[5]",
         "record is missing",
     )
+
+
+def resumable(num_workers: int, shm_dir) -> DataLoader:
+    return DataLoader(
+        SourceDataset(MemorySource(40), transform=first_index),
+        batch_size=3,
+        shuffle=True,
+        num_workers=num_workers,
+        generator=torch.Generator().manual_seed(7),
+        cache_bytes=1 << 20,
+        cache_dir=shm_dir,
+    )
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_resumed_loader_counts_from_where_it_resumed(num_workers, shm_dir):
+    original = resumable(num_workers, shm_dir)
+    it = iter(original)
+    next(it)
+    first = resumable(num_workers, shm_dir)
+    first.load_state_dict(original.state_dict())
+    again = iter(first)
+    next(again)
+    state = first.state_dict()
+    assert state["batches_delivered"] == 2
+    second = resumable(num_workers, shm_dir)
+    second.load_state_dict(state)
+    assert [b[0].tolist() for b in second] == [b[0].tolist() for b in again]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_state_saved_before_the_first_batch_gives_that_epoch(num_workers, shm_dir):
+    original = resumable(num_workers, shm_dir)
+    it = iter(original)  # with workers, making the iterator already drew the epoch's order
+    state = original.state_dict()
+    restored = resumable(num_workers, shm_dir)
+    restored.load_state_dict(state)
+    assert [b[0].tolist() for b in restored] == [b[0].tolist() for b in it]

@@ -34,7 +34,10 @@ Writer = tuple[int, int]  # (k, generation)
 def _after_fork() -> None:
     global _setup_lock
     _setup_lock = threading.Lock()
-    _writer_files.clear()  # POSIX locks are not inherited: a child claims its own id
+    for fd, _ in _writer_files.values():  # POSIX locks are not inherited: a child claims its own id
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _writer_files.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -74,12 +77,22 @@ class StoreMutex:
                 os.close(fd)
         self._state = (-1, None, None)
 
+    def close_inherited(self) -> None:
+        """Close the lock file a forked child inherited: flock belongs to the open file, so a parent killed
+        while holding it would otherwise stay the holder for as long as this child lives."""
+        pid, fd, _ = self._state
+        if pid not in (-1, os.getpid()) and fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._state = (-1, None, None)
+
     def _process_lock(self) -> tuple[int, threading.Lock]:
         state = self._state
         if state[0] != os.getpid():
             with _setup_lock:
                 state = self._state
                 if state[0] != os.getpid():
+                    self.close_inherited()
                     state = (os.getpid(), open_private(self.folder, "lock", os.O_RDWR), threading.Lock())
                     self._state = state
         return state[1], state[2]
@@ -111,8 +124,9 @@ def writer_id(folder: Path) -> Writer:
 
 def writer_alive(folder: Path, writer: Writer) -> bool:
     """Whether the process that reserved as ``writer`` still lives (this process: always)."""
-    if writer == writer_id(folder):
-        return True
+    mine = writer_id(folder)
+    if writer[0] == mine[0]:  # our own byte: never test it (our own lock would be let go); an older
+        return writer == mine  # generation of it is a process that died before we took it
     fd, k = _writer_files[folder][0], writer[0]
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, k)

@@ -25,6 +25,7 @@ class UntrustedCacheError(PermissionError):
 
 def private_dir(parent: Path, name: str) -> Path:
     """``parent/name`` as a folder private to this user: made 0700 if absent, else checked."""
+    _check_parent(parent)
     path = parent / name
     with contextlib.suppress(FileExistsError):
         os.mkdir(path, 0o700)
@@ -62,6 +63,17 @@ def check_private(st: os.stat_result, path: Path, *, want: int) -> None:
         raise UntrustedCacheError(
             f"the cache {kind} {path} (owner {_owner(st.st_uid)}) has mode {stat.S_IMODE(st.st_mode):04o}: "
             "others may change it; not used (it must be 0700 for a folder, 0600 for a file)"
+        )
+
+
+def _check_parent(parent: Path) -> None:
+    """A folder others may write into must be sticky (as /dev/shm and /tmp are): else they could swap our
+    folder for a link between our check and our use of it."""
+    st = os.stat(parent)
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        raise UntrustedCacheError(
+            f"cache_dir {parent} is writable by every user and not sticky (mode "
+            f"{stat.S_IMODE(st.st_mode):04o}): another user could replace the cache in it; choose another"
         )
 
 

@@ -132,6 +132,8 @@ class MinIOCache:
 
         Raises CorruptRecordError when the slot points outside the data or the bytes fail their checksum.
         """
+        if self._off:
+            return None
         if not 0 <= index < self._num_records:
             raise IndexError(f"record index {index} out of range for a cache of {self._num_records} records")
         offset, length, state, expected = _SLOT_HEAD.unpack_from(self._map, HEADER_BYTES + _SLOT_SIZE * index)
@@ -146,12 +148,18 @@ class MinIOCache:
 
     def admit(self, index: int, payload: bytes) -> bool:
         """Store record ``index`` if there is room; True when it was admitted by this call."""
-        if self._full_here or self._header["full"][0] or time.monotonic() < self._paused_until:
+        if self._off or time.monotonic() < self._paused_until:
+            return False
+        full = self._full_here or self._header["full"][0]
+        if full and self._state[index] != RESERVED:  # a dead writer's slot is reused even when full
             return False
         try:
             offset = self._reserve(index, len(payload))
         except LockTimeout as exc:
             self._pause_admission(exc)
+            return False
+        except OSError as exc:  # the store was removed or replaced under us: read on from storage
+            self._turn_off(exc)
             return False
         if offset is None or not self._write(payload, offset):
             return False
@@ -190,7 +198,13 @@ class MinIOCache:
         }
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["path"], state["fingerprint"], state["num_records"], state["lock_timeout"])
+        """Attach in a worker; a store that cannot be attached there (removed, replaced) is turned off."""
+        try:
+            self.__init__(state["path"], state["fingerprint"], state["num_records"], state["lock_timeout"])
+        except (OSError, ValueError) as exc:
+            self.path, self._data_fd = state["path"], None
+            self._mutex = StoreMutex(self.path, state["lock_timeout"])
+            self._turn_off(exc)
 
     def _attach(self) -> None:
         check_private(os.lstat(self.path), self.path, want=stat.S_IFDIR)  # again in every process
@@ -217,6 +231,7 @@ class MinIOCache:
         self._data_bytes = min(int(self._header["data_capacity"][0]), os.fstat(self._data_fd).st_size)
         self._full_here = False
         self._paused_until = 0.0
+        self._off = False
 
     def _reserve(self, index: int, length: int) -> int | None:
         """Space for ``length`` bytes of record ``index``, marked as this process's; None if none is had."""
@@ -263,6 +278,14 @@ class MinIOCache:
             stacklevel=3,
         )
         return False
+
+    def _turn_off(self, exc: Exception) -> None:
+        self._off = True
+        warnings.warn(
+            f"the cache at {self.path} cannot be used in this process ({exc}); it reads from storage",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
     def _pause_admission(self, exc: LockTimeout) -> None:
         self._paused_until = time.monotonic() + _ADMIT_PAUSE
