@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
-__all__ = ["CountingIterator", "ReplayableSampler", "generator_states", "restore_generators"]
+__all__ = ["ReplayableSampler", "counting_iterator", "generator_states", "restore_generators"]
 
 
 class ReplayableSampler:
@@ -48,30 +50,41 @@ class ReplayableSampler:
         return 0 if self._pending is None else self._pending[1]
 
 
-class CountingIterator:
-    """The loader's iterator, counting the batches handed to the training loop (prefetched ones are not)."""
+class _Counting:
+    """Over torch's own iterator classes: counts the batches handed to the training loop (prefetched ones
+    are not), and drops a batch that is only ``skip`` (all its records were bad and skipped)."""
 
-    def __init__(self, inner: Iterator[Any], on_batch: Any, skip: Any) -> None:
-        self._inner = inner
-        self._on_batch = on_batch
-        self._skip = skip  # a batch that is only this (all its records were bad and skipped) is not yielded
-
-    def __iter__(self) -> CountingIterator:
-        return self
+    _on_batch: weakref.WeakMethod | None = None  # the loader's counter; weak, so the loader can be freed
+    _skip: Any = None
 
     def __next__(self) -> Any:
-        batch = next(self._inner)
-        self._on_batch()
-        while batch is self._skip:
-            batch = next(self._inner)
-            self._on_batch()
+        batch = super().__next__()
+        self._count()
+        while self._skip is not None and batch is self._skip:
+            batch = super().__next__()
+            self._count()
         return batch
 
-    def __len__(self) -> int:
-        return len(self._inner)
+    def _count(self) -> None:
+        on_batch = self._on_batch() if self._on_batch is not None else None
+        if on_batch is not None:
+            on_batch()
 
-    def __getattr__(self, name: str) -> Any:  # torch's iterator API (_reset, _shutdown_workers, ...) stays
-        return getattr(self._inner, name)
+
+class _CountingSingleProcessIter(_Counting, _SingleProcessDataLoaderIter):
+    pass
+
+
+class _CountingMultiProcessingIter(_Counting, _MultiProcessingDataLoaderIter):
+    pass
+
+
+def counting_iterator(loader: Any, on_batch: Callable[[], None], skip: Any) -> Any:
+    """Torch's iterator for ``loader`` (an instance of torch's own class), counting into ``on_batch``."""
+    cls = _CountingSingleProcessIter if loader.num_workers == 0 else _CountingMultiProcessingIter
+    iterator = cls(loader)
+    iterator._on_batch, iterator._skip = weakref.WeakMethod(on_batch), skip
+    return iterator
 
 
 def generator_states(generators: dict[str, torch.Generator | None]) -> dict[str, torch.Tensor]:

@@ -12,7 +12,7 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 from torch.utils.data.dataloader import _DatasetKind
 
 from loader._collate import TimedCollate
-from loader._resume import CountingIterator, ReplayableSampler, generator_states, restore_generators
+from loader._resume import ReplayableSampler, counting_iterator, generator_states, restore_generators
 from loader.cache import MinIOCache
 from loader.datasets import SKIPPED, SourceDataset
 from loader.stats import LoaderStats, StatsBoard
@@ -130,8 +130,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         # read before the iterator is made: with workers, making it already starts the epoch (prefetch)
         self._delivered, self._started_before = self._replay.next_start(), self._replay.epochs_started
         self._made_iterator = True
-        inner = self._iter_resumed() if self._resume is not None else super().__iter__()
-        return CountingIterator(inner, self._count_delivered, skip=SKIPPED)
+        return self._iter_resumed() if self._resume is not None else super().__iter__()
+
+    def _get_iterator(self) -> Any:
+        """Torch's own iterator classes, counting the batches handed out (for ``state_dict``)."""
+        if self._replay is None:
+            return super()._get_iterator()
+        if self.num_workers > 0:
+            self.check_worker_number_rationality()
+        return counting_iterator(self, self._count_delivered, skip=SKIPPED)
 
     def stats(self) -> LoaderStats:
         """Totals since this loader was made, over all its workers and epochs."""

@@ -514,3 +514,17 @@ def test_iterator_protocol_is_the_same():
         return iter(it) is it, len(it), next(it), [b.tolist() for b in it]
 
     assert returned(same(run)) == (True, 4, ("tensor", "torch.int64", [0, 1, 2]), [[3, 4, 5], [6, 7, 8], [9]])
+
+
+@CLASSES
+@pytest.mark.multiproc
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_iterator_is_an_instance_of_torchs_own_class(cls, num_workers):
+    from helpers import MemorySource, first_index
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
+
+    expected = _SingleProcessDataLoaderIter if num_workers == 0 else _MultiProcessingDataLoaderIter
+    for dataset in (cd.Indexed(6), loader.SourceDataset(MemorySource(6), transform=first_index)):
+        it = iter(cls(dataset, batch_size=2, num_workers=num_workers))
+        assert isinstance(it, expected)
+        assert len(list(it)) == 3
