@@ -71,17 +71,10 @@ class StoreMutex:
             thread_lock.release()
 
     def close(self) -> None:
-        pid, fd, _ = self._state
-        if pid == os.getpid() and fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._state = (-1, None, None)
-
-    def close_inherited(self) -> None:
-        """Close the lock file a forked child inherited: flock belongs to the open file, so a parent killed
-        while holding it would otherwise stay the holder for as long as this child lives."""
-        pid, fd, _ = self._state
-        if pid not in (-1, os.getpid()) and fd is not None:
+        """Close the lock file, this process's own or the copy a forked child inherited (flock belongs to
+        the open file: a parent killed while holding it would stay the holder while the child lives)."""
+        fd = self._state[1]
+        if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._state = (-1, None, None)
@@ -92,7 +85,7 @@ class StoreMutex:
             with _setup_lock:
                 state = self._state
                 if state[0] != os.getpid():
-                    self.close_inherited()
+                    self.close()  # a forked child's inherited copy
                     state = (os.getpid(), open_private(self.folder, "lock", os.O_RDWR), threading.Lock())
                     self._state = state
         return state[1], state[2]

@@ -11,9 +11,7 @@ import numpy as np
 
 from loader.cache._layout import HEADER_DTYPE, MAGIC, VERSION, index_bytes
 
-__all__ = ["STORE_FILES", "create_store"]
-
-STORE_FILES = ("index", "data", "lock", "writers")
+__all__ = ["create_store"]
 
 
 def create_store(path: Path, *, fingerprint: str, num_records: int, capacity: int) -> None:
