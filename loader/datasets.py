@@ -91,8 +91,6 @@ class SourceDataset(Dataset):
         """A copy that reads through ``cache``, reports into ``board``, treats bad records per on_error,
         and fetches ``readahead`` records at a time on threads (0: one by one, as torch does)."""
         bound = copy.copy(self)
-        bound.source = copy.copy(self.source)
-        bound.source.drop_page_cache = cache is not None
         bound._cache, bound._board, bound._on_error = cache, board, on_error
         bound._readahead = ReadAhead(readahead) if readahead else None
         return bound
@@ -112,15 +110,17 @@ class SourceDataset(Dataset):
     def _fetch(self, index: int) -> _Fetched:
         """Thread-safe: reads and admits, counts nothing."""
         start = time.perf_counter()
-        corrupt = False
+        cache, corrupt = self._cache, False
         try:
-            raw = self._cache.get(index) if self._cache is not None else None
+            raw = cache.get(index) if cache is not None else None
         except CorruptRecordError:
             raw, corrupt = None, True
         if raw is not None:
             return _Fetched(raw, True, False, time.perf_counter() - start)
-        raw = self.source.read(index)
-        admitted = not corrupt and self._cache is not None and self._cache.admit(index, raw)
+        if cache is None or corrupt or not cache.accepting(index):
+            raw, admitted = self.source.read(index), False
+        else:  # once the cache holds it, the source gives back the page cache's copy
+            raw, admitted = self.source.read_admitting(index, lambda raw: cache.admit(index, raw))
         return _Fetched(raw, False, admitted, time.perf_counter() - start, corrupt)
 
     def _note(self, got: _Fetched) -> None:

@@ -1,4 +1,4 @@
-"""drop_page_cache for real: after reads through each source, mincore shows the file's pages not resident."""
+"""Page-cache eviction for real (mincore): only records the cache admitted, only pages our read brought in."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from loader.sources import ArrowSource, ImageFolderSource, LMDBSource, image_folder_to_lmdb
+from loader.sources._pagecache import PAGE
 from stallbench.storage import evict_page_cache, resident_bytes
 
 RECORDS, RECORD_BYTES = 8, 1 << 20  # 8 MB in all
@@ -48,13 +49,20 @@ def image_files(root) -> list[str]:
     return paths
 
 
-def residency_after_reads(make_source, files: list[str], drop: bool) -> float:
-    """Evict ``files``, read every record through a fresh source, return the fraction of pages resident."""
+def residency_after_reads(make_source, files: list[str], admit: bool, warm: bool = False) -> float:
+    """Evict ``files`` (or read them first with ``warm``), read every record through a fresh source with
+    ``read_admitting``, return the fraction of the files' pages resident afterwards."""
     evict_page_cache(files)
     assert resident_bytes(files) == 0
+    if warm:
+        for path in files:
+            with open(path, "rb") as f:
+                f.read()
     source = make_source()
-    source.drop_page_cache = drop
-    assert [source.read(i) for i in range(RECORDS)] == [payload(i) for i in range(RECORDS)]
+    offered = []
+    got = [source.read_admitting(i, lambda raw: offered.append(raw) or admit) for i in range(RECORDS)]
+    assert got == [(payload(i), admit) for i in range(RECORDS)]
+    assert offered == [payload(i) for i in range(RECORDS)]
     return resident_bytes(files) / sum(os.path.getsize(p) for p in files)
 
 
@@ -67,24 +75,49 @@ def test_resident_bytes_and_evict(disk):
     assert resident_bytes(path) == 0
 
 
-def test_image_folder(disk):
+def test_image_folder_evicts_only_admitted_records_read_cold(disk):
     files = image_files(disk / "imgs")
     make = partial(ImageFolderSource, disk / "imgs")
-    assert residency_after_reads(make, files, drop=True) == 0.0
-    assert residency_after_reads(make, files, drop=False) == 1.0
+    assert residency_after_reads(make, files, admit=True) == 0.0
+    assert residency_after_reads(make, files, admit=False) == 1.0
+    assert residency_after_reads(make, files, admit=True, warm=True) == 1.0  # another job's warm pages stay
 
 
-def test_lmdb(disk):
+def test_pages_resident_before_the_read_stay(disk):
+    """A file whose first page alone is resident keeps that page; the pages our read brought in go."""
+    path = image_files(disk / "imgs")[0]
+    evict_page_cache(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no readahead: exactly one page comes in
+        os.pread(fd, PAGE, 0)
+    finally:
+        os.close(fd)
+    assert resident_bytes(path) == PAGE
+    raw, admitted = ImageFolderSource(disk / "imgs").read_admitting(0, lambda raw: True)
+    assert (raw, admitted) == (payload(0), True)
+    assert resident_bytes(path) == PAGE
+
+
+def test_a_failed_admission_keeps_the_pages_and_a_plain_read_evicts_nothing(disk):
+    files = image_files(disk / "imgs")
+    evict_page_cache(files)
+    source = ImageFolderSource(disk / "imgs")
+    assert [source.read(i) for i in range(RECORDS)] == [payload(i) for i in range(RECORDS)]
+    assert resident_bytes(files) == sum(os.path.getsize(p) for p in files)
+
+
+def test_lmdb_never_evicts(disk):
+    """py-lmdb faults a value in before the source sees it: what was resident is unknown, so none goes."""
     image_files(disk / "imgs")
     db = image_folder_to_lmdb(disk / "imgs", disk / "db").path
     files = [os.path.join(db, "data.mdb")]
     make = partial(LMDBSource, db)
-    assert residency_after_reads(make, files, drop=True) < 0.01
-    assert residency_after_reads(make, files, drop=False) > 0.95
+    assert residency_after_reads(make, files, admit=True) > 0.95
+    assert residency_after_reads(make, files, admit=False) > 0.95
 
 
-@pytest.mark.parametrize("name", ["data.arrow", "data.parquet"])
-def test_arrow_and_parquet(disk, name):
+def _arrow_file(disk, name: str) -> str:
     path = str(disk / name)
     data = pa.table({"image": pa.array([payload(i) for i in range(RECORDS)], pa.binary())})
     if name.endswith(".parquet"):
@@ -92,6 +125,18 @@ def test_arrow_and_parquet(disk, name):
     else:
         with pa.ipc.new_file(path, data.schema) as writer:
             writer.write_table(data, max_chunksize=3)
+    return path
+
+
+def test_arrow_ipc_evicts_only_admitted_records_read_cold(disk):
+    path = _arrow_file(disk, "data.arrow")
     make = partial(ArrowSource, path)
-    assert residency_after_reads(make, [path], drop=True) < 0.01
-    assert residency_after_reads(make, [path], drop=False) > 0.95
+    assert residency_after_reads(make, [path], admit=True) < 0.01
+    assert residency_after_reads(make, [path], admit=False) > 0.95
+    assert residency_after_reads(make, [path], admit=True, warm=True) == 1.0
+
+
+def test_parquet_never_evicts(disk):
+    """A row group is read whole, with other records in it: its pages are left to the kernel."""
+    path = _arrow_file(disk, "data.parquet")
+    assert residency_after_reads(partial(ArrowSource, path), [path], admit=True) > 0.95

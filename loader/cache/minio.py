@@ -146,12 +146,17 @@ class MinIOCache:
             raise CorruptRecordError(f"record {index} in {self.path} fails its checksum")
         return raw
 
-    def admit(self, index: int, payload: bytes) -> bool:
-        """Store record ``index`` if there is room; True when it was admitted by this call."""
+    def accepting(self, index: int) -> bool:
+        """Whether ``admit(index, ...)`` may store the record now: the store has room (or a dead writer's
+        slot for it) and admission is not paused. Cheap: read before a miss is read from the source."""
         if self._off or time.monotonic() < self._paused_until:
             return False
         full = self._full_here or self._header["full"][0]
-        if full and self._state[index] != RESERVED:  # a dead writer's slot is reused even when full
+        return not full or self._state[index] == RESERVED  # a dead writer's slot is reused even when full
+
+    def admit(self, index: int, payload: bytes) -> bool:
+        """Store record ``index`` if there is room; True when it was admitted by this call."""
+        if not self.accepting(index):
             return False
         try:
             offset = self._reserve(index, len(payload))

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import mmap
-import os
-import weakref
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loader.errors import SourceError
-from loader.sources._pagecache import MappedFile, drop_file, prefetch
+from loader.sources._pagecache import MappedFile, prefetch
 
 __all__ = ["IpcFile", "ParquetFile", "binary_value", "open_file", "token_value"]
 
@@ -37,42 +36,61 @@ class IpcFile:
     def chunk_rows(self) -> list[int]:
         return [self._reader.get_batch(k).num_rows for k in range(self._reader.num_record_batches)]
 
-    def chunk(self, k: int, name: str, drop: bool) -> pa.Array:
+    def chunk(self, k: int, name: str) -> pa.Array:
         return self._reader.get_batch(k).column(name)
 
-    def prefetch(self, view: np.ndarray) -> None:
-        prefetch(view.ctypes.data, view.nbytes)
+    def column_bytes(self, name: str) -> int:
+        """Nothing beyond the file: its values lie in it uncompressed."""
+        return 0
 
-    def drop(self, view: np.ndarray) -> None:
+    def copy(self, view: np.ndarray, convert: Callable[[np.ndarray], bytes]) -> bytes:
+        """``convert(view)`` with the view's pages read in one request first."""
+        prefetch(view.ctypes.data, view.nbytes)
+        return convert(view)
+
+    def copy_admitting(
+        self, view: np.ndarray, convert: Callable[[np.ndarray], bytes], admit: Callable[[bytes], bool]
+    ) -> tuple[bytes, bool]:
+        """As ``copy``, then offered to ``admit``; once admitted, the pages this read brought in go."""
         if self._mapped is None:
             self._mapped = MappedFile(self._path)
-        self._mapped.drop(view.ctypes.data, view.nbytes)
+        address = view.ctypes.data
+        was_resident = self._mapped.resident(address, view.nbytes)
+        data = self.copy(view, convert)
+        admitted = admit(data)
+        if admitted and was_resident is not None:
+            self._mapped.drop_cold(address, was_resident)
+        return data, admitted
 
 
 class ParquetFile:
-    """A Parquet file read without mmap (so fadvise can evict it); row groups are the chunks."""
+    """A Parquet file; row groups are the chunks. A row group is read and decompressed whole, so its pages
+    hold other records too (compressed): they are left to the kernel, never evicted by a read."""
 
     def __init__(self, path: str) -> None:
         self._file = pq.ParquetFile(path, memory_map=False)
         self.schema = self._file.schema_arrow
-        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        weakref.finalize(self, os.close, self._fd)
 
     def chunk_rows(self) -> list[int]:
         meta = self._file.metadata
         return [meta.row_group(k).num_rows for k in range(meta.num_row_groups)]
 
-    def chunk(self, k: int, name: str, drop: bool) -> pa.Array:
-        column = self._file.read_row_group(k, columns=[name]).column(0)
-        if drop:
-            drop_file(self._fd)
-        return column.combine_chunks()
+    def chunk(self, k: int, name: str) -> pa.Array:
+        return self._file.read_row_group(k, columns=[name]).column(0).combine_chunks()
 
-    def prefetch(self, view: np.ndarray) -> None:
-        """Nothing to do: the row group was read whole."""
+    def copy(self, view: np.ndarray, convert: Callable[[np.ndarray], bytes]) -> bytes:
+        return convert(view)  # the row group was read whole
 
-    def drop(self, view: np.ndarray) -> None:
-        """Nothing to do: the whole file was evicted when the row group was read."""
+    def column_bytes(self, name: str) -> int:
+        """The column's size before compression, over all row groups."""
+        meta, j = self._file.metadata, self.schema.get_field_index(name)
+        return sum(meta.row_group(k).column(j).total_uncompressed_size for k in range(meta.num_row_groups))
+
+    def copy_admitting(
+        self, view: np.ndarray, convert: Callable[[np.ndarray], bytes], admit: Callable[[bytes], bool]
+    ) -> tuple[bytes, bool]:
+        data = convert(view)
+        return data, admit(data)
 
 
 def open_file(path: str) -> IpcFile | ParquetFile:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import os
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -80,6 +81,7 @@ class ArrowSource(Source):
         self._starts = list(itertools.accumulate(self._io().chunk_rows(), initial=0))
         self._len = self._starts.pop()
         st = os.stat(self.path)
+        self.nbytes = max(st.st_size, self._io().column_bytes(self.column))
         self._fingerprint = digest([st.st_size, st.st_mtime_ns, self._len, self.column, schema.to_string()])
 
     def _io(self) -> IpcFile | ParquetFile:
@@ -95,27 +97,32 @@ class ArrowSource(Source):
         return self._len
 
     def read(self, index: int) -> bytes:
+        return self._io().copy(self._view(index), self._convert)
+
+    def read_admitting(self, index: int, admit: Callable[[bytes], bool]) -> tuple[bytes, bool]:
+        """Once admitted, an IPC value's pages that this read brought in are evicted (see _pagecache)."""
+        return self._io().copy_admitting(self._view(index), self._convert, admit)
+
+    def _view(self, index: int) -> np.ndarray:
+        """Record ``index``'s value, viewed where it lies (its pages not yet touched)."""
         i = self.check_index(index)
         k = bisect.bisect_right(self._starts, i) - 1
         arr, row = self._chunk_array(k), i - self._starts[k]
         if arr.null_count and not arr[row].is_valid:
             raise BadRecordError(self.describe(i), i, f"null in column {self.column!r}")
         try:
-            view = self._value(arr, row)
+            return self._value(arr, row)
         except ValueError as e:
             raise BadRecordError(self.describe(i), i, str(e)) from e
-        io = self._io()
-        io.prefetch(view)
-        data = view.tobytes() if self._value is binary_value else np.asarray(view, dtype="<i4").tobytes()
-        if self.drop_page_cache and view.nbytes:
-            io.drop(view)
-        return data
+
+    def _convert(self, view: np.ndarray) -> bytes:
+        return view.tobytes() if self._value is binary_value else np.asarray(view, dtype="<i4").tobytes()
 
     def _chunk_array(self, k: int) -> pa.Array:
         """The record column of chunk ``k``; the last chunk read stays decoded."""
         io = self._io()
         if self._chunk[0] != k:
-            self._chunk = (k, io.chunk(k, self.column, self.drop_page_cache))
+            self._chunk = (k, io.chunk(k, self.column))
         return self._chunk[1]
 
     def label(self, index: int) -> Any:
@@ -125,7 +132,7 @@ class ArrowSource(Source):
             return None
         io = self._io()
         if self._labels is None:
-            chunks = (io.chunk(k, self.label_column, self.drop_page_cache) for k in range(len(self._starts)))
+            chunks = (io.chunk(k, self.label_column) for k in range(len(self._starts)))
             self._labels = [value for chunk in chunks for value in chunk.to_pylist()]
         return self._labels[i]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["Source"]
@@ -12,11 +13,10 @@ class Source(abc.ABC):
     """Random access to the raw records of a dataset.
 
     A source is picklable (it crosses into DataLoader workers, fork or spawn) and opens its files lazily in
-    each process. When ``drop_page_cache`` is true, reads from storage must not stay in the OS page cache
-    (the loader's own cache holds the records, so memory is not spent twice).
+    each process.
     """
 
-    drop_page_cache: bool = False
+    nbytes: int | None = None  # bytes the records take, or an estimate from the file sizes; None if unknown
     thread_safe_reads: bool = False  # read() may run on several threads at once (the loader then reads ahead)
     _per_process: tuple[str, ...] = ()  # open handles: not pickled; each process opens its own (see _pid)
 
@@ -36,6 +36,16 @@ class Source(abc.ABC):
     @abc.abstractmethod
     def read(self, index: int) -> bytes:
         """Raw bytes of record ``index`` from storage. Raises BadRecordError naming the record on failure."""
+
+    def read_admitting(self, index: int, admit: Callable[[bytes], bool]) -> tuple[bytes, bool]:
+        """Record ``index`` read from storage, offered to ``admit`` (the loader's cache): (bytes, admitted).
+
+        A source that can tell which pages its read brought into the OS page cache evicts them once the
+        record is admitted, so memory is not spent on it twice; it never evicts a record that was not
+        admitted, nor pages that were resident before the read. This default evicts nothing.
+        """
+        raw = self.read(index)
+        return raw, admit(raw)
 
     @abc.abstractmethod
     def label(self, index: int) -> Any:

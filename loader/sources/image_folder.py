@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from loader.errors import BadRecordError, SourceError
 from loader.sources._fingerprint import digest
-from loader.sources._pagecache import read_file
+from loader.sources._pagecache import read_admitting
 from loader.sources.base import Source
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolderSource"]
@@ -66,7 +67,17 @@ class ImageFolderSource(Source):
         i = self.check_index(index)
         path = self.describe(i)
         try:
-            return read_file(path, self.drop_page_cache)
+            with open(path, "rb", buffering=0) as f:
+                return f.readall()
+        except OSError as e:
+            raise BadRecordError(path, i, f"cannot read the file: {e.strerror or e}") from e
+
+    def read_admitting(self, index: int, admit: Callable[[bytes], bool]) -> tuple[bytes, bool]:
+        """Once admitted, the file's pages that this read brought in are evicted (see _pagecache)."""
+        i = self.check_index(index)
+        path = self.describe(i)
+        try:
+            return read_admitting(path, admit)
         except OSError as e:
             raise BadRecordError(path, i, f"cannot read the file: {e.strerror or e}") from e
 

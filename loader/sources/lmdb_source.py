@@ -11,7 +11,9 @@ Layout (a directory holding ``data.mdb``):
 
 The environment is opened with ``readahead=False`` (MADV_RANDOM), so a read brings in only its own pages. But
 py-lmdb touches every page of a value inside ``get``, one fault at a time, before a prefetch could be issued:
-a cold value of P pages costs P synchronous faults (see docs/sources.md for measured rates).
+a cold value of P pages costs P synchronous faults (see docs/sources.md for measured rates). For the same
+reason the source cannot learn which of a value's pages were resident before its read, so it never evicts
+any: an admitted record's pages stay in the page cache too, where the kernel reclaims them as it needs.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import numpy as np
 
 from loader.errors import BadRecordError, SourceError
 from loader.sources._fingerprint import digest
-from loader.sources._pagecache import MappedFile
 from loader.sources.base import Source
 
 __all__ = ["CLASSES_KEY", "LABELS_KEY", "LEN_KEY", "LMDBSource", "pack_record", "record_key"]
@@ -81,7 +82,7 @@ def _open_env(path: str) -> lmdb.Environment:
 class LMDBSource(Source):
     """Records of an LMDB environment, opened read-only, without locks or readahead, once per process."""
 
-    _per_process = ("_handle", "_mapped")
+    _per_process = ("_handle",)
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = os.fspath(path)
@@ -94,6 +95,7 @@ class LMDBSource(Source):
         if count is None or not count.isdigit():
             raise SourceError(f"LMDB {self.path!r} has no valid {LEN_KEY!r} key (an unfinished conversion?)")
         self._len = int(count)
+        self.nbytes = os.path.getsize(self._data_file)  # the records and the B-tree around them
         self.classes: list[str] | None = None if classes is None else json.loads(classes)
         if labels is not None and len(labels) != _LABEL.size * self._len:
             raise SourceError(
@@ -112,7 +114,6 @@ class LMDBSource(Source):
                 raise SourceError(
                     f"LMDB {self.path!r} is not an LMDB environment or cannot be opened: {e}"
                 ) from e
-            self._mapped: MappedFile | None = None
             self._pid = os.getpid()
         return self._handle
 
@@ -141,7 +142,7 @@ class LMDBSource(Source):
         return f"{self.path}[{index}]"
 
     def _lookup(self, index: int, take: Callable[[memoryview], T]) -> T:
-        """``take`` applied to record ``index``'s value while mapped; then its pages are dropped if asked."""
+        """``take`` applied to record ``index``'s value while mapped."""
         i = self.check_index(index)
         with self._env().begin(buffers=True) as txn:
             value = txn.get(record_key(i))
@@ -149,12 +150,7 @@ class LMDBSource(Source):
                 raise BadRecordError(self.describe(i), i, "no such key in the LMDB")
             if len(value) < _LABEL.size:
                 raise BadRecordError(self.describe(i), i, f"value truncated to {len(value)} bytes")
-            result = take(value)
-            if self.drop_page_cache:
-                if self._mapped is None:
-                    self._mapped = MappedFile(self._data_file)
-                self._mapped.drop(np.frombuffer(value, np.uint8).ctypes.data, len(value))
-        return result
+            return take(value)
 
     @property
     def fingerprint(self) -> str:
