@@ -1,0 +1,404 @@
+"""The memory view: cgroup v1 and v2 trees faked under tmp_path, then one real cgroup v1 limit."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from loader import _memory
+from loader._memory import MemoryView, PressureGauge, auto_cache_bytes, memory_view, reserve_bytes
+from stallbench.storage import StorageLimits, evict_page_cache, probe_storage_conditions
+
+MIB, GIB = 1 << 20, 1 << 30
+V1_NO_LIMIT = 9223372036854771712
+MACHINE = "the machine's MemAvailable"
+
+
+class FakeMachine:
+    """/proc/self/cgroup, /proc/self/mountinfo, /proc/meminfo and one memory cgroup tree, under ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.mount = root / "cgroup"
+        self.meminfo(available=20 * GIB, total=32 * GIB)
+
+    def meminfo(self, available: int, total: int) -> None:
+        lines = (f"MemTotal: {total >> 10} kB", "MemFree: 1024 kB", f"MemAvailable: {available >> 10} kB")
+        (self.root / "meminfo").write_text("\n".join(lines) + "\n")
+
+    def join(self, version: str, path: str, mount_root: str = "/") -> None:
+        """Make this process a member of ``path`` in a ``version`` hierarchy mounted from ``mount_root``."""
+        membership = "4:memory:{}\n0::/\n" if version == "v1" else "0::{}\n"
+        (self.root / "cgroup_of_self").write_text(membership.format(path))
+        fstype = "cgroup cgroup rw,memory" if version == "v1" else "cgroup2 cgroup2 rw"
+        mount = f"35 31 0:32 {mount_root} {self.mount} rw,relatime - {fstype}\n"
+        (self.root / "mountinfo").write_text("30 1 8:1 / / rw - ext4 /dev/vda rw\n" + mount)
+
+    def v1(self, rel: str, limit: int = V1_NO_LIMIT, anon: int = 0, shmem: int = 0, cache: int = 0) -> None:
+        """A v1 cgroup whose usage is ``anon + shmem + cache``; ``cache`` is the file cache, reclaimable."""
+        stat = {
+            "cache": shmem + cache,
+            "shmem": shmem,
+            "active_file": 7 * GIB,  # this level's own pages only: a reader that takes these is wrong
+            "inactive_file": 7 * GIB,
+            "total_shmem": shmem,
+            "total_active_file": cache - cache // 3,
+            "total_inactive_file": cache // 3,
+        }
+        self._write(
+            rel, {"memory.limit_in_bytes": limit, "memory.usage_in_bytes": anon + shmem + cache}, stat
+        )
+
+    def v2(
+        self,
+        rel: str,
+        limit: int | None = None,
+        anon: int = 0,
+        shmem: int = 0,
+        cache: int = 0,
+        high: int | None = None,
+    ) -> None:
+        """A v2 cgroup; ``None`` limits are written "max"."""
+        stat = {"anon": anon, "file": shmem + cache, "shmem": shmem}
+        stat |= {"active_file": cache // 2, "inactive_file": cache - cache // 2}
+        files = {"memory.max": limit, "memory.high": high, "memory.current": anon + shmem + cache}
+        self._write(rel, {k: "max" if v is None else v for k, v in files.items()}, stat)
+
+    def _write(self, rel: str, files: dict[str, int | str], stat: dict[str, int]) -> None:
+        directory = self.mount / rel
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, value in files.items():
+            (directory / name).write_text(f"{value}\n")
+        (directory / "memory.stat").write_text("".join(f"{k} {v}\n" for k, v in stat.items()))
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMachine]:
+    machine = FakeMachine(tmp_path)
+    for constant, name in (
+        ("_PROC_CGROUP", "cgroup_of_self"),
+        ("_MOUNTINFO", "mountinfo"),
+        ("_MEMINFO", "meminfo"),
+    ):
+        monkeypatch.setattr(_memory, constant, str(tmp_path / name))
+    _memory._hierarchy.cache_clear()
+    yield machine
+    _memory._hierarchy.cache_clear()
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize(
+    ("anon", "shmem", "cache"),
+    [(0, 0, 0), (500 * MIB, 0, 0), (0, 700 * MIB, 0), (0, 0, 1800 * MIB), (200 * MIB, 300 * MIB, 1200 * MIB)],
+)
+def test_headroom_counts_anon_and_shmem_but_not_the_file_cache(fake, version, anon, shmem, cache):
+    fake.join(version, "/job/x")
+    getattr(fake, version)("job/x", limit=2 * GIB, anon=anon, shmem=shmem, cache=cache)
+    assert memory_view() == MemoryView(
+        2 * GIB - anon - shmem, 2 * GIB, f"the cgroup {version} memory limit of /job/x (2.0 GiB)"
+    )
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_an_ancestor_with_less_headroom_binds(fake, version):
+    fake.join(version, "/job/x")
+    add = getattr(fake, version)
+    add("", cache=GIB)
+    add("job", limit=3 * GIB, anon=2 * GIB, cache=512 * MIB)  # its other children use most of it
+    add("job/x", limit=4 * GIB, anon=GIB)
+    assert memory_view() == MemoryView(GIB, 3 * GIB, f"the cgroup {version} memory limit of /job (3.0 GiB)")
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_without_a_cgroup_limit_the_machine_memavailable_counts(fake, version):
+    fake.join(version, "/job/x")
+    getattr(fake, version)("job/x", anon=GIB)
+    getattr(fake, version)("job", anon=2 * GIB)
+    fake.meminfo(available=5 * GIB, total=16 * GIB)
+    assert memory_view() == MemoryView(5 * GIB, 16 * GIB, MACHINE)
+
+
+def test_the_machine_binds_when_it_has_less_than_the_cgroup(fake):
+    fake.join("v1", "/job")
+    fake.v1("job", limit=8 * GIB, anon=GIB)
+    fake.meminfo(available=3 * GIB, total=16 * GIB)
+    assert memory_view() == MemoryView(3 * GIB, 16 * GIB, MACHINE)
+
+
+def test_v2_memory_high_binds_below_memory_max_and_the_root_has_no_limit_files(fake):
+    fake.join("v2", "/job")
+    fake.v2("job", limit=4 * GIB, high=3 * GIB, anon=GIB, cache=GIB)
+    (fake.mount / "memory.stat").write_text("anon 0\n")  # the v2 root: memory.stat but no memory.max
+    assert memory_view() == MemoryView(2 * GIB, 3 * GIB, "the cgroup v2 memory limit of /job (3.0 GiB)")
+    assert [level.name for level in _memory._hierarchy()] == ["/job"]
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_usage_over_the_limit_leaves_no_headroom(fake, version):
+    fake.join(version, "/job")
+    getattr(fake, version)("job", limit=GIB, anon=GIB + 10 * MIB)
+    assert memory_view().headroom == 0
+
+
+@pytest.mark.parametrize(
+    ("mount_root", "member_of", "binding"),
+    [
+        ("/", "/job/x", "/job/x"),
+        ("/job", "/job/x", "/job/x"),  # a container sees its part of the host's hierarchy
+        ("/job/x", "/", "/job/x"),  # a cgroup namespace: its own cgroup is "/" to the job
+        ("/", "/../elsewhere", "/"),  # a path outside the mount: the mount itself is what the job has
+    ],
+)
+def test_cgroup_paths_are_found_under_the_mount_root(fake, mount_root, member_of, binding):
+    fake.join("v1", member_of, mount_root)
+    rel = os.path.relpath(binding, mount_root) if binding != mount_root else ""
+    fake.v1(rel, limit=GIB, anon=100 * MIB)
+    if rel:
+        fake.v1("", limit=V1_NO_LIMIT)
+    assert memory_view() == MemoryView(924 * MIB, GIB, f"the cgroup v1 memory limit of {binding} (1.0 GiB)")
+
+
+def _remove(*names: str):
+    def remove(machine: FakeMachine) -> None:
+        for name in names:
+            (machine.root / name).unlink()
+
+    return remove
+
+
+def _garble(machine: FakeMachine) -> None:
+    (machine.mount / "job" / "memory.limit_in_bytes").write_text("a lot\n")
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        _remove("cgroup_of_self"),
+        _remove("mountinfo"),
+        _remove("cgroup/job/memory.usage_in_bytes"),  # gone after the files were found
+        _remove("cgroup/job/memory.stat"),
+        _garble,
+    ],
+)
+def test_unreadable_cgroup_files_leave_the_machine_memavailable(fake, damage):
+    fake.join("v1", "/job")
+    fake.v1("job", limit=GIB, anon=100 * MIB)
+    fake.meminfo(available=5 * GIB, total=16 * GIB)
+    assert memory_view().source != MACHINE  # the files were found and bind
+    damage(fake)
+    _memory._hierarchy.cache_clear()
+    assert memory_view() == MemoryView(5 * GIB, 16 * GIB, MACHINE)
+
+
+def test_a_hybrid_machine_without_a_v1_memory_mount_uses_no_cgroup(fake):
+    fake.join("v1", "/job")
+    (fake.root / "mountinfo").write_text(f"35 31 0:32 / {fake.mount} rw - cgroup2 cgroup2 rw\n")
+    fake.mount.mkdir()  # the unified hierarchy, without the memory controller's files
+    assert memory_view().source == MACHINE
+    assert _memory._hierarchy() == ()
+
+
+def test_without_proc_meminfo_psutil_tells(fake):
+    (fake.root / "meminfo").unlink()
+    view = memory_view()
+    assert view.limit == psutil.virtual_memory().total
+    assert 0 < view.headroom <= view.limit and view.source == MACHINE
+
+
+@pytest.mark.parametrize(("limit", "reserve"), [(0, 64 * MIB), (GIB, 64 * MIB), (100 * GIB, 3 * GIB)])
+def test_reserve_is_3_percent_of_the_limit_and_at_least_64_mib(limit, reserve):
+    assert reserve_bytes(MemoryView(0, limit, MACHINE)) == reserve
+
+
+@pytest.mark.parametrize(
+    ("wanted", "headroom", "chosen", "why"),
+    [
+        (1288 * MIB, 5427 * MIB, 1288 * MIB, "1.3 GiB: the dataset's size, within 5.3 GiB free per SRC"),
+        (10 * GIB, 364 * MIB, 300 * MIB, "300 MiB: 364 MiB free per SRC, less 64 MiB kept free"),
+        (10 * GIB, 50 * MIB, 0, "0 B: 50 MiB free per SRC, less 64 MiB kept free"),
+        (10 * GIB, 0, 0, "0 B: 0 B free per SRC, less 64 MiB kept free"),
+        (0, 2 * GIB, 0, "0 B: the dataset's size, within 2.0 GiB free per SRC"),
+    ],
+)
+def test_auto_cache_bytes_takes_the_dataset_within_headroom_less_the_reserve(wanted, headroom, chosen, why):
+    assert auto_cache_bytes(wanted, MemoryView(headroom, 2 * GIB, "SRC")) == (chosen, why)
+
+
+def test_auto_cache_bytes_never_exceeds_wanted_nor_headroom_less_reserve():
+    sizes = [0, 1, 63 * MIB, 64 * MIB, 64 * MIB + 1, 700 * MIB, 3 * GIB, 50 * GIB]
+    for limit in (GIB, 64 * GIB):
+        for headroom in sizes:
+            view = MemoryView(headroom, limit, MACHINE)
+            for wanted in sizes:
+                chosen, _ = auto_cache_bytes(wanted, view)
+                assert chosen == max(0, min(wanted, headroom - reserve_bytes(view)))
+
+
+def test_auto_cache_bytes_reads_the_memory_view_when_given_none(fake):
+    fake.meminfo(available=GIB, total=2 * GIB)
+    assert auto_cache_bytes(10 * GIB) == (
+        GIB - 64 * MIB,
+        f"960 MiB: 1.0 GiB free per {MACHINE}, less 64 MiB kept free",
+    )
+
+
+@pytest.mark.parametrize("wanted", [-1, 1.5, True, "1G"])
+def test_auto_cache_bytes_rejects_what_is_not_a_size(wanted):
+    with pytest.raises(ValueError, match="wanted must be a non-negative int"):
+        auto_cache_bytes(wanted)
+
+
+class Views:
+    """A stand-in for memory_view() and the gauge's clock: counts reads; the limit is 1 GiB."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, headroom: int) -> None:
+        self.headroom, self.reads, self.now = headroom, 0, 1000.0
+        monkeypatch.setattr(_memory, "memory_view", self.view)
+        monkeypatch.setattr(_memory, "monotonic", lambda: self.now)
+
+    def view(self) -> MemoryView:
+        self.reads += 1
+        return MemoryView(self.headroom, GIB, "SRC")  # reserve: 64 MiB
+
+
+def test_gauge_rereads_once_the_interval_passed(monkeypatch):
+    views = Views(monkeypatch, GIB)
+    gauge = PressureGauge(interval=1.0, bytes_between=GIB)
+    assert not gauge.short() and views.reads == 1 and gauge.last == MemoryView(GIB, GIB, "SRC")
+    views.now += 0.99
+    views.headroom = 0
+    assert not gauge.short() and views.reads == 1
+    views.now += 0.01
+    assert gauge.short() and views.reads == 2 and gauge.last.headroom == 0
+
+
+@pytest.mark.parametrize(("bytes_between", "step"), [(100 * MIB, 30 * MIB), (None, 2 * MIB)])
+def test_gauge_rereads_after_bytes_between_were_noted(monkeypatch, bytes_between, step):
+    views = Views(monkeypatch, GIB)
+    gauge = PressureGauge(interval=3600, bytes_between=bytes_between)  # default: 64 MiB // 8 = 8 MiB
+    gauge.short()
+    for _ in range(3):
+        assert not gauge.short(step)
+    assert views.reads == 1
+    assert not gauge.short(step)  # 4 steps reach bytes_between
+    assert views.reads == 2
+
+
+def test_gauge_is_short_when_adding_would_leave_less_than_the_reserve(monkeypatch):
+    Views(monkeypatch, 100 * MIB)
+    assert not PressureGauge().short(36 * MIB)
+    assert PressureGauge().short(36 * MIB + 1)
+
+
+def test_gauge_counts_bytes_it_allowed_until_the_next_read(monkeypatch):
+    views = Views(monkeypatch, 100 * MIB)
+    gauge = PressureGauge(interval=3600, bytes_between=GIB)
+    assert not gauge.short(20 * MIB)
+    assert gauge.short(20 * MIB)  # 100 - 20 - 20 < 64, though the last view still says 100 free
+    assert not gauge.short(16 * MIB)  # what was refused is not counted
+    assert views.reads == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"), [({"interval": -1}, "interval"), ({"bytes_between": 0}, "bytes")]
+)
+def test_gauge_rejects_bad_settings(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        PressureGauge(**kwargs)
+
+
+def _meminfo_kb(key: str) -> int:
+    return int(re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)[1]) << 10
+
+
+def test_this_machine_has_headroom_within_its_memavailable():
+    view = memory_view()
+    assert 0 < view.headroom <= _meminfo_kb("MemAvailable") + 256 * MIB  # memory moves between the reads
+    assert view.headroom <= view.limit
+    assert view.source != MACHINE or view.limit == _meminfo_kb("MemTotal")
+
+
+def _child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+
+@pytest.mark.multiproc
+def test_a_fork_finds_its_cgroup_again():
+    code = (
+        "import os\nfrom loader import _memory\n_memory.memory_view()\nif (pid := os.fork()) == 0:\n"
+        "    os._exit(10 + _memory._hierarchy.cache_info().currsize)\n"
+        "print(_memory._hierarchy.cache_info().currsize, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_child_env())
+    assert done.stdout.split() == ["1", "10"], done.stderr
+
+
+CHILD = """
+import dataclasses, json, sys
+from loader._memory import memory_view
+
+shm_file, disk_file = sys.argv[1:]
+views = [memory_view()]
+with open(shm_file, "wb") as f:
+    for _ in range(100):
+        f.write(b"x" * (1 << 20))
+views.append(memory_view())
+buffer = bytearray(1 << 20)
+with open(disk_file, "rb", buffering=0) as f:
+    while f.readinto(buffer):
+        pass
+views.append(memory_view())
+print(json.dumps([dataclasses.asdict(v) for v in views]))
+"""
+
+
+@pytest.fixture(scope="module")
+def in_a_cgroup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[MemoryView], str, int]]:
+    """Views a child in a fresh 512 MiB memory cgroup took: at its start, after writing 100 MiB to /dev/shm,
+    after reading a 100 MiB file from disk; the cgroup's name and its peak usage."""
+    scratch = tmp_path_factory.mktemp("memory")
+    problems = probe_storage_conditions(scratch)
+    if problems["memory_limit"] or problems["page_cache_eviction"]:
+        pytest.skip(f"needs a writable cgroup v1 memory controller: {problems}")
+    disk_file = scratch / "data"
+    disk_file.write_bytes(os.urandom(100 * MIB))
+    evict_page_cache(disk_file)  # so that the child's read charges the page cache to its cgroup
+    shm = Path("/dev/shm") / f"sbtest-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    shm.mkdir(mode=0o700)
+    try:
+        with StorageLimits(memory_bytes=512 * MIB) as limits:
+            argv = [sys.executable, "-c", CHILD, str(shm / "cache"), str(disk_file)]
+            done = limits.run(argv, capture_output=True, text=True, timeout=120, env=_child_env())
+            assert done.returncode == 0, done.stderr
+            name = next(p.name for p in limits.paths if p.parent.name == "memory")
+            yield [MemoryView(**v) for v in json.loads(done.stdout)], name, limits.memory_max_usage()
+    finally:
+        shutil.rmtree(shm)
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_a_real_cgroup_v1_limit_binds(in_a_cgroup):
+    (start, *_), name, _ = in_a_cgroup
+    assert start.limit == 512 * MIB
+    assert 0 < start.headroom <= 512 * MIB
+    assert start.source == f"the cgroup v1 memory limit of /{name} (512 MiB)"
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_shmem_takes_headroom_and_the_page_cache_does_not(in_a_cgroup):
+    (start, after_shm, after_read), _, peak = in_a_cgroup
+    assert peak >= 200 * MIB + (512 * MIB - start.headroom)  # both the shm and the page cache were charged
+    assert abs(start.headroom - after_shm.headroom - 100 * MIB) < 8 * MIB
+    assert abs(after_shm.headroom - after_read.headroom) < 8 * MIB
