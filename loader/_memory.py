@@ -24,7 +24,7 @@ from time import monotonic
 
 import psutil
 
-__all__ = ["MemoryView", "PressureGauge", "auto_cache_bytes", "memory_view", "reserve_bytes"]
+__all__ = ["MemoryView", "PressureGauge", "auto_cache_bytes", "format_bytes", "memory_view", "reserve_bytes"]
 
 _PROC_CGROUP = "/proc/self/cgroup"  # module constants so that tests can point them at fixtures
 _MOUNTINFO = "/proc/self/mountinfo"
@@ -164,7 +164,7 @@ def _level_view(level: _Level) -> MemoryView | None:
     except (OSError, ValueError):
         return None
     unreclaimable = usage - sum(int(n) for n in version.file_cache.findall(stat))
-    source = f"the cgroup {version.name} memory limit of {level.name} ({_format_bytes(limit)})"
+    source = f"the cgroup {version.name} memory limit of {level.name} ({format_bytes(limit)})"
     return MemoryView(max(0, limit - unreclaimable), limit, source)
 
 
@@ -193,7 +193,7 @@ def reserve_bytes(view: MemoryView) -> int:
     return max(64 * _MIB, view.limit * 3 // 100)
 
 
-def _format_bytes(n: int) -> str:
+def format_bytes(n: int) -> str:
     """``n`` in binary units, as people read them: "512 B", "64 MiB", "1.2 GiB"."""
     if n < 1024:
         return f"{n} B"
@@ -212,10 +212,10 @@ def auto_cache_bytes(wanted: int, view: MemoryView | None = None) -> tuple[int, 
     view = memory_view() if view is None else view
     reserve = reserve_bytes(view)
     chosen = max(0, min(wanted, view.headroom - reserve))
-    free = f"{_format_bytes(view.headroom)} free per {view.source}"
+    free = f"{format_bytes(view.headroom)} free per {view.source}"
     if chosen == wanted:
-        return chosen, f"{_format_bytes(chosen)}: the dataset's size, within {free}"
-    return chosen, f"{_format_bytes(chosen)}: {free}, less {_format_bytes(reserve)} kept free"
+        return chosen, f"{format_bytes(chosen)}: the dataset's size, within {free}"
+    return chosen, f"{format_bytes(chosen)}: {free}, less {format_bytes(reserve)} kept free"
 
 
 class PressureGauge:

@@ -12,8 +12,10 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 from torch.utils.data.dataloader import _DatasetKind
 
 from loader._collate import TimedCollate
+from loader._memory import auto_cache_bytes, format_bytes
 from loader._resume import ReplayableSampler, counting_iterator, generator_states, restore_generators
 from loader.cache import MinIOCache
+from loader.cache._layout import index_bytes
 from loader.datasets import SKIPPED, SourceDataset
 from loader.stats import LoaderStats, StatsBoard
 
@@ -27,8 +29,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """A drop-in ``torch.utils.data.DataLoader``; with a source-backed dataset it reads through a MinIO cache.
 
     Keyword-only additions:
-      cache_bytes: capacity of the node-local cache in bytes (None: no cache). Shared by every worker and
-        every job that reads the same source; it survives the job, so the next run starts warm.
+      cache_bytes: capacity of the node-local cache in bytes, or ``"auto"``: the memory the job may still
+        take (its cgroup's limit or the machine's MemAvailable, less a reserve), up to the dataset's size;
+        ``stats().cache_sizing`` says what it chose and why. None (the default): no cache, torch's own
+        behaviour. Shared by every worker and every job that reads the same source; it survives the job,
+        so the next run starts warm. Whatever the size, admission pauses while memory is short.
       cache_dir: where the cache lives (default ``/dev/shm``).
       on_error: ``"raise"`` (default) stops at a bad record with an error naming it; ``"skip"`` drops it from
         its batch and counts it in ``stats().records_skipped``.
@@ -57,7 +62,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
-        cache_bytes: int | None = None,
+        cache_bytes: int | Literal["auto"] | None = None,
         cache_dir: str | os.PathLike = "/dev/shm",
         on_error: Literal["raise", "skip"] = "raise",
         readahead: int = 4,
@@ -67,9 +72,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if isinstance(readahead, bool) or not isinstance(readahead, int) or readahead < 0:
             raise ValueError(f"readahead must be a number of threads (0 or more), got {readahead!r}")
         board = StatsBoard(num_workers if isinstance(num_workers, int) and num_workers > 0 else 0)
-        cache = None
+        cache, self._cache_sizing = None, ""
         if isinstance(dataset, SourceDataset):
-            cache = _open_cache(dataset, cache_bytes, cache_dir)
+            cache, self._cache_sizing = _open_cache(dataset, cache_bytes, cache_dir)
             dataset = dataset.bind(cache=cache, board=board, on_error=on_error, readahead=readahead)
             batched = batch_sampler is not None or batch_size is not None
             collate_fn = TimedCollate(
@@ -142,7 +147,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def stats(self) -> LoaderStats:
         """Totals since this loader was made, over all its workers and epochs."""
-        return self._board.totals(self._cache.info() if self._cache is not None else None)
+        return self._board.totals(self._cache.info() if self._cache is not None else None, self._cache_sizing)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the current epoch stands: its whole order and how many batches were handed out."""
@@ -202,19 +207,47 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
 
 def _open_cache(
-    dataset: SourceDataset, cache_bytes: int | None, cache_dir: str | os.PathLike
-) -> MinIOCache | None:
+    dataset: SourceDataset, cache_bytes: int | str | None, cache_dir: str | os.PathLike
+) -> tuple[MinIOCache | None, str]:
+    """The loader's cache (None: none) and, for ``"auto"``, how its capacity was chosen."""
     if cache_bytes is None:
-        return None
+        return None, ""
+    sizing = ""
+    if cache_bytes == "auto":
+        cache_bytes, sizing = _auto_capacity(dataset)
+        if cache_bytes is None:
+            warnings.warn(
+                f"cache_bytes='auto' makes no cache ({sizing}); reading from storage",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return None, sizing
+    elif isinstance(cache_bytes, str):
+        raise ValueError(f"cache_bytes must be a number of bytes, 'auto' or None, got {cache_bytes!r}")
     try:
-        return MinIOCache.open(
+        cache = MinIOCache.open(
             fingerprint=dataset.source.fingerprint,
             num_records=len(dataset),
             capacity=cache_bytes,
             cache_dir=cache_dir,
+            warn_capacity=not sizing,
         )
     except OSError as exc:  # /dev/shm full or not writable: train on without the cache
         warnings.warn(
             f"the cache in {cache_dir} cannot be made ({exc}); reading from storage only", stacklevel=3
         )
-        return None
+        return None, sizing
+    if sizing and cache.capacity != cache_bytes:
+        sizing += f"; the cache already held this data with {format_bytes(cache.capacity)} and is used as is"
+    return cache, sizing
+
+
+def _auto_capacity(dataset: SourceDataset) -> tuple[int | None, str]:
+    """What ``cache_bytes="auto"`` gives: the memory free to take, up to the records and their index."""
+    index = index_bytes(len(dataset))
+    records = dataset.source.nbytes
+    wanted = index + (records if records is not None else 1 << 62)
+    capacity, why = auto_cache_bytes(wanted)
+    if capacity <= index:
+        return None, why
+    return capacity, why

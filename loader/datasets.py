@@ -48,6 +48,7 @@ class _Fetched(NamedTuple):
     admitted: bool
     seconds: float
     corrupt: bool = False  # the cache held it but failed its check: read from the source instead
+    memory_pause: bool = False  # the cache began a pause in admission because memory was short
 
 
 class SourceDataset(Dataset):
@@ -118,10 +119,11 @@ class SourceDataset(Dataset):
         if raw is not None:
             return _Fetched(raw, True, False, time.perf_counter() - start)
         if cache is None or corrupt or not cache.accepting(index):
-            raw, admitted = self.source.read(index), False
-        else:  # once the cache holds it, the source gives back the page cache's copy
-            raw, admitted = self.source.read_admitting(index, lambda raw: cache.admit(index, raw))
-        return _Fetched(raw, False, admitted, time.perf_counter() - start, corrupt)
+            return _Fetched(self.source.read(index), False, False, time.perf_counter() - start, corrupt)
+        pauses = cache.memory_pauses
+        raw, admitted = self.source.read_admitting(index, lambda raw: cache.admit(index, raw))
+        paused = cache.memory_pauses != pauses
+        return _Fetched(raw, False, admitted, time.perf_counter() - start, memory_pause=paused)
 
     def _note(self, got: _Fetched) -> None:
         size = len(got.raw)
@@ -136,6 +138,8 @@ class SourceDataset(Dataset):
             self._count("records_admitted", 1)
         if got.corrupt:
             self._count("records_corrupt", 1)
+        if got.memory_pause:
+            self._count("memory_pauses", 1)
         self._count("fetch_seconds", got.seconds)
         self._spent[0] += got.seconds
 

@@ -26,6 +26,7 @@ FIELDS = (
     "records_admitted",
     "records_skipped",
     "records_corrupt",
+    "memory_pauses",
     "fetch_seconds",
     "decode_seconds",
     "collate_seconds",
@@ -55,6 +56,8 @@ class LoaderStats:
     includes reads served by the OS page cache. ``records_admitted`` counts admissions by this loader;
     ``records_cached`` is what the shared cache holds, from any job. ``records_corrupt`` counts cached records
     that failed their bounds or checksum check: each was read from the source instead, never served.
+    ``memory_pauses`` counts the times a process stopped admitting for a while because memory was short.
+    ``cache_sizing`` says how ``cache_bytes="auto"`` chose the capacity (empty for an explicit size).
     """
 
     hits: int = 0
@@ -65,6 +68,7 @@ class LoaderStats:
     records_admitted: int = 0
     records_skipped: int = 0
     records_corrupt: int = 0
+    memory_pauses: int = 0
     fetch_seconds: float = 0.0
     decode_seconds: float = 0.0
     collate_seconds: float = 0.0
@@ -73,6 +77,7 @@ class LoaderStats:
     records_cached: int = 0
     cache_bytes_used: int = 0
     cache_capacity: int = 0
+    cache_sizing: str = ""
 
     @property
     def hit_rate(self) -> float:
@@ -113,7 +118,7 @@ class StatsBoard:
         self._start_local()
         self._io_seen = _read_bytes_of_self()
 
-    def totals(self, cache: CacheInfo | None) -> LoaderStats:
+    def totals(self, cache: CacheInfo | None, cache_sizing: str = "") -> LoaderStats:
         if self._local_pid == os.getpid():
             self.flush(storage=self._rows == 1)  # the main process loads data only without workers
         sums = self._table().sum(axis=0)
@@ -124,7 +129,7 @@ class StatsBoard:
                 cache_bytes_used=cache.bytes_used,
                 cache_capacity=cache.capacity,
             )
-        return LoaderStats(**values)
+        return LoaderStats(**values, cache_sizing=cache_sizing)
 
     def __getstate__(self) -> dict:
         return {"_rows": self._rows, "_shared": self._shared, "_local_pid": -1}

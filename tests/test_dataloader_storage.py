@@ -7,6 +7,7 @@ from helpers import make_jpeg_folder
 
 import loader
 from loader import DataLoader
+from loader.cache._layout import index_bytes
 from stallbench.storage import evict_page_cache, probe_storage_conditions, resident_bytes
 
 
@@ -48,3 +49,40 @@ def test_with_the_cache_storage_reads_do_not_stay_in_the_page_cache(cold_images,
 def test_without_the_cache_the_page_cache_is_left_as_torch_leaves_it(cold_images):
     list(DataLoader(loader.ImageFolder(cold_images, transform=len), batch_size=8))
     assert resident_bytes(cold_images) >= 0.95 * folder_bytes(cold_images)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_half_the_dataset_cached_and_ample_memory_reads_nothing_after_epoch_1(
+    cold_images, shm_dir, num_workers
+):
+    """What the cache admits lives there alone; what it does not stays in the page cache, as with torch."""
+    total = folder_bytes(cold_images)
+    dl = DataLoader(
+        loader.ImageFolder(cold_images, transform=len),
+        batch_size=8,
+        shuffle=True,
+        num_workers=num_workers,
+        cache_bytes=total // 2,
+        cache_dir=shm_dir,
+    )
+    list(dl)
+    s = dl.stats()
+    admitted = s.cache_bytes_used - index_bytes(32)
+    assert 0 < s.records_cached < 32 and 0.3 * total < admitted <= total // 2
+    assert resident_bytes(cold_images) == pytest.approx(total - admitted, abs=0.02 * total)
+    list(dl)
+    assert dl.stats().bytes_from_storage - s.bytes_from_storage < 0.02 * total
+
+
+def test_pages_warm_before_the_loader_stay_warm(cold_images, shm_dir):
+    """Another job's warm pages are not evicted, even for records the cache admits."""
+    for path in cold_images.rglob("*.jpg"):
+        path.read_bytes()
+    total = folder_bytes(cold_images)
+    assert resident_bytes(cold_images) == total
+    dl = DataLoader(
+        loader.ImageFolder(cold_images, transform=len), batch_size=8, cache_bytes=1 << 24, cache_dir=shm_dir
+    )
+    list(dl)
+    assert dl.stats().records_cached == 32
+    assert resident_bytes(cold_images) == total

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from loader._memory import PressureGauge, format_bytes, reserve_bytes
 from loader.cache._layout import (
     EMPTY,
     HEADER_BYTES,
@@ -46,6 +47,7 @@ _SLOT_HEAD = struct.Struct("<QIIQ")  # offset, length, state, checksum: the head
 _SLOT_SIZE = SLOT_DTYPE.itemsize
 LOCK_TIMEOUT = 5.0  # seconds a writer waits for the store's lock before it reads on without admitting
 _ADMIT_PAUSE = 30.0  # after such a timeout, this process admits nothing for this long
+_MEMORY_PAUSE = 5.0  # when memory is short, this process admits nothing for this long, then looks again
 
 
 class CorruptRecordError(ValueError):
@@ -89,8 +91,10 @@ class MinIOCache:
         capacity: int,
         cache_dir: str | os.PathLike = "/dev/shm",
         lock_timeout: float = LOCK_TIMEOUT,
+        warn_capacity: bool = True,
     ) -> MinIOCache:
-        """Attach to this source's store in ``cache_dir``, creating it with ``capacity`` bytes if absent.
+        """Attach to this source's store in ``cache_dir``, creating it with ``capacity`` bytes if absent
+        (an existing store keeps its own capacity: ``warn_capacity`` warns when it differs).
 
         Raises UntrustedCacheError (a PermissionError) naming the path and its owner when the folder or a
         file in the way is not this user's own and private.
@@ -106,7 +110,7 @@ class MinIOCache:
             warnings.warn(f"{exc}; the cache is made anew", RuntimeWarning, stacklevel=2)
             shutil.rmtree(path, ignore_errors=True)
             store = cls._attach_or_create(path, fingerprint, num_records, capacity, lock_timeout)
-        if store.capacity != capacity:
+        if warn_capacity and store.capacity != capacity:
             warnings.warn(
                 f"the cache at {path} was made with capacity {store.capacity} bytes; using it as it is "
                 f"(cache_bytes={capacity} applies only to a new cache)",
@@ -155,8 +159,15 @@ class MinIOCache:
         return not full or self._state[index] == RESERVED  # a dead writer's slot is reused even when full
 
     def admit(self, index: int, payload: bytes) -> bool:
-        """Store record ``index`` if there is room; True when it was admitted by this call."""
+        """Store record ``index`` if there is room and memory to spare; True when this call admitted it.
+
+        The store's pages cannot be reclaimed by the kernel, so when the job's memory (its cgroup's, or the
+        machine's) runs within a reserve of its limit, admission pauses, with one warning per process.
+        """
         if not self.accepting(index):
+            return False
+        if self._gauge.short(len(payload)):
+            self._pause_for_memory()
             return False
         try:
             offset = self._reserve(index, len(payload))
@@ -237,6 +248,8 @@ class MinIOCache:
         self._full_here = False
         self._paused_until = 0.0
         self._off = False
+        self._gauge = PressureGauge()
+        self.memory_pauses = 0  # times this process paused admission because memory was short
 
     def _reserve(self, index: int, length: int) -> int | None:
         """Space for ``length`` bytes of record ``index``, marked as this process's; None if none is had."""
@@ -297,6 +310,24 @@ class MinIOCache:
         warnings.warn(
             f"{exc} ({self._mutex.timeout:g} s): this process admits no records for {_ADMIT_PAUSE:g} s "
             "and reads them from storage",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    def _pause_for_memory(self) -> None:
+        now = time.monotonic()
+        if now < self._paused_until:  # another read-ahead thread of this process paused it just now
+            return
+        self._paused_until = now + _MEMORY_PAUSE
+        self.memory_pauses += 1
+        if self.memory_pauses > 1:
+            return
+        view = self._gauge.last
+        warnings.warn(
+            f"memory is short ({format_bytes(view.headroom)} free per {view.source}, "
+            f"{format_bytes(reserve_bytes(view))} kept free): the cache at {self.path} stops admitting "
+            f"records at {format_bytes(int(self._header['used'][0]))} and training goes on reading from "
+            f"storage; it looks again every {_MEMORY_PAUSE:g} s",
             RuntimeWarning,
             stacklevel=3,
         )

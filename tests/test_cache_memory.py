@@ -1,0 +1,187 @@
+"""The cache and the memory it has: ``cache_bytes="auto"`` and the pause in admission when memory is short."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import MemorySource, first_index
+
+import loader._memory
+from loader import DataLoader, SourceDataset
+from loader._memory import MemoryView, reserve_bytes
+from loader.cache._layout import index_bytes
+from stallbench.storage import StorageLimits, evict_page_cache, probe_storage_conditions, resident_bytes
+
+MIB = 1 << 20
+RECORDS, SIZE = 64, 512
+HERE = Path(__file__).parent
+
+
+def free(headroom: int, limit: int = 16 << 30) -> MemoryView:
+    return MemoryView(headroom=headroom, limit=limit, source="a test's memory")
+
+
+@pytest.fixture
+def memory(monkeypatch):
+    """Set what the memory view reports: ``memory(view)``."""
+    return lambda view: monkeypatch.setattr(loader._memory, "memory_view", lambda: view)
+
+
+def dataset(nbytes: int | None = RECORDS * SIZE) -> SourceDataset:
+    source = MemorySource(RECORDS, SIZE)
+    source.nbytes = nbytes
+    return SourceDataset(source, transform=first_index)
+
+
+def make(shm_dir, cache_bytes, **kwargs) -> DataLoader:
+    return DataLoader(
+        dataset(), batch_size=8, shuffle=True, cache_bytes=cache_bytes, cache_dir=shm_dir, **kwargs
+    )
+
+
+def indices(dl: DataLoader) -> list[int]:
+    return sorted(int(i) for batch, _ in dl for i in batch)
+
+
+def test_auto_with_ample_memory_holds_the_whole_dataset(shm_dir, memory):
+    memory(free(8 << 30))
+    dl = make(shm_dir, "auto")
+    s = dl.stats()
+    assert s.cache_capacity == RECORDS * SIZE + index_bytes(RECORDS)
+    assert "the dataset's size" in s.cache_sizing and "a test's memory" in s.cache_sizing
+    assert indices(dl) == list(range(RECORDS))
+    assert indices(dl) == list(range(RECORDS)) and dl.stats().hits == RECORDS
+
+
+def test_auto_under_a_limit_takes_the_headroom_less_the_reserve(shm_dir, memory):
+    view = free(64 * MIB + index_bytes(RECORDS) + 20 * SIZE, limit=1 << 30)
+    memory(view)
+    dl = make(shm_dir, "auto")
+    s = dl.stats()
+    assert s.cache_capacity == view.headroom - reserve_bytes(view)
+    assert "kept free" in s.cache_sizing
+    list(dl)
+    assert dl.stats().records_cached == 20
+
+
+def test_auto_without_the_dataset_size_is_bounded_by_memory(shm_dir, memory):
+    view = free(1 << 30, limit=2 << 30)
+    memory(view)
+    dl = DataLoader(dataset(nbytes=None), batch_size=8, cache_bytes="auto", cache_dir=shm_dir)
+    assert dl.stats().cache_capacity == view.headroom - reserve_bytes(view)
+
+
+def test_auto_with_no_memory_free_makes_no_cache_and_says_so(shm_dir, memory):
+    memory(free(10 * MIB))
+    with pytest.warns(RuntimeWarning, match="makes no cache .0 B: 10 MiB free per a test's memory"):
+        dl = make(shm_dir, "auto")
+    assert dl.cache is None and "kept free" in dl.stats().cache_sizing
+    assert indices(dl) == list(range(RECORDS))
+
+
+def test_auto_uses_an_existing_store_as_it_is_and_says_so(shm_dir, memory):
+    make(shm_dir, 10_000).cache.close()
+    memory(free(8 << 30))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dl = make(shm_dir, "auto")
+    assert dl.stats().cache_capacity == 10_000
+    assert "already held this data" in dl.stats().cache_sizing
+
+
+@pytest.mark.parametrize("bad", ["half", "50%", ""])
+def test_a_cache_size_that_is_not_a_number_or_auto_is_refused(shm_dir, bad):
+    with pytest.raises(
+        ValueError, match=f"cache_bytes must be a number of bytes, 'auto' or None, got {bad!r}"
+    ):
+        make(shm_dir, bad)
+
+
+def test_short_memory_pauses_admission_warns_once_and_loses_nothing(shm_dir, memory):
+    view = free(64 * MIB + 10 * SIZE, limit=1 << 30)  # room for 10 records above the reserve
+    memory(view)
+    dl = make(shm_dir, 1 << 20)
+    with pytest.warns(RuntimeWarning, match="memory is short") as caught:
+        assert indices(dl) == list(range(RECORDS))
+    assert len([w for w in caught if "memory is short" in str(w.message)]) == 1
+    s = dl.stats()
+    assert s.records_cached == 10 and s.memory_pauses == 1
+    assert "a test's memory" in str(caught[0].message) and str(dl.cache.path) in str(caught[0].message)
+
+
+@pytest.mark.multiproc
+def test_short_memory_pauses_admission_in_every_worker(shm_dir, memory):
+    memory(free(64 * MIB + 10 * SIZE, limit=1 << 30))
+    dl = make(shm_dir, 1 << 20, num_workers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the workers inherit this: their one warning each goes nowhere
+        assert indices(dl) == list(range(RECORDS))
+    s = dl.stats()
+    assert s.records_cached <= 20 and s.memory_pauses >= 2  # each worker noticed
+
+
+# The real thing: a job in a memory cgroup.
+
+RECORD_BYTES, FILES = 256 << 10, 600  # 150 MiB of records
+
+
+@pytest.fixture(scope="module")
+def big_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mem") / "imgs"
+    problems = probe_storage_conditions(root.parent)
+    if problems["memory_limit"] is not None:
+        pytest.skip(f"needs a memory cgroup: {problems['memory_limit']}")
+    rng = np.random.default_rng(0)
+    for c in range(2):
+        (root / f"c{c}").mkdir(parents=True)
+        for i in range(FILES // 2):
+            (root / f"c{c}" / f"{i}.jpg").write_bytes(rng.bytes(RECORD_BYTES))
+    return root
+
+
+def run_job(limits: StorageLimits, root: Path, cache_dir: Path, cache_bytes: str, epochs: int = 2):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
+    argv = [sys.executable, str(HERE / "_memory_job.py"), str(root), str(cache_dir), cache_bytes, str(epochs)]
+    done = limits.run(argv, capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, f"the job died (status {done.returncode}): {done.stderr[-2000:]}"
+    return json.loads(done.stdout.splitlines()[-1]), done.stderr
+
+
+def job_memory(root: Path, cache_dir: Path) -> int:
+    """The job's own peak memory without a cache: the cgroup's peak less the records in the page cache."""
+    evict_page_cache(root)
+    with StorageLimits() as limits:
+        run_job(limits, root, cache_dir, "none", epochs=1)
+    return limits.memory_max_usage() - resident_bytes(root)
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_at_a_limit_of_cache_plus_job_memory_the_job_completes_and_warns(big_folder, shm_dir):
+    cache_bytes = FILES * RECORD_BYTES
+    limit = job_memory(big_folder, shm_dir) + cache_bytes
+    evict_page_cache(big_folder)
+    with StorageLimits(memory_bytes=limit) as limits:
+        stats, stderr = run_job(limits, big_folder, shm_dir, str(cache_bytes))
+    assert stats["samples"] == 2 * FILES
+    assert stats["memory_pauses"] >= 1 and "memory is short" in stderr
+    assert 0 < stats["records_cached"] < FILES
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_auto_under_a_cgroup_limit_picks_a_size_within_it(big_folder, shm_dir):
+    limit = job_memory(big_folder, shm_dir) + FILES * RECORD_BYTES // 2
+    evict_page_cache(big_folder)
+    with StorageLimits(memory_bytes=limit) as limits:
+        stats, _ = run_job(limits, big_folder, shm_dir, "auto")
+    assert stats["samples"] == 2 * FILES
+    assert 0 < stats["cache_capacity"] < limit
+    assert "cgroup v1 memory limit" in stats["cache_sizing"]
+    assert stats["cache_bytes_used"] <= stats["cache_capacity"]
