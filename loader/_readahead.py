@@ -4,9 +4,10 @@ Storage reads release the GIL, so with records on storage a worker no longer sit
 decodes. With records in memory (our cache, the page cache) a fetch is a ~10 us copy: there is nothing to
 hide, and the threads only cost (measured: ~100 us per 500x375 JPEG, 8% of its decode). So each worker
 decides from what it measures: it fetches one by one and times it, turns read-ahead on when a record's fetch
-costs at least ``MIN_FETCH_S`` and ``ON_RATIO`` of its decode. It turns it off again as soon as a batch read
-ahead came wholly from our cache (a memory copy, whatever the threads measured), and re-measures one by one
-every ``PROBE_EVERY`` batches, turning it off below ``OFF_RATIO``.
+costs more than a memory copy would (``MIN_FETCH_S`` plus its bytes at ``COPY_BPS``: a 112 KB record from
+memory takes ~57 us on a slow VM) and at least ``ON_RATIO`` of its decode. It turns it off again as soon as
+a batch read ahead came wholly from our cache (a memory copy, whatever the threads measured), and re-measures
+one by one every ``PROBE_EVERY`` batches, turning it off below ``OFF_RATIO``.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["MIN_FETCH_S", "OFF_RATIO", "ON_RATIO", "PROBE_EVERY", "ReadAhead"]
+__all__ = ["COPY_BPS", "MIN_FETCH_S", "OFF_RATIO", "ON_RATIO", "PROBE_EVERY", "ReadAhead"]
 
-MIN_FETCH_S = 50e-6  # a fetch faster than this is a memory copy
+MIN_FETCH_S = 50e-6  # a fetch faster than this, plus its bytes at COPY_BPS, is a memory copy
+COPY_BPS = 1e9  # bytes per second a memory copy reaches at the least (measured 2-3 GB/s on a 2-core VM)
 ON_RATIO, OFF_RATIO = 0.10, 0.05  # fetch time per record, as a fraction of its decode time
 PROBE_EVERY = 16  # while on, one batch in this many is fetched one by one to measure the fetch again
 
@@ -40,13 +42,15 @@ class ReadAhead:
         self._batches += 1
         return self.active and self._batches % PROBE_EVERY != 0
 
-    def observe(self, fetch_seconds: float, decode_seconds: float, records: int) -> None:
-        """A batch fetched one by one: switch read-ahead on or off from its fetch and decode times."""
+    def observe(self, fetch_seconds: float, decode_seconds: float, records: int, nbytes: int = 0) -> None:
+        """A batch of ``records`` (``nbytes`` in all) fetched one by one: switch read-ahead on or off from
+        its fetch and decode times."""
         if records == 0:
             return
         fetch, decode = fetch_seconds / records, decode_seconds / records
         ratio = OFF_RATIO if self.active else ON_RATIO
-        self.active = fetch >= MIN_FETCH_S and fetch >= ratio * decode
+        copy = MIN_FETCH_S + nbytes / records / COPY_BPS
+        self.active = fetch >= copy and fetch >= ratio * decode
 
     def saw_misses(self, misses: int) -> None:
         """A batch read ahead: with no record missing our cache, there was nothing to hide."""

@@ -61,7 +61,7 @@ class SourceDataset(Dataset):
         self._board: StatsBoard | None = None
         self._on_error: OnError = "raise"
         self._readahead: ReadAhead | None = None
-        self._spent = [0.0, 0.0, 0]  # this batch's fetch and decode seconds and misses: the read-ahead switch
+        self._spent = [0.0, 0.0, 0, 0]  # this batch's fetch and decode seconds, misses, bytes: read-ahead
 
     def __len__(self) -> int:
         return len(self.source)
@@ -75,10 +75,10 @@ class SourceDataset(Dataset):
         readahead = self._readahead
         if readahead is None or not self.source.thread_safe_reads:
             return [self[i] for i in indices]
-        self._spent = [0.0, 0.0, 0]
+        self._spent = [0.0, 0.0, 0, 0]
         if not readahead.wanted():
             samples = [self[i] for i in indices]
-            readahead.observe(self._spent[0], self._spent[1], len(indices))
+            readahead.observe(self._spent[0], self._spent[1], len(indices), self._spent[3])
             return samples
         indices = [self.source.check_index(i) for i in indices]
         futures = readahead.submit_all(self._fetch, indices)
@@ -142,6 +142,7 @@ class SourceDataset(Dataset):
             self._count("memory_pauses", 1)
         self._count("fetch_seconds", got.seconds)
         self._spent[0] += got.seconds
+        self._spent[3] += size
 
     def _decode(self, index: int, raw: bytes) -> Any:
         if self.transform is None:

@@ -8,7 +8,7 @@ import pytest
 from helpers import MemorySource, first_index
 
 from loader import DataLoader, SourceDataset
-from loader._readahead import MIN_FETCH_S, PROBE_EVERY, ReadAhead
+from loader._readahead import COPY_BPS, MIN_FETCH_S, PROBE_EVERY, ReadAhead
 
 
 class SlowReads(MemorySource):
@@ -62,17 +62,20 @@ def test_it_turns_off_when_reads_become_fast():
 
 
 @pytest.mark.parametrize(
-    ("fetch", "decode", "on"),
+    ("fetch", "decode", "size", "on"),
     [
-        (2 * MIN_FETCH_S, 0.0, True),
-        (MIN_FETCH_S / 2, 0.0, False),
-        (1e-3, 1e-3 / 0.09, False),
-        (1e-3, 5e-3, True),
+        (2 * MIN_FETCH_S, 0.0, 0, True),
+        (MIN_FETCH_S / 2, 0.0, 0, False),
+        (1e-3, 1e-3 / 0.09, 0, False),
+        (1e-3, 5e-3, 0, True),
+        (60e-6, 0.0, 112 << 10, False),  # 112 KB in 60 us: a memory copy, however slow the decode
+        (600e-6, 0.0, 112 << 10, True),  # the same record at 200 MB/s: storage
+        (MIN_FETCH_S + 100e3 / COPY_BPS * 1.01, 0.0, 100_000, True),
     ],
 )
-def test_the_switch_weighs_fetch_against_decode(fetch, decode, on):
+def test_the_switch_weighs_fetch_against_a_copy_and_decode(fetch, decode, size, on):
     switch = ReadAhead(2)
-    switch.observe(fetch * 10, decode * 10, 10)
+    switch.observe(fetch * 10, decode * 10, 10, size * 10)
     assert switch.active is on
 
 
