@@ -155,7 +155,7 @@ class MinIOCache:
         slot for it) and admission is not paused. Cheap: read before a miss is read from the source."""
         if self._off or time.monotonic() < self._paused_until:
             return False
-        full = self._full_here or self._header["full"][0]
+        full = self._full_here or self._full[0]
         return not full or self._state[index] == RESERVED  # a dead writer's slot is reused even when full
 
     def admit(self, index: int, payload: bytes) -> bool:
@@ -187,9 +187,9 @@ class MinIOCache:
         return CacheInfo(
             path=self.path,
             capacity=self.capacity,
-            bytes_used=int(self._header["used"][0]) + index_bytes(self._num_records),
+            bytes_used=int(self._used[0]) + index_bytes(self._num_records),
             records_cached=int(np.count_nonzero(self._state == READY)),
-            full=bool(self._header["full"][0]),
+            full=bool(self._full[0]),
         )
 
     def destroy(self) -> None:
@@ -234,6 +234,9 @@ class MinIOCache:
             os.close(index_fd)
         self._header = np.frombuffer(self._map, HEADER_DTYPE, count=1)
         _check_header(self._header, self.path, self._fingerprint, self._num_records)
+        # views of the header's fields, made once: a field lookup on each admission costs a microsecond
+        self._full, self._used = self._header["full"], self._header["used"]
+        self._data_capacity = int(self._header["data_capacity"][0])
         if size != index_bytes(self._num_records):
             raise _Damaged(f"the cache index {self.path / 'index'} has the wrong size")
         slots = np.frombuffer(self._map, SLOT_DTYPE, count=self._num_records, offset=HEADER_BYTES)
@@ -244,7 +247,7 @@ class MinIOCache:
             slots["generation"],
         )
         self._data_fd = open_private(self.path, "data", os.O_RDWR)
-        self._data_bytes = min(int(self._header["data_capacity"][0]), os.fstat(self._data_fd).st_size)
+        self._data_bytes = min(self._data_capacity, os.fstat(self._data_fd).st_size)
         self._full_here = False
         self._paused_until = 0.0
         self._off = False
@@ -259,14 +262,13 @@ class MinIOCache:
             if state == RESERVED and self._reclaimable(index, length):
                 self._writer[index], self._generation[index] = me  # a dead writer's: space reused
                 return int(self._offset[index])
-            header = self._header
-            if header["full"][0] or state != EMPTY:
+            if self._full[0] or state != EMPTY:
                 return None
-            used = int(header["used"][0])
-            if used + length > int(header["data_capacity"][0]):
-                header["full"][0] = 1
+            used = int(self._used[0])
+            if used + length > self._data_capacity:
+                self._full[0] = 1
                 return None
-            header["used"][0] = used + length  # space first: a writer killed now only wastes it
+            self._used[0] = used + length  # space first: a writer killed now only wastes it
             self._offset[index], self._length[index] = used, length
             self._writer[index], self._generation[index] = me
             self._state[index] = RESERVED
@@ -288,10 +290,10 @@ class MinIOCache:
         if written == len(payload):
             return True
         self._full_here = True
-        self._header["full"][0] = 1
+        self._full[0] = 1
         warnings.warn(
             f"no space left for the cache at {self.path}: it stops admitting records at "
-            f"{int(self._header['used'][0])} bytes; training goes on reading from storage",
+            f"{int(self._used[0])} bytes; training goes on reading from storage",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -326,7 +328,7 @@ class MinIOCache:
         warnings.warn(
             f"memory is short ({format_bytes(view.headroom)} free per {view.source}, "
             f"{format_bytes(reserve_bytes(view))} kept free): the cache at {self.path} stops admitting "
-            f"records at {format_bytes(int(self._header['used'][0]))} and training goes on reading from "
+            f"records at {format_bytes(int(self._used[0]))} and training goes on reading from "
             f"storage; it looks again every {_MEMORY_PAUSE:g} s",
             RuntimeWarning,
             stacklevel=3,
