@@ -24,7 +24,15 @@ from time import monotonic
 
 import psutil
 
-__all__ = ["MemoryView", "PressureGauge", "auto_cache_bytes", "format_bytes", "memory_view", "reserve_bytes"]
+__all__ = [
+    "MemoryView",
+    "PressureGauge",
+    "auto_cache_bytes",
+    "format_bytes",
+    "memory_view",
+    "reserve_bytes",
+    "reserve_for_limit",
+]
 
 _PROC_CGROUP = "/proc/self/cgroup"  # module constants so that tests can point them at fixtures
 _MOUNTINFO = "/proc/self/mountinfo"
@@ -190,7 +198,12 @@ def memory_view() -> MemoryView:
 
 def reserve_bytes(view: MemoryView) -> int:
     """Memory to leave free for the job's own growth: 3% of the limit, at least 64 MiB."""
-    return max(64 * _MIB, view.limit * 3 // 100)
+    return reserve_for_limit(view.limit)
+
+
+def reserve_for_limit(limit: int) -> int:
+    """What the cache leaves free under a memory limit of ``limit`` bytes (``reserve_bytes``)."""
+    return max(64 * _MIB, limit * 3 // 100)
 
 
 def format_bytes(n: int) -> str:

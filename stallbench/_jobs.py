@@ -127,11 +127,19 @@ def measure_overhead(
         finally:
             shutil.rmtree(cache_dir, ignore_errors=True)
         if i > 0:
-            peaks[kind] = limits.memory_max_usage() - resident_bytes(data)
+            peaks[kind] = limits.memory_max_usage() - resident_bytes(data, whole_pages=True)
     return peaks
 
 
 def memory_limit(cache_bytes: int, overheads: dict[str, int], workers: int = 2) -> int:
-    """The one limit every loader of a comparison gets: the cache budget plus the largest job overhead."""
+    """The one limit every loader of a comparison gets: the cache budget plus the largest job overhead, and
+    the memory the cached loader keeps free under that limit (it stops admitting short of it), so its cache
+    can fill to the budget. The page cache of torch's loader gets to use the same memory."""
+    from loader._memory import reserve_for_limit  # here: the command line starts without torch
+
     extra = max(0, workers - (os.cpu_count() or 1)) * EXTRA_WORKER_MARGIN
-    return cache_bytes + max(overheads.values()) + OVERHEAD_MARGIN + extra
+    base = cache_bytes + max(overheads.values()) + OVERHEAD_MARGIN + extra
+    limit = base + reserve_for_limit(base)
+    while limit - reserve_for_limit(limit) < base:  # 3% of the limit: a fixed point a step or two away
+        limit = base + reserve_for_limit(limit)
+    return limit

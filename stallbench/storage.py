@@ -2,6 +2,10 @@
 
 Sizes: ``parse_size`` reads ``K``/``M``/``G``/``T``/``P`` and ``Ki``/``KiB``... as powers of 1024, and
 ``KB``/``MB``... as powers of 1000 (so ``"1G"`` is 2**30 bytes and ``"1GB"`` is 10**9), case-insensitively.
+
+Units: the kernel reads files in whole pages, so reading a file costs the device its size rounded up to a page
+(``device_bytes``). Every storage figure stallbench reports (a dataset's size, bytes read per epoch, storage
+bandwidth) is in these device bytes; the records' own bytes are shown beside them (``data_size``).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import mmap
 import os
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from decimal import Decimal
 
 import numpy as np
@@ -25,8 +30,12 @@ from stallbench._cgroup import (
 )
 
 __all__ = [
+    "PAGE",
+    "DataSize",
     "StorageConditionUnavailable",
     "StorageLimits",
+    "data_size",
+    "device_bytes",
     "evict_page_cache",
     "parse_size",
     "probe_storage_conditions",
@@ -34,6 +43,7 @@ __all__ = [
 ]
 
 PathArg = str | os.PathLike
+PAGE = mmap.PAGESIZE
 _UNITS = {"": 1, "b": 1} | {
     f"{prefix}{suffix}": (1000 if suffix == "b" else 1024) ** power
     for power, prefix in enumerate("kmgtp", start=1)
@@ -74,8 +84,28 @@ def _files(paths: PathArg | Iterable[PathArg]) -> Iterator[str]:
             raise FileNotFoundError(f"no such file or directory: {os.fspath(path)!r}")
 
 
-def _resident_fd(fd: int, size: int) -> int:
-    """Bytes of open file ``fd`` in the page cache (mincore on a mapping that touches no page)."""
+def device_bytes(size: int) -> int:
+    """Bytes the kernel reads from the device for a file of ``size`` bytes read whole: whole pages."""
+    return -(-size // PAGE) * PAGE
+
+
+@dataclass(frozen=True)
+class DataSize:
+    """A dataset's size in the two units: what reading all of it costs the device, and its files' bytes."""
+
+    device_bytes: int  # each file rounded up to whole pages (the unit of every storage figure)
+    record_bytes: int  # the files' sizes summed
+
+
+def data_size(paths: PathArg | Iterable[PathArg]) -> DataSize:
+    """The size of every file in ``paths`` (directories walked), in device bytes and in record bytes."""
+    sizes = [os.path.getsize(path) for path in _files(paths)]
+    return DataSize(device_bytes=sum(map(device_bytes, sizes)), record_bytes=sum(sizes))
+
+
+def _resident_fd(fd: int, size: int, whole_pages: bool = False) -> int:
+    """Bytes of open file ``fd`` in the page cache (mincore on a mapping that touches no page); with
+    ``whole_pages`` the pages' whole size, a partial last page counted whole."""
     if size == 0:
         return 0
     addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
@@ -88,11 +118,12 @@ def _resident_fd(fd: int, size: int) -> int:
         pages = int((np.frombuffer(vec, np.uint8) & 1).sum())
     finally:
         libc.munmap(addr, size)
-    return min(pages * mmap.PAGESIZE, size)
+    return pages * mmap.PAGESIZE if whole_pages else min(pages * mmap.PAGESIZE, size)
 
 
-def resident_bytes(paths: PathArg | Iterable[PathArg]) -> int:
-    """Bytes of these files (directories walked) that are now in the OS page cache.
+def resident_bytes(paths: PathArg | Iterable[PathArg], *, whole_pages: bool = False) -> int:
+    """Bytes of these files (directories walked) that are now in the OS page cache; with ``whole_pages``,
+    the memory they take there (each resident page whole, a file's last page included).
 
     The kernel tells this only to root, the file's owner or a process that may write it (it claims every
     page resident to anyone else), so other files raise PermissionError.
@@ -104,7 +135,7 @@ def resident_bytes(paths: PathArg | Iterable[PathArg]) -> int:
             writer = os.access(path, os.W_OK, effective_ids=True)
             if not writer and os.geteuid() not in (0, os.fstat(fd).st_uid):
                 raise PermissionError(f"mincore reports the page cache only to the owner or a writer: {path}")
-            total += _resident_fd(fd, os.fstat(fd).st_size)
+            total += _resident_fd(fd, os.fstat(fd).st_size, whole_pages)
         finally:
             os.close(fd)
     return total

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stallbench._jobs import run_job
+from stallbench._jobs import OVERHEAD_MARGIN, memory_limit, run_job
 
 # A DataLoader worker shares a tensor through a listener socket in multiprocessing's temp dir
 # (pymp-*/listener-*), which it removes only when it exits normally: this job makes one and dies as a
@@ -44,3 +44,14 @@ def test_a_failed_job_leaves_no_tmpdir_either(scratch: Path) -> None:
     with pytest.raises(RuntimeError, match="exited 3"):
         run_job([sys.executable, "-c", _LEAVES_PYMP, "3"])
     assert not list(scratch.iterdir())
+
+
+@pytest.mark.parametrize("cache", [0, 100 << 20, 4 << 30, 40 << 30])
+def test_the_memory_limit_leaves_the_cache_its_budget_beside_the_reserve_it_keeps(cache):
+    from loader._memory import reserve_for_limit
+
+    overheads = {"torch": 300 << 20, "cached": 250 << 20}
+    base = cache + (300 << 20) + OVERHEAD_MARGIN
+    limit = memory_limit(cache, overheads, workers=1)
+    assert limit - reserve_for_limit(limit) >= base  # the cache can fill to its budget before it pauses
+    assert limit - reserve_for_limit(limit) < base + (2 << 20)  # and the page cache gets no more than that

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
@@ -12,8 +13,12 @@ from pathlib import Path
 import pytest
 
 from stallbench.storage import (
+    PAGE,
+    DataSize,
     StorageConditionUnavailable,
     StorageLimits,
+    data_size,
+    device_bytes,
     evict_page_cache,
     parse_size,
     probe_storage_conditions,
@@ -197,6 +202,37 @@ def test_counters_say_why_they_are_missing(conditions: dict[str, str | None]) ->
             limits.read_bytes()
 
 
+@pytest.mark.parametrize(
+    ("size", "pages"), [(0, 0), (1, 1), (PAGE - 1, 1), (PAGE, 1), (PAGE + 1, 2), (6_000, 2), (112_000, 28)]
+)
+def test_device_bytes_are_whole_pages(size: int, pages: int) -> None:
+    assert device_bytes(size) == pages * PAGE
+
+
+def test_data_size_counts_each_file_in_whole_pages(tmp_path: Path) -> None:
+    sizes = [6_000, 6_000, PAGE, 1, 0]
+    (tmp_path / "class_0").mkdir()
+    for i, size in enumerate(sizes):
+        (tmp_path / "class_0" / f"img{i}.jpg").write_bytes(b"x" * size)
+    assert data_size(tmp_path) == DataSize(device_bytes=6 * PAGE, record_bytes=sum(sizes))
+    assert data_size(tmp_path / "class_0" / "img0.jpg") == DataSize(device_bytes=2 * PAGE, record_bytes=6_000)
+
+
+@pytest.mark.slow
+def test_the_kernel_reads_small_files_in_whole_pages(
+    tmp_path: Path, conditions: dict[str, str | None]
+) -> None:
+    """What ``device_bytes`` assumes, checked against the kernel's own count: 6 KB files cost two pages."""
+    need(conditions, "read_throttle", "page_cache_eviction")
+    for i in range(200):
+        _cold_file(tmp_path / f"r{i:03d}.bin", 6_000)
+    with StorageLimits(device_path=tmp_path) as limits:
+        limits.run(["cat", *sorted(map(str, tmp_path.iterdir()))], stdout=subprocess.DEVNULL, check=True)
+    assert (
+        data_size(tmp_path).device_bytes <= limits.read_bytes() < data_size(tmp_path).device_bytes + 64 * PAGE
+    )
+
+
 @pytest.mark.slow
 def test_read_throttle_and_kernel_byte_count(tmp_path: Path, conditions: dict[str, str | None]) -> None:
     need(conditions, "read_throttle", "page_cache_eviction")
@@ -246,3 +282,14 @@ def test_cleanup_on_an_exception(conditions: dict[str, str | None], error: type[
         raise error("interrupted")
     assert child.returncode is not None
     assert not any(d.exists() for d in dirs)
+
+
+def test_resident_bytes_in_whole_pages_counts_the_memory_a_small_file_takes(tmp_path):
+    path = tmp_path / "six-k"
+    path.write_bytes(b"x" * 6000)
+    evict_page_cache(path)
+    path.read_bytes()
+    if resident_bytes(path) == 0:
+        pytest.skip(f"{tmp_path} keeps no page cache the kernel reports")
+    assert resident_bytes(path) == 6000
+    assert resident_bytes(path, whole_pages=True) == 2 * mmap.PAGESIZE
