@@ -80,7 +80,8 @@ def compare_table(torch: LoaderReport, cached: LoaderReport) -> str:
 
 
 def predict(base: LoaderReport, config: Config) -> Prediction:
-    """``whatif.predict`` from the measured ``base`` for ``config`` (cache sized as ``prepare`` does)."""
+    """``whatif.predict`` from the measured ``base`` for ``config`` (cache sized as ``prepare`` does it: a
+    share of the device bytes)."""
     m = whatif.Measured(
         workload=base.workload,
         breakdown=base.breakdown,
@@ -97,7 +98,8 @@ def measured_line(r: LoaderReport) -> str:
     m, roof = r.machine, r.roofline
     rates = f"storage {m.storage_bytes_per_s / MB:.1f} MB/s, prep {m.prep_samples_per_s_per_core:.0f}/s"
     terms = ", ".join(f"{k} {getattr(roof, f'{k}_seconds'):.2f} s" for k in _STAGES)
-    return f"{rates} per core x {m.cores} cores; roofline {terms} ({roof.bound}-bound)"
+    bound = f"{roof.bound}-bound, {roof.bound_ratio:.1%} of the epoch"
+    return f"{rates} per core x {m.cores} cores; roofline {terms} ({bound})"
 
 
 def prediction_table(rows: list[tuple[Config, Prediction, LoaderReport]]) -> str:

@@ -2,7 +2,8 @@
 
 The demo workload: 6,000 generated JPEGs of ~112 KB, storage reads throttled by the kernel to
 ``DEMO_BPS``, memory "auto" (the cache budget plus the job's measured memory, the same rule for every run),
-compute emulated at 10 ms a batch, batch 64, 3 epochs. Figures are steady cold epochs (epochs 2-3).
+compute emulated at 10 ms a batch, batch 64, 3 epochs. Figures are steady cold epochs (epochs 2-3); bytes
+are device bytes (whole pages, the kernel's count), cache fractions are of the dataset's device bytes.
 
 * compare: torch's DataLoader and ours at a cache of half the dataset, 2 workers; ours must cut the steady
   fetch stall to at most half of torch's.
@@ -60,8 +61,9 @@ def _record(benchmark, report: LoaderReport) -> None:
     w = report.workload
     info = benchmark.extra_info
     info.update(figures(report), cache_bytes=w.cache_bytes, memory_bytes=w.memory_bytes)
-    info.update(dataset_bytes=w.dataset_bytes, workers=w.workers, read_bps=w.storage_bytes_per_s)
-    info.update(measured_storage_bps=report.machine.storage_bytes_per_s)
+    info.update(dataset_bytes=w.dataset_bytes, record_bytes=w.record_bytes, workers=w.workers)
+    info.update(read_bps=w.storage_bytes_per_s, measured_storage_bps=report.machine.storage_bytes_per_s)
+    info.update(roofline_bound_ratio=report.roofline.bound_ratio)
     info.update(prep_per_core_per_s=report.machine.prep_samples_per_s_per_core)
     info.update({f"{run.phase}_epoch_s": [e.seconds for e in run.epochs] for run in report.runs})
 
@@ -78,7 +80,9 @@ def test_compare_target(reports: dict[str, LoaderReport]) -> None:
         pytest.fail(f"only {sorted(reports)} ran; see the failures above", pytrace=False)
     torch, cached = reports["torch"], reports["cached"]
     w = cached.workload
-    print(f"\ncompare on the demo: D = {w.dataset_bytes / 1e6:.1f} MB, cache {w.cache_bytes / 1e6:.1f} MB,")
+    device, records = w.dataset_bytes / 1e6, w.record_bytes / 1e6
+    print(f"\ncompare on the demo: D = {device:.1f} MB on the device ({records:.1f} MB of records),")
+    print(f"cache {w.cache_bytes / 1e6:.1f} MB,")
     print(f"storage {DEMO_BPS / 1e6:.0f} MB/s, memory limit {(w.memory_bytes or 0) / 1e6:.1f} MB for both")
     print(compare_table(torch, cached))
     limit = MAX_FETCH_RATIO * torch.breakdown.fetch_stall_seconds

@@ -122,7 +122,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     options = dict(
         dataset_bytes=args.dataset, cache_bytes=args.cache, record_bytes=args.record_size,
-        epochs=args.epochs, nodes=args.nodes, seed=args.seed,
+        epochs=args.epochs, nodes=args.nodes, seed=args.seed, page_bytes=args.page_size,
     )  # fmt: skip
     try:
         results = simulate_all(**options) if args.policy == "all" else (simulate(args.policy, **options),)

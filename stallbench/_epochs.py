@@ -4,8 +4,15 @@ Run as ``python -m stallbench._epochs --loader torch|cached --data PATH ...`` (t
 inside a cgroup when they can) or through ``job_main(argv, transform=...)`` from a script that brings its
 own transform. Each batch goes through the compute model (``--compute``); ``--mode ingestion`` takes one
 batch and then only runs the step, the differential method's first run. Storage bytes are the kernel's count
-(``/proc/<pid>/io`` ``read_bytes``) summed over the job and its workers; both loaders are instrumented the
-same way (stage times come from the dataset and a timed collate in either loader).
+(``/proc/<pid>/io`` ``read_bytes``, device bytes: whole pages) summed over the job and its workers; both
+loaders are instrumented the same way (stage times come from the dataset and a timed collate in either
+loader).
+
+The step is measured the same way in every run: it runs from a batch's arrival to the next ``__next__``, and
+that includes freeing the previous batch (the loop variable lets go of it), which for a batch a worker sent
+through shared memory unmaps and releases it. So the ingestion run hands out its batch through as many
+workers as the real loader has, a fresh copy each time: its steps free a shared-memory batch as the prep and
+cold runs' steps do, and that cost counts as compute in all three, not as a stall.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from stallbench._jobdata import make_dataset_and_loader
 from stallbench.compute import ComputeStep, parse_compute
 from stallbench.profile import profile
 
-__all__ = ["LOADERS", "job_main", "run_epochs", "storage_read_bytes"]
+__all__ = ["LOADERS", "ingestion_loader", "job_main", "run_epochs", "storage_read_bytes"]
 
 LOADERS = ("torch", "cached")
 _STAT_DELTAS = ("hits", "misses", "bytes_from_cache", "records_admitted", "fetch_seconds", "decode_seconds")
@@ -55,14 +62,38 @@ def _each(read: Callable[[psutil.Process], float]) -> Iterator[float]:
             continue
 
 
-class Repeat:
-    """The ingestion run's loader: the same in-memory batch, as many times as the real loader has batches."""
+class _Replay(torch.utils.data.Dataset):
+    """One batch, ``times`` times: in a worker a fresh copy each time, so it travels as a real batch does."""
 
     def __init__(self, batch: Any, times: int) -> None:
         self.batch, self.times = batch, times
 
-    def __iter__(self) -> Iterator[Any]:
-        return (self.batch for _ in range(self.times))
+    def __len__(self) -> int:
+        return self.times
+
+    def __getitem__(self, index: int) -> Any:
+        return _fresh(self.batch) if torch.utils.data.get_worker_info() is not None else self.batch
+
+
+def _fresh(batch: Any) -> Any:
+    """A copy of every tensor in ``batch`` (nested in lists, tuples and dicts); other values as they are."""
+    if isinstance(batch, torch.Tensor):
+        return batch.clone()
+    if isinstance(batch, dict):
+        return {key: _fresh(value) for key, value in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_fresh(value) for value in batch)
+    return batch
+
+
+def ingestion_loader(dl: Any, workers: int, max_batches: int | None = None) -> torch.utils.data.DataLoader:
+    """The ingestion run's loader: ``dl``'s first batch, as many times as ``dl`` has batches, handed out by
+    ``workers`` workers through shared memory (see the module docstring); with none, the batch itself."""
+    times = min(len(dl), max_batches or len(dl))
+    replay = _Replay(next(iter(dl)), times)
+    return torch.utils.data.DataLoader(
+        replay, batch_size=None, num_workers=workers, persistent_workers=workers > 0
+    )
 
 
 def _samples(batch: Any) -> int:
@@ -99,7 +130,12 @@ def run_epochs(
         if "hits" in record:
             reads = record["hits"] + record["misses"]
             record["hit_rate"] = record["hits"] / reads if reads else 0.0
-            record["cache_bytes_used"] = after["cache_bytes_used"]
+            record.update(
+                {
+                    k: after[k]
+                    for k in ("cache_bytes_used", "cache_capacity", "records_cached", "memory_pauses")
+                }
+            )
         yield record
 
 
@@ -122,6 +158,10 @@ def _stat_values(stats: Callable[[], Any] | None) -> dict[str, float]:
     return asdict(stats()) if stats is not None else {}
 
 
+def _cache_bytes(text: str) -> int | str:
+    return text if text == "auto" else int(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loader", choices=LOADERS, required=True)
@@ -129,7 +169,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--cache-bytes", type=int, default=None, help="cache capacity (cached loader)")
+    parser.add_argument(
+        "--cache-bytes",
+        type=_cache_bytes,
+        default=None,
+        help="cache capacity in bytes or 'auto' (cached loader)",
+    )
     parser.add_argument("--cache-dir", default="/dev/shm")
     parser.add_argument("--transform", choices=("train", "eval", "none"), default="train")
     parser.add_argument("--compute", default=None, help="compute model per batch, e.g. emulated:20")
@@ -148,7 +193,7 @@ def job_main(argv: Sequence[str] | None = None, transform: Callable[[bytes], Any
     dl, stats = make_dataset_and_loader(args, transform)
     step = parse_compute(args.compute) if args.compute else None
     if args.mode == "ingestion":
-        dl, stats = Repeat(next(iter(dl)), min(len(dl), args.max_batches or len(dl))), None
+        dl, stats = ingestion_loader(dl, args.workers, args.max_batches), None
     for record in run_epochs(dl, args.epochs, args.max_batches, step, stats):
         print(json.dumps({"loader": args.loader, **record}), flush=True)
     return 0

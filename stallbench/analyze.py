@@ -1,8 +1,12 @@
-"""``analyze`` and ``compare``: the workload, its storage condition, the three runs, a report per loader."""
+"""``analyze`` and ``compare``: the workload, its storage condition, the three runs, a report per loader.
+
+One unit throughout: device bytes (the kernel's count of what it read, whole pages). The dataset's size, the
+storage bytes of each epoch and the storage bandwidth are all in it, so the share of the dataset read, the
+hit rate of the page cache and the roofline's fetch time are ratios of like to like.
+"""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -14,7 +18,7 @@ from stallbench._jobs import job_argv, measure_overhead, memory_limit, probe_cac
 from stallbench.measure import measure_machine
 from stallbench.phases import RunPlan, breakdown, run_phases, storage_limits
 from stallbench.results import LoaderReport, RunRecord, Workload, steady
-from stallbench.storage import StorageConditionUnavailable, probe_storage_conditions
+from stallbench.storage import DataSize, StorageConditionUnavailable, data_size, probe_storage_conditions
 
 __all__ = ["AnalysisRequest", "analyze", "prepare"]
 
@@ -46,12 +50,13 @@ def prepare(req: AnalysisRequest, kinds: Sequence[str], progress: Progress | Non
 
     ``progress(done, total)`` is told how the generation of a named workload goes."""
     data = _materialise(req, progress)
-    dataset_bytes, samples = _dataset_size(data)
-    cache = round(req.cache * dataset_bytes) if isinstance(req.cache, CacheSpec) else req.cache
+    size, samples = _dataset_size(data)
+    cache = round(req.cache * size.device_bytes) if isinstance(req.cache, CacheSpec) else req.cache
     _check_conditions(req, data)
     workload = Workload(
         data=str(data),
-        dataset_bytes=dataset_bytes,
+        dataset_bytes=size.device_bytes,
+        record_bytes=size.record_bytes,
         samples=samples,
         batch_size=req.batch_size,
         workers=req.workers,
@@ -76,7 +81,8 @@ def analyze(
     w = plan.workload
     transform = None if plan.transform == "none" else plan.transform
     step = on_step or (lambda label: None)
-    machine = measure_machine(make_dataset(w.data, transform), [w.data], limits=storage_limits(w))
+    dataset, limits = make_dataset(w.data, transform), storage_limits(w)
+    machine = measure_machine(dataset, [w.data], limits=limits, readers=max(1, w.workers))
     step("machine measured")
     for kind in kinds:
         runs = {}
@@ -108,6 +114,7 @@ def _report(kind: str, w: Workload, runs: dict[str, RunRecord], machine) -> Load
         breakdown=b,
         storage_bytes=int(storage),
         dataset_bytes=w.dataset_bytes,
+        record_bytes=w.record_bytes,
         hit_rate=hit_rate,
         cpu_utilisation=cpu,
         samples_per_s=fmean(e.samples for e in cold) / b.epoch_seconds,
@@ -133,12 +140,18 @@ def _materialise(req: AnalysisRequest, progress: Progress | None) -> Path:
     return workloads.make_token_arrow(path, num_sequences=count, min_len=16, max_len=2048)
 
 
-def _dataset_size(data: Path) -> tuple[int, int]:
+def _dataset_size(data: Path) -> tuple[DataSize, int]:
+    """The size of the data's files (device and record bytes) and its number of samples.
+
+    Hidden files are left out: no source reads them (a generated workload keeps its manifest in one)."""
     from stallbench._jobdata import make_dataset
 
-    dataset = make_dataset(data, None)
-    files = [data] if data.is_file() else [p for p in data.rglob("*") if p.is_file()]
-    return sum(os.path.getsize(p) for p in files), len(dataset)
+    files = [data] if data.is_file() else [p for p in data.rglob("*") if p.is_file() and not _hidden(p, data)]
+    return data_size(files), len(make_dataset(data, None))
+
+
+def _hidden(path: Path, root: Path) -> bool:
+    return any(part.startswith(".") for part in path.relative_to(root).parts)
 
 
 def _check_conditions(req: AnalysisRequest, data: Path) -> None:

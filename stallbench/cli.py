@@ -12,6 +12,7 @@ from pathlib import Path
 
 from stallbench import _cliargs as types
 from stallbench._commands import interrupted, run_analysis, run_demo, run_simulate
+from stallbench.storage import PAGE
 
 __all__ = ["main", "make_parser"]
 
@@ -72,6 +73,7 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--dataset", type=types.size, required=True, help="dataset size, e.g. 140G")
     sim.add_argument("--cache", type=types.size, required=True, help="cache size per node, e.g. 64G")
     sim.add_argument("--record-size", type=types.size, default=112_000, help="bytes per record")
+    sim.add_argument("--page-size", type=types.size, default=PAGE, help="bytes the device reads at least")
     sim.add_argument("--epochs", type=types.positive_int, default=3)
     sim.add_argument("--nodes", type=types.positive_int, default=1)
     sim.add_argument("--policy", choices=("all", "lru", "minio", "minio-partitioned"), default="all")

@@ -1,7 +1,8 @@
 """Machine figures an analysis needs, measured here and now, never assumed.
 
-* storage bandwidth: a random sample of the dataset's files read whole, in random order, from a cold page
-  cache (inside the run's ``StorageLimits`` when given, so a kernel throttle applies);
+* storage bandwidth: a random sample of the dataset's files read whole, in random order, by as many readers
+  as the job has workers, from a cold page cache (inside the run's ``StorageLimits`` when given, so a kernel
+  throttle applies), in device bytes per second: the bytes the kernel read, as a job's storage bytes are;
 * memory bandwidth: bytes per second of a numpy copy, best of a few;
 * prep rate: samples per second of the full per-sample pipeline (``dataset[i]``) on one core, records warm.
 
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from stallbench.results import Machine
-from stallbench.storage import StorageLimits, _files, evict_page_cache
+from stallbench.storage import StorageLimits, _files, device_bytes, evict_page_cache
 
 __all__ = [
     "available_cores",
@@ -38,12 +39,22 @@ __all__ = [
 PathArg = str | os.PathLike
 _READER = """
 import json, sys, time
-files = json.load(sys.stdin)
-total, start = 0, time.perf_counter()
-for path in files:
+from concurrent.futures import ThreadPoolExecutor
+
+def kernel_reads():
+    with open("/proc/self/io") as f:
+        return int(next(line for line in f if line.startswith("read_bytes:")).split()[1])
+
+def read(path):
     with open(path, "rb", buffering=0) as f:
-        total += len(f.read())
-print(json.dumps({"bytes": total, "seconds": time.perf_counter() - start}))
+        return len(f.readall())
+
+job = json.load(sys.stdin)
+before, start = kernel_reads(), time.perf_counter()
+with ThreadPoolExecutor(job["readers"]) as pool:
+    total = sum(pool.map(read, job["files"]))
+seconds = time.perf_counter() - start
+print(json.dumps({"device_bytes": kernel_reads() - before, "record_bytes": total, "seconds": seconds}))
 """
 
 
@@ -72,9 +83,10 @@ def _sample_files(paths: PathArg | Iterable[PathArg], sample_bytes: int, seed: i
     return sample
 
 
-def _read_files(files: list[str], limits: StorageLimits | None) -> tuple[int, float]:
-    """Run ``_READER`` on ``files`` in a child, inside ``limits`` (entered here unless active): (bytes, s)."""
-    argv, feed = [sys.executable, "-I", "-c", _READER], json.dumps(files)
+def _read_files(files: list[str], readers: int, limits: StorageLimits | None) -> dict[str, Any]:
+    """Run ``_READER`` on ``files`` in a child, inside ``limits`` (entered here unless active): the kernel's
+    count of the bytes it read, the files' bytes and the seconds it took."""
+    argv, feed = [sys.executable, "-I", "-c", _READER], json.dumps({"files": files, "readers": readers})
     if limits is None:
         done = subprocess.run(argv, input=feed, capture_output=True, text=True, check=False)
     else:
@@ -82,8 +94,7 @@ def _read_files(files: list[str], limits: StorageLimits | None) -> tuple[int, fl
             done = limits.run(argv, input=feed, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"the storage reader exited with {done.returncode}: {done.stderr[-800:]}")
-    result = json.loads(done.stdout)
-    return result["bytes"], result["seconds"]
+    return json.loads(done.stdout)
 
 
 def measure_storage_bandwidth(
@@ -92,20 +103,26 @@ def measure_storage_bandwidth(
     sample_bytes: int = 128 << 20,
     limits: StorageLimits | None = None,
     seed: int = 0,
+    readers: int = 1,
 ) -> float:
-    """Bytes/s of cold whole-file reads of a random sample of ``paths`` (directories walked).
+    """Device bytes/s of cold whole-file reads of a random sample of ``paths`` (directories walked).
 
     The sample is evicted from the page cache before and again after, so a cold run that follows starts
-    cold. The files are read whole, in random order, by a child process (inside ``limits`` when given).
+    cold. The files are read whole, in random order, by ``readers`` threads of a child process (inside
+    ``limits`` when given). The bytes are the kernel's count of what the child read from the device
+    (``/proc/self/io`` ``read_bytes``: whole pages, as a job's storage bytes are counted); where the kernel
+    counts none (storage outside the block layer), the files' sizes rounded up to whole pages.
     """
     _check_positive_int("sample_bytes", sample_bytes)
+    _check_positive_int("readers", readers)
     files = _sample_files(paths, sample_bytes, seed)
     evict_page_cache(files)
     try:
-        nbytes, seconds = _read_files(files, limits)
+        result = _read_files(files, readers, limits)
     finally:
         evict_page_cache(files)
-    return nbytes / seconds
+    counted = result["device_bytes"] or sum(device_bytes(os.path.getsize(path)) for path in files)
+    return counted / result["seconds"]
 
 
 def measure_memory_bandwidth(nbytes: int = 256 << 20, *, repeats: int = 3) -> float:
@@ -165,13 +182,18 @@ def measure_prep_rate(dataset: Any, *, seconds: float = 1.0, max_samples: int = 
 
 
 def measure_machine(
-    dataset: Any, paths: PathArg | Iterable[PathArg], *, limits: StorageLimits | None = None
+    dataset: Any,
+    paths: PathArg | Iterable[PathArg],
+    *,
+    limits: StorageLimits | None = None,
+    readers: int = 1,
 ) -> Machine:
-    """All four figures; the prep rate first, so the storage sample's final eviction comes last."""
+    """All four figures, storage read by ``readers`` threads (a job's workers read at once); the prep rate
+    first, so the storage sample's final eviction comes last."""
     prep = measure_prep_rate(dataset)
     return Machine(
         cores=available_cores(),
-        storage_bytes_per_s=measure_storage_bandwidth(paths, limits=limits),
+        storage_bytes_per_s=measure_storage_bandwidth(paths, limits=limits, readers=readers),
         memory_bytes_per_s=measure_memory_bandwidth(),
         prep_samples_per_s_per_core=prep,
     )

@@ -1,6 +1,8 @@
 """The differential runs: ingestion (T1), prep (T3) and cold (T2), each a job in its own process.
 
-- ingestion: one batch already in memory, only the step runs: the compute time T1 per epoch;
+- ingestion: one batch already made, handed to the step again and again through the loader's workers (a
+  fresh shared-memory copy each time, freed by the step as a real batch is): T1 is its steps per epoch,
+  measured as every run measures its steps (see ``stallbench._epochs``), without the waits for the copies;
 - prep: every record in memory (page cache warmed; the cached loader's cache holds the whole dataset),
   the full pipeline runs: T3; prep stall = T3 - T1;
 - cold: page cache evicted, the chosen storage condition (kernel read throttle, memory limit) and the
@@ -44,7 +46,7 @@ def run_phases(plan: RunPlan, kind: str) -> Iterator[RunRecord]:
     w = plan.workload
     yield _run(plan, kind, "ingestion", "batches in memory, only the step", mode="ingestion")
     _warm(w.data)
-    full = int(w.dataset_bytes * 1.01) + (64 << 20)  # the whole dataset, its index and page rounding
+    full = int(w.dataset_bytes * 1.01) + (64 << 20)  # every record (device bytes: more), its index, a margin
     yield _run(plan, kind, "prep", "every record in memory (warm)", cache_bytes=full)
     evict_page_cache(w.data)
     yield _run(plan, kind, "cold", _condition(w), cache_bytes=w.cache_bytes, limits=storage_limits(w))
@@ -87,9 +89,8 @@ def _record(phase: str, condition: str, records: list[dict]) -> RunRecord:
 
 def breakdown(runs: dict[str, RunRecord]) -> Breakdown:
     """Compute, prep stall and fetch stall of a steady cold epoch by the differential method."""
-    t1, t3, t2 = (
-        fmean(e.seconds for e in steady(list(runs[p].epochs))) for p in ("ingestion", "prep", "cold")
-    )
+    t1 = fmean(e.step_seconds for e in steady(list(runs["ingestion"].epochs)))
+    t3, t2 = (fmean(e.seconds for e in steady(list(runs[p].epochs))) for p in ("prep", "cold"))
     first = runs["cold"].epochs[0].seconds
     return Breakdown(
         epoch_seconds=t2,

@@ -1,4 +1,8 @@
-"""What an analysis produces: plain dataclasses, the source of the JSON schema (``docs/stallbench.md``)."""
+"""What an analysis produces: plain dataclasses, the source of the JSON schema (``docs/stallbench-json.md``).
+
+Storage figures are device bytes: what the kernel reads, whole pages (``stallbench.storage.device_bytes``);
+a dataset's record bytes (its files' sizes) are kept beside them.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ __all__ = [
     "Workload",
 ]
 
-SCHEMA = "stallbench.report/1"
+SCHEMA = "stallbench.report/2"
 
 
 @dataclass(frozen=True)
@@ -25,7 +29,8 @@ class Workload:
     """What was run: the same for every loader of a comparison."""
 
     data: str  # path of the data (image folder, LMDB, Arrow/Parquet) or of the generated workload
-    dataset_bytes: int  # total bytes of the records
+    dataset_bytes: int  # device bytes: each file rounded up to whole pages, what reading it all costs
+    record_bytes: int  # the files' own bytes, summed (what the cached loader stores, packed)
     samples: int  # records per epoch
     batch_size: int
     workers: int
@@ -83,7 +88,7 @@ class Machine:
     """Measured, never assumed."""
 
     cores: int
-    storage_bytes_per_s: float
+    storage_bytes_per_s: float  # device bytes per second, read by as many readers as the job has workers
     memory_bytes_per_s: float
     prep_samples_per_s_per_core: float
 
@@ -106,7 +111,8 @@ class Roofline:
     prep_seconds: float
     fetch_seconds: float
     bound: str
-    efficiency: float  # bound / measured epoch: 1.0 means the loader reaches the roofline
+    efficiency: float  # bound / measured epoch, at most 1.0: 1.0 means the loader reaches the roofline
+    bound_ratio: float  # bound / measured epoch as measured: above 1.0 only by the noise of the runs
 
 
 @dataclass(frozen=True)
@@ -117,8 +123,9 @@ class LoaderReport:
     workload: Workload
     runs: tuple[RunRecord, ...]
     breakdown: Breakdown
-    storage_bytes: int  # per steady epoch
-    dataset_bytes: int
+    storage_bytes: int  # per steady epoch, device bytes (the kernel's count)
+    dataset_bytes: int  # device bytes
+    record_bytes: int
     hit_rate: float
     cpu_utilisation: float
     samples_per_s: float

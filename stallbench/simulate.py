@@ -2,9 +2,13 @@
 
 Model: ``dataset_bytes // record_bytes`` records of equal size; every epoch reads each record once in a fresh
 random order (see ``stallbench._policies`` for the order and how it is split across nodes); epoch 1 starts
-with empty caches of ``cache_bytes // record_bytes`` records per node. A dataset of more than
-``max_records`` records is simulated at ``max_records`` with the same cache/dataset ratio, and byte figures
-are scaled back up (``SimulationResult.scale``).
+with empty caches. The device reads whole pages, so a record costs storage its size rounded up to
+``page_bytes`` (``device_record_bytes``): storage bytes and the floor are in these device bytes, network
+bytes are the records' own. A cache of ``cache_bytes`` per node holds ``cache_bytes // record_bytes``
+records where it packs them (``minio``, ``minio-partitioned``) and ``cache_bytes // device_record_bytes``
+where it holds pages (``lru``, the OS page cache). A dataset of more than ``max_records`` records is
+simulated at ``max_records`` with the same cache/dataset ratio, and byte figures are scaled back up
+(``SimulationResult.scale``).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from stallbench._policies import FILL, LOCAL, MISS, POLICIES, REMOTE, make_trace
+from stallbench.storage import PAGE
 
 __all__ = [
     "POLICIES",
@@ -45,9 +50,11 @@ class SimulationResult:
 
     policy: str
     records: int
-    cache_records: int
+    cache_bytes: int  # per node
+    cache_records: int  # what this policy's cache holds: packed records, or whole pages for lru
     nodes: int
     record_bytes: int
+    device_record_bytes: int  # record_bytes rounded up to whole pages: what one read costs the device
     simulated_records: int
     scale: float
     epochs: tuple[EpochResult, ...]
@@ -71,7 +78,9 @@ def _validate(policy: str, sizes: dict[str, int], mins: dict[str, int]) -> None:
         )
 
 
-def _epoch_results(codes: np.ndarray, records: int, byte_scale: float) -> tuple[EpochResult, ...]:
+def _epoch_results(
+    codes: np.ndarray, records: int, byte_scale: float, device_scale: float
+) -> tuple[EpochResult, ...]:
     per_epoch = codes.reshape(-1, records)
     counts = np.stack([(per_epoch == code).sum(axis=1) for code in (MISS, LOCAL, REMOTE, FILL)], axis=1)
     return tuple(
@@ -80,7 +89,7 @@ def _epoch_results(codes: np.ndarray, records: int, byte_scale: float) -> tuple[
             hit_rate=float(local + remote) / records,
             local_hit_rate=float(local) / records,
             remote_hit_rate=float(remote) / records,
-            storage_bytes=round(float(miss + fill) * byte_scale),
+            storage_bytes=round(float(miss + fill) * device_scale),
             network_bytes=round(float(remote + fill) * byte_scale),
         )
         for i, (miss, local, remote, fill) in enumerate(counts.tolist())
@@ -97,18 +106,35 @@ def simulate(
     nodes: int = 1,
     seed: int = 0,
     max_records: int = 200_000,
+    page_bytes: int = PAGE,
 ) -> SimulationResult:
-    """Simulate ``policy`` (a name in ``POLICIES``) for ``epochs`` epochs; ``cache_bytes`` is per node."""
+    """Simulate ``policy`` (a name in ``POLICIES``) for ``epochs`` epochs; ``cache_bytes`` is per node.
+
+    ``page_bytes`` is what the device reads at least (1: sizes that are device bytes already)."""
     sizes = dict(dataset_bytes=dataset_bytes, cache_bytes=cache_bytes, record_bytes=record_bytes,
-                 epochs=epochs, nodes=nodes, seed=seed, max_records=max_records)  # fmt: skip
+                 epochs=epochs, nodes=nodes, seed=seed, max_records=max_records,
+                 page_bytes=page_bytes)  # fmt: skip
     _validate(policy, sizes, mins={"cache_bytes": 0, "seed": 0})
-    records, cache_records = dataset_bytes // record_bytes, cache_bytes // record_bytes
+    device_record = -(-record_bytes // page_bytes) * page_bytes
+    records = dataset_bytes // record_bytes
+    cache_records = cache_bytes // (device_record if policy == "lru" else record_bytes)
     simulated = min(records, max_records)
     scale = records / simulated
     trace = make_trace(simulated, epochs, nodes, seed)
     codes = POLICIES[policy](trace, round(cache_records / scale))
-    per_epoch = _epoch_results(codes, simulated, record_bytes * scale)
-    return SimulationResult(policy, records, cache_records, nodes, record_bytes, simulated, scale, per_epoch)
+    per_epoch = _epoch_results(codes, simulated, record_bytes * scale, device_record * scale)
+    return SimulationResult(
+        policy,
+        records,
+        cache_bytes,
+        cache_records,
+        nodes,
+        record_bytes,
+        device_record,
+        simulated,
+        scale,
+        per_epoch,
+    )
 
 
 def simulate_all(
@@ -120,18 +146,27 @@ def simulate_all(
     nodes: int = 1,
     seed: int = 0,
     max_records: int = 200_000,
+    page_bytes: int = PAGE,
 ) -> tuple[SimulationResult, ...]:
     """Every policy on the same reads, side by side (``minio-partitioned`` only when ``nodes > 1``)."""
     kwargs = dict(dataset_bytes=dataset_bytes, cache_bytes=cache_bytes, record_bytes=record_bytes,
-                  epochs=epochs, nodes=nodes, seed=seed, max_records=max_records)  # fmt: skip
+                  epochs=epochs, nodes=nodes, seed=seed, max_records=max_records,
+                  page_bytes=page_bytes)  # fmt: skip
     return tuple(simulate(name, **kwargs) for name in POLICIES if name != "minio-partitioned" or nodes > 1)
 
 
-def floor_storage_bytes(dataset_bytes: int, cache_bytes: int, nodes: int = 1) -> int:
-    """MinIO's bound on storage bytes per epoch after the first: ``(1 - min(1, N*C/D)) * D``."""
-    for name, value in (("dataset_bytes", dataset_bytes), ("cache_bytes", cache_bytes), ("nodes", nodes)):
+def floor_storage_bytes(
+    dataset_bytes: int, cache_bytes: int, nodes: int = 1, *, device_bytes: int | None = None
+) -> int:
+    """MinIO's bound on storage bytes per epoch after the first: ``(1 - min(1, N*C/D)) * D``.
+
+    ``dataset_bytes`` are the records' bytes, which a packed cache holds; with ``device_bytes`` (the same
+    records in whole pages, what the device reads) the bound is that share of ``device_bytes``."""
+    checks = (("dataset_bytes", dataset_bytes), ("cache_bytes", cache_bytes), ("nodes", nodes))
+    for name, value in (*checks, ("device_bytes", dataset_bytes if device_bytes is None else device_bytes)):
         _check_int(name, value, 0 if name == "cache_bytes" else 1)
-    return max(0, dataset_bytes - nodes * cache_bytes)
+    missed = max(0, dataset_bytes - nodes * cache_bytes)
+    return missed if device_bytes is None else round(missed * device_bytes / dataset_bytes)
 
 
 def _fmt_bytes(count: float) -> str:
@@ -144,17 +179,23 @@ def _fmt_bytes(count: float) -> str:
 
 
 def _floor(result: SimulationResult) -> int:
-    size = result.record_bytes
-    return floor_storage_bytes(result.records * size, result.cache_records * size, result.nodes)
+    """Storage bytes of the records no packed cache can hold, in device bytes."""
+    size, records = result.record_bytes, result.records
+    packed = result.cache_bytes // size * size  # whole records, as the simulated caches hold them
+    device = records * result.device_record_bytes
+    return floor_storage_bytes(records * size, packed, result.nodes, device_bytes=device)
 
 
 def _setup_lines(first: SimulationResult) -> list[str]:
-    size, nodes = first.record_bytes, first.nodes
+    size, device, nodes = first.record_bytes, first.device_record_bytes, first.nodes
     lines = [
         f"dataset: {first.records:,} records of {_fmt_bytes(size)} ({_fmt_bytes(first.records * size)}); "
-        f"cache: {first.cache_records:,} records ({_fmt_bytes(first.cache_records * size)}) per node, "
-        f"{nodes} node{'s' if nodes > 1 else ''}",
+        f"in whole pages {_fmt_bytes(device)} ({_fmt_bytes(first.records * device)})",
+        f"cache: {_fmt_bytes(first.cache_bytes)} per node, {nodes} node{'s' if nodes > 1 else ''}; it holds "
+        f"{first.cache_bytes // size:,} records packed (minio), {first.cache_bytes // device:,} "
+        "in pages (lru)",
         "each epoch reads every record once in a fresh random order; epoch 1 starts with empty caches",
+        "storage: device bytes (whole pages); network: the records' bytes",
     ]
     if first.scale > 1:
         lines.append(f"simulated at reduced scale: {first.simulated_records:,} records, same cache/dataset "
@@ -167,7 +208,9 @@ def _setup_lines(first: SimulationResult) -> list[str]:
 def format_simulation(results: SimulationResult | tuple[SimulationResult, ...]) -> str:
     """A plain-text table of one setup's results (as ``simulate_all`` gives), a row per policy and epoch."""
     results = (results,) if isinstance(results, SimulationResult) else tuple(results)
-    setups = {(r.records, r.cache_records, r.nodes, r.record_bytes, r.scale) for r in results}
+    setups = {
+        (r.records, r.cache_bytes, r.nodes, r.record_bytes, r.device_record_bytes, r.scale) for r in results
+    }
     if len(setups) != 1:
         raise ValueError(f"results must describe one setup, got {len(setups)}")
     rows = [("policy", "epoch", "hit rate", "local", "remote", "storage", "network")]

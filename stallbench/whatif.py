@@ -2,19 +2,22 @@
 
 The model of a steady epoch has three terms, each the time one stage alone would take:
 
-* compute: ``T1``, the measured ingestion epoch (the step with every batch already in memory);
+* compute: ``T1``, the steps of an ingestion epoch (every batch already made: the step alone);
 * prep: the prep run's epoch ``T3`` (all records in memory) scaled by ``cores used then / cores used``, where
   prep bounded that run; where compute hid it, ``samples / (prep rate per core * cores used)`` from the
   per-core rate measured on one core (cores used: ``min(max(workers, 1), cores)``);
-* fetch: ``(1 - hit rate) * dataset_bytes / storage bandwidth`` (measured, inside the run's limits). The
-  hit rate of a steady epoch is ``min(1, C/D)`` for the cached loader (MinIO, the optimum under random
-  order) and the simulated LRU rate (``simulate("lru")``, epoch 2) for the OS page cache of the torch loader.
-  A budget of None means the page cache of the memory available now: all hits when the dataset fits.
+* fetch: ``(1 - hit rate) * dataset_bytes / storage bandwidth`` (measured, inside the run's limits), in
+  device bytes throughout (whole pages, what the kernel reads and counts). The hit rate of a steady epoch is
+  ``min(1, C / record_bytes)`` for the cached loader (MinIO, the optimum under random order; it stores the
+  records packed) and the simulated LRU rate (``simulate("lru")``, epoch 2) of ``C / dataset_bytes`` for the
+  OS page cache of the torch loader (it holds whole pages). A budget of None means the page cache of the
+  memory available now: all hits when the dataset fits.
 
 The stages overlap, so the model epoch is the largest term, and that term names the bound (the data
-roofline; its efficiency is model / measured epoch). A prediction is calibrated on the measured point:
-``predicted = max(T1, T2 * model(other) / model(measured))``, which reproduces the measured ``T2`` exactly
-and is never faster than the ingestion rate.
+roofline; its efficiency is model / measured epoch, at most 1: a model above the measured epoch, which
+only noise in the measurements can make, is kept as ``bound_ratio``). A prediction is calibrated on the
+measured point: ``predicted = max(T1, T2 * model(other) / model(measured))``, which reproduces the measured
+``T2`` exactly and is never faster than the ingestion rate.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ class Measured:
             "machine.prep_samples_per_s_per_core": self.machine.prep_samples_per_s_per_core,
             "workload.samples": self.workload.samples,
             "workload.dataset_bytes": self.workload.dataset_bytes,
+            "workload.record_bytes": self.workload.record_bytes,
         }
         for name, value in figures.items():
             if not value > 0:
@@ -75,6 +79,7 @@ def _budget(cache_bytes: int | None) -> int:
 
 @functools.lru_cache(maxsize=256)
 def _lru_hit_rate(dataset_bytes: int, samples: int, cache_bytes: int) -> float:
+    """The page cache's rate: ``dataset_bytes`` are device bytes already, so no page rounding is added."""
     record = max(1, dataset_bytes // samples)
     result = simulate(
         "lru",
@@ -83,17 +88,28 @@ def _lru_hit_rate(dataset_bytes: int, samples: int, cache_bytes: int) -> float:
         record_bytes=record,
         epochs=2,
         max_records=50_000,
+        page_bytes=1,
     )
     return result.epochs[-1].hit_rate
 
 
-def hit_rate(loader: Loader, *, dataset_bytes: int, samples: int, cache_bytes: int | None) -> float:
-    """Fraction of a steady epoch's reads served from memory (see the module docstring)."""
+def hit_rate(
+    loader: Loader,
+    *,
+    dataset_bytes: int,
+    samples: int,
+    cache_bytes: int | None,
+    record_bytes: int | None = None,
+) -> float:
+    """Fraction of a steady epoch's reads served from memory (see the module docstring).
+
+    ``dataset_bytes`` are device bytes (whole pages: what the page cache holds); ``record_bytes`` the
+    records' own bytes (what the cached loader holds), ``dataset_bytes`` when not given."""
     _check_loader(loader)
     if cache_bytes is not None and cache_bytes < 0:
         raise ValueError(f"cache_bytes must not be negative, got {cache_bytes!r}")
     if loader == "cached" and cache_bytes is not None:
-        return min(1.0, cache_bytes / dataset_bytes)
+        return min(1.0, cache_bytes / (record_bytes or dataset_bytes))
     budget = _budget(cache_bytes)
     return 1.0 if budget >= dataset_bytes else _lru_hit_rate(dataset_bytes, samples, budget)
 
@@ -125,7 +141,14 @@ def _prep_seconds(m: Measured, workers: int) -> float:
 
 def _model_miss(m: Measured, cache_bytes: int | None, loader: Loader) -> float:
     w = m.workload
-    return 1.0 - hit_rate(loader, dataset_bytes=w.dataset_bytes, samples=w.samples, cache_bytes=cache_bytes)
+    hits = hit_rate(
+        loader,
+        dataset_bytes=w.dataset_bytes,
+        samples=w.samples,
+        cache_bytes=cache_bytes,
+        record_bytes=w.record_bytes,
+    )
+    return 1.0 - hits
 
 
 def _miss_fraction(m: Measured, cache_bytes: int | None, loader: Loader) -> float:
@@ -147,15 +170,22 @@ def _bound(terms: dict[str, float]) -> str:
 
 
 def roofline(m: Measured) -> Roofline:
-    """The data roofline of the measured configuration; efficiency = bound / measured epoch, as it is."""
+    """The data roofline of the measured configuration; efficiency = bound / measured epoch, at most 1.
+
+    Each term is a part of the measured epoch's work timed alone, in the same units (the steps, the prep
+    run or the one-core prep rate, the device bytes the cold run read at the device bytes per second the
+    storage gave as many readers as the job has workers), so a term can pass the epoch only by the noise
+    of those measurements: then efficiency is 1 and ``bound_ratio`` keeps the ratio as measured."""
     terms = epoch_terms(m, cache_bytes=m.workload.cache_bytes, workers=m.workload.workers)
     bound = _bound(terms)
+    ratio = terms[bound] / m.breakdown.epoch_seconds
     return Roofline(
         compute_seconds=terms["compute"],
         prep_seconds=terms["prep"],
         fetch_seconds=terms["fetch"],
         bound=bound,
-        efficiency=terms[bound] / m.breakdown.epoch_seconds,
+        efficiency=min(1.0, ratio),
+        bound_ratio=ratio,
     )
 
 

@@ -10,13 +10,20 @@ from _data import make_image_folder
 
 from loader import ImageFolder
 from stallbench.measure import (
+    _read_files,
     available_cores,
     measure_machine,
     measure_memory_bandwidth,
     measure_prep_rate,
     measure_storage_bandwidth,
 )
-from stallbench.storage import StorageLimits, probe_storage_conditions, resident_bytes
+from stallbench.storage import (
+    StorageLimits,
+    data_size,
+    evict_page_cache,
+    probe_storage_conditions,
+    resident_bytes,
+)
 
 THROTTLE = 32_000_000  # bytes/s
 
@@ -51,6 +58,36 @@ def test_storage_bandwidth_sees_the_kernel_throttle_and_leaves_the_sample_cold(d
     assert limits.paths == []  # entered for the measurement and removed again
 
 
+@pytest.fixture
+def small_files(tmp_path):
+    """1,000 files of 6,000 bytes (6 MB): 8,192 bytes each on the device, 8.19 MB in all."""
+    for i in range(1000):
+        (tmp_path / f"small{i:04d}.bin").write_bytes(os.urandom(6_000))
+    return tmp_path
+
+
+def test_the_reader_counts_the_kernel_bytes_beside_the_file_bytes(small_files):
+    files = sorted(map(str, small_files.iterdir()))
+    evict_page_cache(files)
+    for readers in (1, 3):
+        result = _read_files(files, readers, None)
+        evict_page_cache(files)
+        assert result["record_bytes"] == 6_000_000
+        assert 8_192_000 <= result["device_bytes"] < 8_192_000 + 64 * 4096  # whole pages, as jobs count them
+
+
+@pytest.mark.slow
+def test_storage_bandwidth_of_small_files_is_in_device_bytes(small_files):
+    """A throttle limits device bytes: a 6 KB file reads 8 KB, its own bytes flow at 0.73 x the throttle."""
+    problem = probe_storage_conditions(small_files)["read_throttle"]
+    if problem is not None:
+        pytest.fail(f"this test needs a kernel read throttle: {problem}")
+    limits = StorageLimits(read_bps=8_000_000, device_path=small_files)
+    bandwidth = measure_storage_bandwidth(small_files, sample_bytes=6_000_000, limits=limits, readers=2)
+    assert 0.9 * 8e6 < bandwidth < 1.25 * 8e6  # the throttle, plus the cgroup's first slice of burst
+    assert data_size(small_files).device_bytes == 8_192_000
+
+
 def test_storage_bandwidth_reads_only_a_sample(data_files):
     # the whole folder is resident after writing; a 1 MB sample is evicted (9 files), the rest stays
     measure_storage_bandwidth(data_files, sample_bytes=1 << 20)
@@ -61,6 +98,12 @@ def test_storage_bandwidth_reads_only_a_sample(data_files):
 def test_storage_bandwidth_refuses_a_bad_sample_size(data_files, bad):
     with pytest.raises(ValueError, match="sample_bytes must be a positive int"):
         measure_storage_bandwidth(data_files, sample_bytes=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.0])
+def test_storage_bandwidth_refuses_a_bad_reader_count(data_files, bad):
+    with pytest.raises(ValueError, match="readers must be a positive int"):
+        measure_storage_bandwidth(data_files, readers=bad)
 
 
 def test_storage_bandwidth_needs_bytes(tmp_path):

@@ -29,7 +29,9 @@ from stallbench.results import (
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "stallbench-json.md"
 GB = 10**9
-WORKLOAD = Workload("/data/imagenet-subset", 2 * GB, 20_000, 64, 4, "emulated:20", 3, GB, 200e6, 3 * GB // 2)
+WORKLOAD = Workload(
+    "/data/imagenet-subset", 2 * GB, 2 * GB * 6 // 8, 20_000, 64, 4, "emulated:20", 3, GB, 200e6, 3 * GB // 2
+)
 
 
 def _timeline(n: int, wait: float, seed: int) -> tuple[tuple[float, float], ...]:
@@ -62,11 +64,12 @@ def make_report(loader: str, epoch: float, fetch: float, storage: int, **changes
         breakdown=Breakdown(epoch, 6.25, 1.0, fetch, 3.5),
         storage_bytes=storage,
         dataset_bytes=2 * GB,
+        record_bytes=2 * GB * 6 // 8,
         hit_rate=1 - storage / (2 * GB),
         cpu_utilisation=0.42,
         samples_per_s=20_000 / epoch,
         machine=Machine(16, 1.8e9, 20e9, 620.0),
-        roofline=Roofline(6.25, 2.1, storage / 200e6, "compute", 6.25 / epoch),
+        roofline=Roofline(6.25, 2.1, storage / 200e6, "compute", min(1.0, 6.25 / epoch), 6.25 / epoch),
         predictions=predictions,
         advice=f"{loader}: fetch-bound; a cache of 1.5 GB would make the epoch compute-bound.",
     )
@@ -89,6 +92,25 @@ def test_single_table_holds_the_numbers():
     assert "vs" not in text.split("advice")[0]
     assert max(len(line) for line in text.splitlines()) <= 100
     assert "\x1b" not in text
+
+
+def test_table_shows_device_bytes_with_record_bytes_beside():
+    words = " ".join(format_report([make_report("torch", 15.25, 8.0, 3 * GB // 2)]).split())
+    assert "2.00 GB on the device (1.50 GB of records), 20,000 samples" in words
+    assert "storage read 1.50 GB of the dataset 75.0%" in words  # device bytes over device bytes
+
+
+def _efficiency_row(report: LoaderReport) -> str:
+    return next(line for line in format_report([report]).splitlines() if "efficiency" in line)
+
+
+def test_efficiency_above_the_epoch_is_capped_and_says_by_how_much():
+    report = make_report("torch", 15.25, 8.0, GB)
+    over = dataclasses.replace(report.roofline, efficiency=1.0, bound_ratio=1.023)
+    assert _efficiency_row(dataclasses.replace(report, roofline=over)).endswith(
+        "100.0% (measured bound 2.3% above the epoch)"
+    )
+    assert _efficiency_row(report).split()[-1] == "41.0%"  # 6.25 / 15.25, below the epoch: as it is
 
 
 def test_compare_table_side_by_side_with_ratios(pair):
@@ -162,7 +184,7 @@ def _roundtrip(obj: dict) -> dict:
 def test_json_round_trip_holds_the_schema(pair):
     obj = _roundtrip(report_to_json(pair))
     validate_report_json(obj)
-    assert obj["schema"] == SCHEMA == "stallbench.report/1"
+    assert obj["schema"] == SCHEMA == "stallbench.report/2"
     assert [entry["loader"] for entry in obj["loaders"]] == ["torch", "cached"]
     torch, cached = obj["loaders"]
     assert torch["fetch_stall_seconds"] == 8.0 and torch["fetch_stall_percent"] == pytest.approx(52.459, 1e-3)
@@ -216,7 +238,10 @@ def _set(obj: dict, path: tuple, value=None, delete: bool = False) -> dict:
         (("loaders", 0, "runs", 2, "stage_seconds", "fetch"), "1", False, "stage_seconds.fetch"),
         (("loaders", 1, "predictions"), {}, False, "loaders[1].predictions must be list"),
         (("ratios_to_baseline", "cached", "storage_bytes"), [], False, "cached.storage_bytes"),
-        (("schema",), "stallbench.report/0", False, "schema must be 'stallbench.report/1'"),
+        (("schema",), "stallbench.report/1", False, "schema must be 'stallbench.report/2'"),
+        (("loaders", 0, "record_bytes"), None, True, "loaders[0].record_bytes is missing"),
+        (("workload", "record_bytes"), 1.5, False, "workload.record_bytes must be integer"),
+        (("loaders", 1, "roofline", "bound_ratio"), None, True, "loaders[1].roofline.bound_ratio is missing"),
         (("loaders",), [], False, "at least one loader"),
     ],
 )

@@ -16,8 +16,9 @@ from stallbench.simulate import (
     simulate_all,
     simulation_to_json,
 )
+from stallbench.storage import PAGE
 
-RB = 1_000  # record bytes in most tests: sizes below are records * RB
+RB = PAGE  # record bytes in most tests (whole pages: device bytes = record bytes); sizes are records * RB
 
 
 def _reads(records: int, epochs: int, nodes: int, seed: int) -> list[list[tuple[int, int]]]:
@@ -224,8 +225,36 @@ def test_floor_storage_bytes() -> None:
     assert floor_storage_bytes(1000, 250) == 750
     assert floor_storage_bytes(1000, 250, nodes=3) == 250
     assert floor_storage_bytes(1000, 400, nodes=3) == 0
+    assert floor_storage_bytes(6000, 3000, device_bytes=8192) == 4096  # half the records, in whole pages
     with pytest.raises(ValueError, match=r"^nodes must"):
         floor_storage_bytes(1000, 250, nodes=0)
+    with pytest.raises(ValueError, match=r"^device_bytes must"):
+        floor_storage_bytes(1000, 250, device_bytes=0)
+
+
+SMALL = 6_000  # a small record: the device reads it as two 4 KiB pages
+
+
+@pytest.mark.parametrize("policy", ["lru", "minio"])
+def test_small_records_cost_storage_whole_pages(policy: str) -> None:
+    records, cache = 1000, 500 * 2 * PAGE  # memory for half the records' pages
+    result = simulate(policy, dataset_bytes=records * SMALL, cache_bytes=cache, record_bytes=SMALL, epochs=2)
+    held = cache // SMALL if policy == "minio" else cache // (2 * PAGE)  # packed, or whole pages
+    assert (result.device_record_bytes, result.cache_records) == (2 * PAGE, held)
+    first, second = result.epochs
+    assert first.storage_bytes == records * 2 * PAGE
+    assert second.storage_bytes == round((1 - second.hit_rate) * records) * 2 * PAGE
+    if policy == "minio":
+        assert second.hit_rate == held / records == 0.682  # 682 of 1000 where pages hold 500
+        assert second.storage_bytes == simulation_to_json(result)["simulations"][0]["floor_storage_bytes"]
+
+
+def test_page_bytes_of_one_counts_the_records_own_bytes() -> None:
+    result = simulate(
+        "minio", dataset_bytes=1000 * SMALL, cache_bytes=250 * SMALL, record_bytes=SMALL, page_bytes=1
+    )
+    assert result.device_record_bytes == SMALL
+    assert [e.storage_bytes for e in result.epochs] == [1000 * SMALL, 750 * SMALL, 750 * SMALL]
 
 
 @pytest.mark.parametrize("nodes", [1, 4])

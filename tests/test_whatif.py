@@ -24,10 +24,12 @@ def measured(
     prep_stall: float = 0.0,
     storage: float = 200e6,
     rate: float = 600.0,
+    record_bytes: int = D,
 ) -> Measured:
     workload = Workload(
         data="/data",
         dataset_bytes=D,
+        record_bytes=record_bytes,
         samples=100_000,
         batch_size=64,
         workers=workers,
@@ -105,7 +107,48 @@ def test_roofline_names_the_largest_term(options, bound):
     line = roofline(m)
     terms = (line.compute_seconds, line.prep_seconds, line.fetch_seconds)
     assert line.bound == bound
-    assert line.efficiency == pytest.approx(max(terms) / m.breakdown.epoch_seconds)
+    assert line.bound_ratio == pytest.approx(max(terms) / m.breakdown.epoch_seconds)
+    assert line.efficiency == min(1.0, line.bound_ratio)
+
+
+def test_efficiency_is_capped_and_the_ratio_kept():
+    over = roofline(measured(storage=50e6))  # fetch 169 s (LRU misses 0.845 of 10 GB) against a 100 s epoch
+    assert (over.efficiency, over.bound_ratio) == (1.0, pytest.approx(over.fetch_seconds / 100.0))
+    assert over.bound_ratio > 1.6
+    under = roofline(measured(t1=40.0))
+    assert under.efficiency == under.bound_ratio < 1.0
+
+
+SMALL_RECORD, SMALL_PAGES = 6_000, 8_192  # a 6 KB file costs the device two 4 KiB pages
+
+
+def small_files(**options) -> Measured:
+    """A torch epoch that read 0.75 of the dataset's device bytes at 5 MB/s (kernel bytes throughout)."""
+    records = D * SMALL_RECORD // SMALL_PAGES
+    m = measured(record_bytes=records, storage=5e6, t1=60.0, t2=1600.0, **options)
+    return dataclasses.replace(m, storage_bytes=int(0.75 * D))
+
+
+def test_small_records_keep_one_unit_so_the_roofline_is_a_bound():
+    m = small_files()
+    line = roofline(m)
+    assert line.fetch_seconds == pytest.approx(0.75 * D / 5e6)  # 1500 s: device bytes at device bytes/s
+    assert line.bound == "fetch" and line.bound_ratio == pytest.approx(1500 / 1600) and line.efficiency < 1
+
+
+def test_the_cached_loader_holds_records_packed_and_the_page_cache_whole_pages():
+    records = D * SMALL_RECORD // SMALL_PAGES
+    cached = hit_rate("cached", dataset_bytes=D, samples=100_000, cache_bytes=D // 2, record_bytes=records)
+    lru = hit_rate("torch", dataset_bytes=D, samples=100_000, cache_bytes=D // 2, record_bytes=records)
+    assert cached == pytest.approx(SMALL_PAGES / SMALL_RECORD / 2)  # half the pages' memory: 68% of records
+    assert lru == hit_rate("torch", dataset_bytes=D, samples=100_000, cache_bytes=D // 2)  # pages: unchanged
+
+
+def test_a_switch_to_the_cached_loader_is_predicted_in_device_bytes():
+    m = small_files()
+    switch = predict(m, cache_bytes=D // 2, workers=2, loader="cached")
+    missed = 1 - SMALL_PAGES / SMALL_RECORD / 2  # of the device bytes, at the measured rate of 0.75 in 1600 s
+    assert switch.epoch_seconds == pytest.approx(1600 * missed / 0.75)
 
 
 def test_prediction_bound_moves_from_fetch_to_prep():
