@@ -140,6 +140,6 @@ def memory_limit(cache_bytes: int, overheads: dict[str, int], workers: int = 2) 
     extra = max(0, workers - (os.cpu_count() or 1)) * EXTRA_WORKER_MARGIN
     base = cache_bytes + max(overheads.values()) + OVERHEAD_MARGIN + extra
     limit = base + reserve_for_limit(base)
-    while limit - reserve_for_limit(limit) < base:  # 3% of the limit: a fixed point a step or two away
+    while limit - reserve_for_limit(limit) < base:  # 5% of the limit: a fixed point a step or two away
         limit = base + reserve_for_limit(limit)
     return limit

@@ -60,7 +60,7 @@ def test_auto_with_ample_memory_holds_the_whole_dataset(shm_dir, memory):
 
 
 def test_auto_under_a_limit_takes_the_headroom_less_the_reserve(shm_dir, memory):
-    view = free(64 * MIB + index_bytes(RECORDS) + 20 * SIZE, limit=1 << 30)
+    view = free(128 * MIB + index_bytes(RECORDS) + 20 * SIZE, limit=1 << 30)
     memory(view)
     dl = make(shm_dir, "auto")
     s = dl.stats()
@@ -104,7 +104,7 @@ def test_a_cache_size_that_is_not_a_number_or_auto_is_refused(shm_dir, bad):
 
 
 def test_short_memory_pauses_admission_warns_once_and_loses_nothing(shm_dir, memory):
-    view = free(64 * MIB + 10 * SIZE, limit=1 << 30)  # room for 10 records above the reserve
+    view = free(128 * MIB + 10 * SIZE, limit=1 << 30)  # room for 10 records above the reserve
     memory(view)
     dl = make(shm_dir, 1 << 20)
     with pytest.warns(RuntimeWarning, match="memory is short") as caught:
@@ -117,7 +117,7 @@ def test_short_memory_pauses_admission_warns_once_and_loses_nothing(shm_dir, mem
 
 @pytest.mark.multiproc
 def test_short_memory_pauses_admission_in_every_worker(shm_dir, memory):
-    memory(free(64 * MIB + 10 * SIZE, limit=1 << 30))
+    memory(free(128 * MIB + 10 * SIZE, limit=1 << 30))
     dl = make(shm_dir, 1 << 20, num_workers=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the workers inherit this: their one warning each goes nowhere
@@ -177,7 +177,7 @@ def test_at_a_limit_of_cache_plus_job_memory_the_job_completes_and_warns(big_fol
 @pytest.mark.multiproc
 @pytest.mark.slow
 def test_auto_under_a_cgroup_limit_picks_a_size_within_it(big_folder, shm_dir):
-    limit = job_memory(big_folder, shm_dir) + FILES * RECORD_BYTES // 2
+    limit = job_memory(big_folder, shm_dir) + 256 * MIB  # the reserve (128 MiB) and about 128 MiB for data
     evict_page_cache(big_folder)
     with StorageLimits(memory_bytes=limit) as limits:
         stats, _ = run_job(limits, big_folder, shm_dir, "auto")

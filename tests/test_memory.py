@@ -215,8 +215,8 @@ def test_without_proc_meminfo_psutil_tells(fake):
     assert 0 < view.headroom <= view.limit and view.source == MACHINE
 
 
-@pytest.mark.parametrize(("limit", "reserve"), [(0, 64 * MIB), (GIB, 64 * MIB), (100 * GIB, 3 * GIB)])
-def test_reserve_is_3_percent_of_the_limit_and_at_least_64_mib(limit, reserve):
+@pytest.mark.parametrize(("limit", "reserve"), [(0, 128 * MIB), (GIB, 128 * MIB), (100 * GIB, 5 * GIB)])
+def test_reserve_is_5_percent_of_the_limit_and_at_least_128_mib(limit, reserve):
     assert reserve_bytes(MemoryView(0, limit, MACHINE)) == reserve
 
 
@@ -224,9 +224,9 @@ def test_reserve_is_3_percent_of_the_limit_and_at_least_64_mib(limit, reserve):
     ("wanted", "headroom", "chosen", "why"),
     [
         (1288 * MIB, 5427 * MIB, 1288 * MIB, "1.3 GiB: the dataset's size, within 5.3 GiB free per SRC"),
-        (10 * GIB, 364 * MIB, 300 * MIB, "300 MiB: 364 MiB free per SRC, less 64 MiB kept free"),
-        (10 * GIB, 50 * MIB, 0, "0 B: 50 MiB free per SRC, less 64 MiB kept free"),
-        (10 * GIB, 0, 0, "0 B: 0 B free per SRC, less 64 MiB kept free"),
+        (10 * GIB, 364 * MIB, 236 * MIB, "236 MiB: 364 MiB free per SRC, less 128 MiB kept free"),
+        (10 * GIB, 50 * MIB, 0, "0 B: 50 MiB free per SRC, less 128 MiB kept free"),
+        (10 * GIB, 0, 0, "0 B: 0 B free per SRC, less 128 MiB kept free"),
         (0, 2 * GIB, 0, "0 B: the dataset's size, within 2.0 GiB free per SRC"),
     ],
 )
@@ -247,8 +247,8 @@ def test_auto_cache_bytes_never_exceeds_wanted_nor_headroom_less_reserve():
 def test_auto_cache_bytes_reads_the_memory_view_when_given_none(fake):
     fake.meminfo(available=GIB, total=2 * GIB)
     assert auto_cache_bytes(10 * GIB) == (
-        GIB - 64 * MIB,
-        f"960 MiB: 1.0 GiB free per {MACHINE}, less 64 MiB kept free",
+        GIB - 128 * MIB,
+        f"896 MiB: 1.0 GiB free per {MACHINE}, less 128 MiB kept free",
     )
 
 
@@ -268,7 +268,7 @@ class Views:
 
     def view(self) -> MemoryView:
         self.reads += 1
-        return MemoryView(self.headroom, GIB, "SRC")  # reserve: 64 MiB
+        return MemoryView(self.headroom, GIB, "SRC")  # reserve: 128 MiB
 
 
 def test_gauge_rereads_once_the_interval_passed(monkeypatch):
@@ -282,10 +282,10 @@ def test_gauge_rereads_once_the_interval_passed(monkeypatch):
     assert gauge.short() and views.reads == 2 and gauge.last.headroom == 0
 
 
-@pytest.mark.parametrize(("bytes_between", "step"), [(100 * MIB, 30 * MIB), (None, 2 * MIB)])
+@pytest.mark.parametrize(("bytes_between", "step"), [(100 * MIB, 30 * MIB), (None, 4 * MIB)])
 def test_gauge_rereads_after_bytes_between_were_noted(monkeypatch, bytes_between, step):
     views = Views(monkeypatch, GIB)
-    gauge = PressureGauge(interval=3600, bytes_between=bytes_between)  # default: 64 MiB // 8 = 8 MiB
+    gauge = PressureGauge(interval=3600, bytes_between=bytes_between)  # default: 128 MiB // 8 = 16 MiB
     gauge.short()
     for _ in range(3):
         assert not gauge.short(step)
@@ -295,16 +295,16 @@ def test_gauge_rereads_after_bytes_between_were_noted(monkeypatch, bytes_between
 
 
 def test_gauge_is_short_when_adding_would_leave_less_than_the_reserve(monkeypatch):
-    Views(monkeypatch, 100 * MIB)
+    Views(monkeypatch, 164 * MIB)
     assert not PressureGauge().short(36 * MIB)
     assert PressureGauge().short(36 * MIB + 1)
 
 
 def test_gauge_counts_bytes_it_allowed_until_the_next_read(monkeypatch):
-    views = Views(monkeypatch, 100 * MIB)
+    views = Views(monkeypatch, 164 * MIB)
     gauge = PressureGauge(interval=3600, bytes_between=GIB)
     assert not gauge.short(20 * MIB)
-    assert gauge.short(20 * MIB)  # 100 - 20 - 20 < 64, though the last view still says 100 free
+    assert gauge.short(20 * MIB)  # 164 - 20 - 20 < 128, though the last view still says 164 free
     assert not gauge.short(16 * MIB)  # what was refused is not counted
     assert views.reads == 1
 
