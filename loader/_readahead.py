@@ -7,7 +7,8 @@ decides from what it measures: it fetches one by one and times it, turns read-ah
 costs more than a memory copy would (``MIN_FETCH_S`` plus its bytes at ``COPY_BPS``: a 112 KB record from
 memory takes ~57 us on a slow VM) and at least ``ON_RATIO`` of its decode. It turns it off again as soon as
 a batch read ahead came wholly from our cache (a memory copy, whatever the threads measured), and re-measures
-one by one every ``PROBE_EVERY`` batches, turning it off below ``OFF_RATIO``.
+one by one every ``PROBE_EVERY`` batches, turning it off below ``OFF_RATIO``. A batch whose misses all came
+from the page cache at memory speed turns it off too.
 """
 
 from __future__ import annotations
@@ -52,9 +53,11 @@ class ReadAhead:
         copy = MIN_FETCH_S + nbytes / records / COPY_BPS
         self.active = fetch >= copy and fetch >= ratio * decode
 
-    def saw_misses(self, misses: int) -> None:
-        """A batch read ahead: with no record missing our cache, there was nothing to hide."""
-        if misses == 0:
+    def saw_misses(self, misses: int, seconds: float = 0.0, nbytes: int = 0) -> None:
+        """A batch read ahead, whose ``misses`` records missing our cache took ``seconds`` to fetch
+        (``nbytes`` in all): off when none missed, or the misses came as fast as memory copies (the page
+        cache holds them), so there was nothing to hide."""
+        if misses == 0 or seconds / misses < MIN_FETCH_S + nbytes / misses / COPY_BPS:
             self.active = False
 
     def submit_all(self, fetch: Callable[[int], Any], indices: Sequence[int]) -> list[Future]:

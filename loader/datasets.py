@@ -61,7 +61,8 @@ class SourceDataset(Dataset):
         self._board: StatsBoard | None = None
         self._on_error: OnError = "raise"
         self._readahead: ReadAhead | None = None
-        self._spent = [0.0, 0.0, 0, 0]  # this batch's fetch and decode seconds, misses, bytes: read-ahead
+        # this batch's fetch and decode seconds, bytes, and its misses' count, seconds and bytes: read-ahead
+        self._spent = [0.0, 0.0, 0, 0, 0.0, 0]
 
     def __len__(self) -> int:
         return len(self.source)
@@ -75,7 +76,7 @@ class SourceDataset(Dataset):
         readahead = self._readahead
         if readahead is None or not self.source.thread_safe_reads:
             return [self[i] for i in indices]
-        self._spent = [0.0, 0.0, 0, 0]
+        self._spent = [0.0, 0.0, 0, 0, 0.0, 0]
         if not readahead.wanted():
             samples = [self[i] for i in indices]
             readahead.observe(self._spent[0], self._spent[1], len(indices), self._spent[3])
@@ -83,7 +84,8 @@ class SourceDataset(Dataset):
         indices = [self.source.check_index(i) for i in indices]
         futures = readahead.submit_all(self._fetch, indices)
         samples = [self._sample(i, future.result) for i, future in zip(indices, futures, strict=True)]
-        readahead.saw_misses(self._spent[2])
+        misses, miss_seconds, miss_bytes = self._spent[2], self._spent[4], self._spent[5]
+        readahead.saw_misses(misses, miss_seconds, miss_bytes)
         return samples
 
     def bind(
@@ -134,6 +136,8 @@ class SourceDataset(Dataset):
             self._count("misses", 1)
             self._count("bytes_from_source", size)
             self._spent[2] += 1
+            self._spent[4] += got.seconds
+            self._spent[5] += size
         if got.admitted:
             self._count("records_admitted", 1)
         if got.corrupt:

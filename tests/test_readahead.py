@@ -56,9 +56,9 @@ def test_it_turns_off_when_reads_become_fast():
     it = iter(dl)
     next(it)
     assert switch_of(dl).active
-    dl.dataset.source.delay = 0  # the loader's copy of the source: its records are now in memory
+    dl.dataset.source.delay = 0  # its records are now in memory
     states = [switch_of(dl).active for _ in it]
-    assert states[-1] is False and True in states  # off at the next probe, not before
+    assert not any(states)  # the next batch read ahead found its misses as fast as memory copies: off
 
 
 @pytest.mark.parametrize(
@@ -87,3 +87,18 @@ def test_a_batch_wholly_from_the_cache_turns_it_off(shm_dir):
     second = [switch_of(dl).active for _ in dl]  # epoch 2: every record is a hit
     assert first[-1] is True
     assert second[0] is False and not any(second)
+
+
+@pytest.mark.parametrize(
+    ("misses", "seconds", "size", "stays_on"),
+    [
+        (0, 0.0, 0, False),  # all from our cache
+        (32, 32 * 60e-6, 32 * (112 << 10), False),  # misses at memory speed: the page cache held them
+        (32, 32 * 600e-6, 32 * (112 << 10), True),  # misses at 200 MB/s: storage
+    ],
+)
+def test_a_batch_read_ahead_keeps_it_on_only_for_misses_slower_than_a_copy(misses, seconds, size, stays_on):
+    switch = ReadAhead(2)
+    switch.active = True
+    switch.saw_misses(misses, seconds, size)
+    assert switch.active is stays_on
