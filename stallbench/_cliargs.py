@@ -72,7 +72,7 @@ def cache_spec(text: str) -> int | CacheSpec:
 
 
 def memory_spec(text: str) -> int | str:
-    """``"auto"`` (cache budget + the job's measured memory) or a size."""
+    """``"auto"`` (cache budget + the job's measured memory + the cached loader's reserve) or a size."""
     if text == "auto":
         return text
     value = size(text)

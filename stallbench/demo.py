@@ -51,7 +51,8 @@ def describe(req: AnalysisRequest, out=sys.stdout) -> None:
         print(
             f"both loaders run in a cgroup: storage reads throttled to "
             f"{req.storage_bytes_per_s / MB:.0f} MB/s, "
-            "memory limited to the same budget (half the data + the job's measured memory)",
+            "memory limited to the same budget (half the data + the job's measured memory + the memory the "
+            "cached loader keeps free)",
             file=out,
         )
     print(f"comparing {' and '.join(KINDS.values())}: {req.epochs} epochs per run ...", file=out, flush=True)
