@@ -18,10 +18,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["COPY_BPS", "MIN_FETCH_S", "OFF_RATIO", "ON_RATIO", "PROBE_EVERY", "ReadAhead"]
+__all__ = ["COPY_BPS", "MIN_FETCH_S", "OFF_RATIO", "ON_RATIO", "PROBE_EVERY", "SLOWER_THAN_COPY", "ReadAhead"]
 
 MIN_FETCH_S = 50e-6  # a fetch faster than this, plus its bytes at COPY_BPS, is a memory copy
 COPY_BPS = 1e9  # bytes per second a memory copy reaches at the least (measured 2-3 GB/s on a 2-core VM)
+# A fetch must take this many times a copy's time to count as storage where one noisy figure would switch the
+# threads on (a one-by-one batch preempted for a few ms) or keep them on (reads on threads wait for the GIL):
+# 112 KB from the page cache measured 137-248 us on threads, the same from storage at 200 MB/s 560 us or more.
+SLOWER_THAN_COPY = 2.0
 ON_RATIO, OFF_RATIO = 0.10, 0.05  # fetch time per record, as a fraction of its decode time
 PROBE_EVERY = 16  # while on, one batch in this many is fetched one by one to measure the fetch again
 
@@ -50,14 +54,15 @@ class ReadAhead:
             return
         fetch, decode = fetch_seconds / records, decode_seconds / records
         ratio = OFF_RATIO if self.active else ON_RATIO
-        copy = MIN_FETCH_S + nbytes / records / COPY_BPS
+        copy = (MIN_FETCH_S + nbytes / records / COPY_BPS) * (1.0 if self.active else SLOWER_THAN_COPY)
         self.active = fetch >= copy and fetch >= ratio * decode
 
     def saw_misses(self, misses: int, seconds: float = 0.0, nbytes: int = 0) -> None:
         """A batch read ahead, whose ``misses`` records missing our cache took ``seconds`` to fetch
         (``nbytes`` in all): off when none missed, or the misses came as fast as memory copies (the page
         cache holds them), so there was nothing to hide."""
-        if misses == 0 or seconds / misses < MIN_FETCH_S + nbytes / misses / COPY_BPS:
+        copy = MIN_FETCH_S + nbytes / misses / COPY_BPS if misses else 0.0
+        if misses == 0 or seconds / misses < SLOWER_THAN_COPY * copy:
             self.active = False
 
     def submit_all(self, fetch: Callable[[int], Any], indices: Sequence[int]) -> list[Future]:

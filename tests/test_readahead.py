@@ -8,7 +8,7 @@ import pytest
 from helpers import MemorySource, first_index
 
 from loader import DataLoader, SourceDataset
-from loader._readahead import COPY_BPS, MIN_FETCH_S, PROBE_EVERY, ReadAhead
+from loader._readahead import COPY_BPS, MIN_FETCH_S, PROBE_EVERY, SLOWER_THAN_COPY, ReadAhead
 
 
 class SlowReads(MemorySource):
@@ -70,7 +70,8 @@ def test_it_turns_off_when_reads_become_fast():
         (1e-3, 5e-3, 0, True),
         (60e-6, 0.0, 112 << 10, False),  # 112 KB in 60 us: a memory copy, however slow the decode
         (600e-6, 0.0, 112 << 10, True),  # the same record at 200 MB/s: storage
-        (MIN_FETCH_S + 100e3 / COPY_BPS * 1.01, 0.0, 100_000, True),
+        ((MIN_FETCH_S + 100e3 / COPY_BPS) * SLOWER_THAN_COPY * 1.01, 0.0, 100_000, True),
+        ((MIN_FETCH_S + 100e3 / COPY_BPS) * SLOWER_THAN_COPY * 0.99, 0.0, 100_000, False),  # a preempted copy
     ],
 )
 def test_the_switch_weighs_fetch_against_a_copy_and_decode(fetch, decode, size, on):
@@ -94,6 +95,7 @@ def test_a_batch_wholly_from_the_cache_turns_it_off(shm_dir):
     [
         (0, 0.0, 0, False),  # all from our cache
         (32, 32 * 60e-6, 32 * (112 << 10), False),  # misses at memory speed: the page cache held them
+        (32, 32 * 250e-6, 32 * (112 << 10), False),  # the same on threads that wait for the GIL
         (32, 32 * 600e-6, 32 * (112 << 10), True),  # misses at 200 MB/s: storage
     ],
 )
