@@ -22,7 +22,6 @@ Cases (``D`` = the dataset's bytes):
 
 from __future__ import annotations
 
-import mmap
 import shutil
 import statistics
 from dataclasses import dataclass, field
@@ -40,13 +39,12 @@ from stallbench._jobs import (
     scratch_cache_dir,
 )
 from stallbench.demo import format_table
-from stallbench.storage import StorageLimits, evict_page_cache, probe_storage_conditions
+from stallbench.storage import StorageLimits, data_size, evict_page_cache, probe_storage_conditions
 from stallbench.workloads import make_jpeg_folder
 
 READ_BPS = 200_000_000
 JOB = dict(workers=2, batch_size=64)
 SCRIPT = Path(__file__).with_name("_epoch_job.py")
-PAGE = mmap.PAGESIZE
 GB = 1e9
 DATASETS = {  # name: (records, record bytes, image size)
     "large": (18_000, 112 << 10, (500, 375)),
@@ -92,7 +90,8 @@ def _data(name: str, root: Path, made: dict[str, Data]) -> Data:
     problems = {k: v for k, v in probe_storage_conditions(path).items() if v is not None}
     if problems:
         pytest.fail(f"the fetch-bound conditions cannot be set up here: {problems}", pytrace=False)
-    d = Data(path, records, records * -(-size // PAGE) * PAGE, records * size)
+    sizes = data_size(path.glob("*/*.jpg"))  # the records: not the hidden manifest beside them
+    d = Data(path, records, sizes.device_bytes, sizes.record_bytes)
     probe = dict(epochs=1, max_batches=2, cache_bytes=probe_cache_bytes(records))
     d.overheads = measure_overhead(lambda kind, c: _argv(d, kind, c, probe), ["torch", "cached"], path)
     made[name] = d

@@ -51,6 +51,16 @@ class _Fetched(NamedTuple):
     memory_pause: bool = False  # the cache began a pause in admission because memory was short
 
 
+class _BatchCost:
+    """What one batch's records cost, summed by the worker's own thread: what the read-ahead switch weighs."""
+
+    __slots__ = ("decode_seconds", "fetch_seconds", "miss_bytes", "miss_seconds", "misses", "nbytes")
+
+    def __init__(self) -> None:
+        self.fetch_seconds = self.decode_seconds = self.miss_seconds = 0.0
+        self.nbytes = self.misses = self.miss_bytes = 0
+
+
 class SourceDataset(Dataset):
     """``dataset[i] -> (transform(raw_bytes_i), label_i)``; ``transform=None`` gives the raw bytes."""
 
@@ -61,8 +71,7 @@ class SourceDataset(Dataset):
         self._board: StatsBoard | None = None
         self._on_error: OnError = "raise"
         self._readahead: ReadAhead | None = None
-        # this batch's fetch and decode seconds, bytes, and its misses' count, seconds and bytes: read-ahead
-        self._spent = [0.0, 0.0, 0, 0, 0.0, 0]
+        self._spent = _BatchCost()
 
     def __len__(self) -> int:
         return len(self.source)
@@ -76,16 +85,15 @@ class SourceDataset(Dataset):
         readahead = self._readahead
         if readahead is None or not self.source.thread_safe_reads:
             return [self[i] for i in indices]
-        self._spent = [0.0, 0.0, 0, 0, 0.0, 0]
+        spent = self._spent = _BatchCost()
         if not readahead.wanted():
             samples = [self[i] for i in indices]
-            readahead.observe(self._spent[0], self._spent[1], len(indices), self._spent[3])
+            readahead.observe(spent.fetch_seconds, spent.decode_seconds, len(indices), spent.nbytes)
             return samples
         indices = [self.source.check_index(i) for i in indices]
         futures = readahead.submit_all(self._fetch, indices)
         samples = [self._sample(i, future.result) for i, future in zip(indices, futures, strict=True)]
-        misses, miss_seconds, miss_bytes = self._spent[2], self._spent[4], self._spent[5]
-        readahead.saw_misses(misses, miss_seconds, miss_bytes)
+        readahead.saw_misses(spent.misses, spent.miss_seconds, spent.miss_bytes)
         return samples
 
     def bind(
@@ -135,9 +143,10 @@ class SourceDataset(Dataset):
         else:
             self._count("misses", 1)
             self._count("bytes_from_source", size)
-            self._spent[2] += 1
-            self._spent[4] += got.seconds
-            self._spent[5] += size
+            spent = self._spent
+            spent.misses += 1
+            spent.miss_seconds += got.seconds
+            spent.miss_bytes += size
         if got.admitted:
             self._count("records_admitted", 1)
         if got.corrupt:
@@ -145,8 +154,8 @@ class SourceDataset(Dataset):
         if got.memory_pause:
             self._count("memory_pauses", 1)
         self._count("fetch_seconds", got.seconds)
-        self._spent[0] += got.seconds
-        self._spent[3] += size
+        self._spent.fetch_seconds += got.seconds
+        self._spent.nbytes += size
 
     def _decode(self, index: int, raw: bytes) -> Any:
         if self.transform is None:
@@ -158,7 +167,7 @@ class SourceDataset(Dataset):
             raise BadRecordError(self.source.describe(index), index, str(exc)) from exc
         seconds = time.perf_counter() - start
         self._count("decode_seconds", seconds)
-        self._spent[1] += seconds
+        self._spent.decode_seconds += seconds
         return sample
 
     def _count(self, field: str, amount: float) -> None:
