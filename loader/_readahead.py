@@ -9,6 +9,12 @@ memory takes ~57 us on a slow VM) and at least ``ON_RATIO`` of its decode. It tu
 a batch read ahead came wholly from our cache (a memory copy, whatever the threads measured), and re-measures
 one by one every ``PROBE_EVERY`` batches, turning it off below ``OFF_RATIO``. A batch whose misses all came
 from the page cache at memory speed turns it off too.
+
+Slow fetches do not mean threads help: storage capped in bytes per second (a throttled cgroup, a saturated
+disk) is as slow with 4 reads in flight as with one. So each one-by-one batch also weighs what the threads
+bought: when the batches read ahead since the last one took more than ``PAYS_BELOW`` of its time per record,
+read-ahead goes off for ``HOLD_OFF`` batches. (Measured, 200 MB/s cap, 2 workers: the threads left epoch 1
+no faster and the warm epochs after it 3-10% slower than with one-by-one reads.)
 """
 
 from __future__ import annotations
@@ -18,7 +24,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["COPY_BPS", "MIN_FETCH_S", "OFF_RATIO", "ON_RATIO", "PROBE_EVERY", "SLOWER_THAN_COPY", "ReadAhead"]
+__all__ = [
+    "COPY_BPS",
+    "HOLD_OFF",
+    "MIN_FETCH_S",
+    "OFF_RATIO",
+    "ON_RATIO",
+    "PAYS_BELOW",
+    "PROBE_EVERY",
+    "SLOWER_THAN_COPY",
+    "ReadAhead",
+]
 
 MIN_FETCH_S = 50e-6  # a fetch faster than this, plus its bytes at COPY_BPS, is a memory copy
 COPY_BPS = 1e9  # bytes per second a memory copy reaches at the least (measured 2-3 GB/s on a 2-core VM)
@@ -28,6 +44,8 @@ COPY_BPS = 1e9  # bytes per second a memory copy reaches at the least (measured 
 SLOWER_THAN_COPY = 2.0
 ON_RATIO, OFF_RATIO = 0.10, 0.05  # fetch time per record, as a fraction of its decode time
 PROBE_EVERY = 16  # while on, one batch in this many is fetched one by one to measure the fetch again
+PAYS_BELOW = 0.9  # batches read ahead must take at most this share of a one-by-one batch's time per record
+HOLD_OFF = 4 * PROBE_EVERY  # batches read-ahead stays off after it did not pay
 
 
 class ReadAhead:
@@ -39,31 +57,50 @@ class ReadAhead:
         self.threads = threads
         self.active = False
         self._batches = 0
+        self._held = 0  # batches left to stay off because read-ahead did not pay
+        self._ahead = [0.0, 0]  # seconds and records of the batches read ahead since the last one by one
         self._pool: ThreadPoolExecutor | None = None
         self._pid = -1
 
     def wanted(self) -> bool:
         """Whether the next batch should be read ahead (False: fetch one by one and ``observe`` it)."""
         self._batches += 1
+        self._held = max(0, self._held - 1)
         return self.active and self._batches % PROBE_EVERY != 0
 
-    def observe(self, fetch_seconds: float, decode_seconds: float, records: int, nbytes: int = 0) -> None:
-        """A batch of ``records`` (``nbytes`` in all) fetched one by one: switch read-ahead on or off from
-        its fetch and decode times."""
+    def observe(
+        self, fetch_seconds: float, decode_seconds: float, records: int, nbytes: int = 0, seconds: float = 0.0
+    ) -> None:
+        """A batch of ``records`` (``nbytes`` in all) fetched one by one, which took ``seconds`` in all:
+        switch read-ahead on or off from its fetch and decode times and what the threads bought."""
         if records == 0:
+            return
+        if not self._paid(seconds / records) and self.active:
+            self.active, self._held = False, HOLD_OFF
+        if self._held:
             return
         fetch, decode = fetch_seconds / records, decode_seconds / records
         ratio = OFF_RATIO if self.active else ON_RATIO
         copy = (MIN_FETCH_S + nbytes / records / COPY_BPS) * (1.0 if self.active else SLOWER_THAN_COPY)
         self.active = fetch >= copy and fetch >= ratio * decode
 
-    def saw_misses(self, misses: int, seconds: float = 0.0, nbytes: int = 0) -> None:
-        """A batch read ahead, whose ``misses`` records missing our cache took ``seconds`` to fetch
-        (``nbytes`` in all): off when none missed, or the misses came as fast as memory copies (the page
-        cache holds them), so there was nothing to hide."""
-        copy = MIN_FETCH_S + nbytes / misses / COPY_BPS if misses else 0.0
-        if misses == 0 or seconds / misses < SLOWER_THAN_COPY * copy:
+    def read_ahead(
+        self, records: int, seconds: float, misses: int, miss_seconds: float = 0.0, miss_bytes: int = 0
+    ) -> None:
+        """A batch of ``records`` read ahead in ``seconds``, whose ``misses`` records missing our cache took
+        ``miss_seconds`` to fetch (``miss_bytes`` in all): off when none missed, or the misses came as fast
+        as memory copies (the page cache holds them), so there was nothing to hide."""
+        self._ahead[0] += seconds
+        self._ahead[1] += records
+        copy = MIN_FETCH_S + miss_bytes / misses / COPY_BPS if misses else 0.0
+        if misses == 0 or miss_seconds / misses < SLOWER_THAN_COPY * copy:
             self.active = False
+
+    def _paid(self, one_by_one: float) -> bool:
+        """Whether the batches read ahead since the last one-by-one batch took at most ``PAYS_BELOW`` of
+        its time per record (``one_by_one``); resets the sums, so each period read ahead is judged alone."""
+        (seconds, records), self._ahead = self._ahead, [0.0, 0]
+        return records == 0 or seconds / records <= PAYS_BELOW * one_by_one
 
     def submit_all(self, fetch: Callable[[int], Any], indices: Sequence[int]) -> list[Future]:
         """Start ``fetch(i)`` for every index; the futures come back in the same order."""
@@ -73,4 +110,5 @@ class ReadAhead:
         return [self._pool.submit(fetch, i) for i in indices]
 
     def __getstate__(self) -> dict:
-        return {"threads": self.threads, "active": False, "_batches": 0, "_pool": None, "_pid": -1}
+        fresh = {"active": False, "_batches": 0, "_held": 0, "_ahead": [0.0, 0], "_pool": None, "_pid": -1}
+        return {"threads": self.threads, **fresh}

@@ -86,14 +86,17 @@ class SourceDataset(Dataset):
         if readahead is None or not self.source.thread_safe_reads:
             return [self[i] for i in indices]
         spent = self._spent = _BatchCost()
+        start = time.perf_counter()
         if not readahead.wanted():
             samples = [self[i] for i in indices]
-            readahead.observe(spent.fetch_seconds, spent.decode_seconds, len(indices), spent.nbytes)
+            seconds = time.perf_counter() - start
+            readahead.observe(spent.fetch_seconds, spent.decode_seconds, len(indices), spent.nbytes, seconds)
             return samples
         indices = [self.source.check_index(i) for i in indices]
         futures = readahead.submit_all(self._fetch, indices)
         samples = [self._sample(i, future.result) for i, future in zip(indices, futures, strict=True)]
-        readahead.saw_misses(spent.misses, spent.miss_seconds, spent.miss_bytes)
+        seconds = time.perf_counter() - start
+        readahead.read_ahead(len(indices), seconds, spent.misses, spent.miss_seconds, spent.miss_bytes)
         return samples
 
     def bind(

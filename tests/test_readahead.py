@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 from helpers import MemorySource, first_index
 
 from loader import DataLoader, SourceDataset
-from loader._readahead import COPY_BPS, MIN_FETCH_S, PROBE_EVERY, SLOWER_THAN_COPY, ReadAhead
+from loader._readahead import COPY_BPS, HOLD_OFF, MIN_FETCH_S, PROBE_EVERY, SLOWER_THAN_COPY, ReadAhead
 
 
 class SlowReads(MemorySource):
@@ -102,5 +103,51 @@ def test_a_batch_wholly_from_the_cache_turns_it_off(shm_dir):
 def test_a_batch_read_ahead_keeps_it_on_only_for_misses_slower_than_a_copy(misses, seconds, size, stays_on):
     switch = ReadAhead(2)
     switch.active = True
-    switch.saw_misses(misses, seconds, size)
+    switch.read_ahead(32, seconds, misses, seconds, size)
     assert switch.active is stays_on
+
+
+class CappedReads(SlowReads):
+    """Storage capped in bytes per second: one read at a time, however many threads ask."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        super().__init__(n, delay)
+        self._device = threading.Lock()
+
+    def read(self, index: int) -> bytes:
+        with self._device:
+            return super().read(index)
+
+
+def test_reads_that_threads_cannot_speed_up_turn_it_off_for_a_while():
+    source = CappedReads(8 * (PROBE_EVERY + 8), delay=0.002)
+    dl = DataLoader(SourceDataset(source, transform=first_index), batch_size=8)
+    states = [switch_of(dl).active for _ in dl]
+    assert states[0] is True  # slow fetches: tried
+    off = states.index(False)
+    assert off == PROBE_EVERY - 1  # the first one-by-one batch found the threads bought nothing
+    assert not any(states[off:])  # and it stays off (HOLD_OFF batches), though each fetch is slow
+
+
+def test_reads_that_threads_speed_up_keep_it_on_past_a_probe():
+    source = SlowReads(8 * (PROBE_EVERY + 8), delay=0.002)
+    dl = DataLoader(SourceDataset(source, transform=first_index), batch_size=8)
+    assert all(switch_of(dl).active for _ in dl)
+
+
+@pytest.mark.parametrize(("ahead", "one_by_one", "stays_on"), [(0.5, 1.0, True), (0.95, 1.0, False)])
+def test_a_probe_keeps_it_on_only_where_the_batches_read_ahead_were_faster(ahead, one_by_one, stays_on):
+    switch = ReadAhead(2)
+    switch.active = True
+    for _ in range(3):
+        switch.read_ahead(10, ahead * 10e-3, misses=10, miss_seconds=10e-3, miss_bytes=0)
+    switch.observe(10e-3, 0.0, 10, 0, one_by_one * 10e-3)  # fetches slow enough to keep it on by themselves
+    assert switch.active is stays_on
+    if not stays_on:
+        for _ in range(HOLD_OFF - 1):
+            assert not switch.wanted()
+            switch.observe(10e-3, 0.0, 10, 0, 10e-3)
+            assert not switch.active
+        switch.wanted()
+        switch.observe(10e-3, 0.0, 10, 0, 10e-3)
+        assert switch.active  # held off long enough: tried again
