@@ -1,0 +1,184 @@
+"""Run the user's own command once, measured: the bootstrap in its Python processes, its output passed
+through, its whole process tree (every torchrun rank, every DataLoader worker) inside the run's limits.
+
+The tree runs in a cgroup where the kernel allows one (``StorageLimits``, with or without limits): closing it
+kills every process the command started, whatever it did with its sessions. Elsewhere the command gets a
+session of its own and the session is killed. Either way a Ctrl-C, a time limit or a failure leaves no
+process, cgroup or scratch folder behind.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO
+
+from stallbench.jobs.spec import JOB_ENV, JobSpec, LoaderEpoch, read_records
+from stallbench.storage import StorageConditionUnavailable, StorageLimits
+
+__all__ = ["BOOTSTRAP_DIR", "CommandFailed", "CommandRun", "run_command"]
+
+BOOTSTRAP_DIR = Path(__file__).with_name("_bootstrap")
+_TAIL_LINES = 20  # lines of the command's output kept for an error message
+_GRACE = 5.0  # seconds a command gets after SIGTERM (time limit) before it is killed
+
+
+class CommandFailed(RuntimeError):
+    """The user's command exited with an error: its exit code and the last lines it wrote."""
+
+    def __init__(self, argv: Sequence[str], returncode: int, tail: Sequence[str]) -> None:
+        self.returncode, self.tail = returncode, list(tail)
+        last = "\n".join(f"    {line}" for line in tail) or "    (it wrote nothing)"
+        super().__init__(
+            f"the command `{' '.join(argv)}` exited with code {returncode}; its last lines:\n{last}"
+        )
+
+
+@dataclass(frozen=True)
+class CommandRun:
+    """One run of the command: what its processes measured, and how it ended."""
+
+    records: tuple[LoaderEpoch, ...]
+    seconds: float
+    timed_out: bool
+    memory_peak: int | None  # bytes charged to the run's cgroup at most (page cache included), if counted
+
+
+def run_command(
+    argv: Sequence[str],
+    spec: JobSpec,
+    *,
+    limits: StorageLimits | None = None,
+    time_limit: float | None = None,
+    log: IO[str] | None = None,
+) -> CommandRun:
+    """Run ``argv`` once under ``spec`` (its ``out_dir`` is replaced by a scratch folder, removed after),
+    inside ``limits`` when given, else in a cgroup of its own where one can be made. The command's output
+    goes to ``log`` (default: this process's stdout). Raises CommandFailed when it exits with an error."""
+    out = Path(tempfile.mkdtemp(prefix="stallbench-job-"))
+    try:
+        spec = replace(spec, out_dir=str(out))
+        spec_file = spec.write(out / "spec.json")
+        with _limits(limits) as active:
+            start = time.perf_counter()
+            returncode, tail, timed_out = _run(argv, _env(spec_file, out), active, time_limit, log)
+            seconds = time.perf_counter() - start
+            peak = _peak(active)
+        if returncode != 0 and not timed_out:
+            raise CommandFailed(argv, returncode, tail)
+        return CommandRun(tuple(read_records(out)), seconds, timed_out, peak)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _limits(limits: StorageLimits | None) -> Iterator[StorageLimits | None]:
+    """The run's cgroup: ``limits`` (entered here unless already active), or a plain one that only counts
+    and sweeps; None where the kernel lets us make none."""
+    if limits is not None and limits.paths:
+        yield limits
+        return
+    try:
+        cgroup = limits if limits is not None else StorageLimits()
+        cgroup.__enter__()
+    except (StorageConditionUnavailable, OSError):
+        if limits is not None:
+            raise
+        yield None
+        return
+    try:
+        yield cgroup
+    finally:
+        cgroup.close()
+
+
+def _env(spec_file: Path, out: Path) -> dict[str, str]:
+    """This environment, with the bootstrap and stallbench importable first and the spec named."""
+    repo = str(Path(__file__).resolve().parents[2])
+    paths = [str(BOOTSTRAP_DIR), repo, os.environ.get("PYTHONPATH")]
+    tmp = out / "tmp"
+    tmp.mkdir(mode=0o700)  # the command's TMPDIR: a killed worker's pymp-* folder goes with the scratch
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, paths)),
+        JOB_ENV: str(spec_file),
+        "TMPDIR": str(tmp),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def _run(
+    argv: Sequence[str],
+    env: dict[str, str],
+    cgroup: StorageLimits | None,
+    time_limit: float | None,
+    log: IO[str] | None,
+) -> tuple[int, list[str], bool]:
+    """Start the command, copy its output to ``log``, stop it at ``time_limit``: (exit code, last lines,
+    whether the time limit ended it)."""
+    options = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, errors="replace")
+    start = cgroup.popen if cgroup is not None else subprocess.Popen
+    proc = start(list(argv), start_new_session=True, **options)
+    tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+    copier = threading.Thread(target=_copy, args=(proc.stdout, log or sys.stdout, tail), daemon=True)
+    copier.start()
+    timed_out = False
+    try:
+        try:
+            proc.wait(timeout=time_limit)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _stop(proc)
+    except BaseException:  # Ctrl-C: the whole session goes, then the cgroup (closed by the caller)
+        _kill_session(proc, signal.SIGKILL)
+        proc.wait()
+        raise
+    finally:
+        copier.join(timeout=_GRACE)
+        proc.stdout.close()
+    return proc.returncode, list(tail), timed_out
+
+
+def _copy(stream: IO[str], to: IO[str], tail: collections.deque[str]) -> None:
+    """The command's output, line by line, to ``to``; ends quietly when the stream is closed under it
+    (a process the command left behind held it open past the command's end)."""
+    with contextlib.suppress(ValueError, OSError):
+        for line in stream:
+            tail.append(line.rstrip("\n"))
+            to.write(line)
+            to.flush()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """The time limit: SIGTERM to the command's session (its epochs so far are written), then SIGKILL."""
+    _kill_session(proc, signal.SIGTERM)
+    try:
+        proc.wait(timeout=_GRACE)
+    except subprocess.TimeoutExpired:
+        _kill_session(proc, signal.SIGKILL)
+        proc.wait()
+
+
+def _kill_session(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _peak(cgroup: StorageLimits | None) -> int | None:
+    if cgroup is None:
+        return None
+    try:
+        return cgroup.memory_max_usage()
+    except StorageConditionUnavailable:
+        return None

@@ -1,0 +1,148 @@
+"""What a run of the user's own command is told, and what it writes back: the contract between the parent
+(``stallbench analyze -- python train.py``) and the bootstrap inside each of the command's Python processes.
+
+The parent writes a :class:`JobSpec` as JSON to a file and names it in ``STALLBENCH_JOB``; it puts the
+bootstrap's folder first on ``PYTHONPATH``, so every Python process of the command (each torchrun rank, each
+DataLoader worker) imports its ``sitecustomize``. The bootstrap appends one JSON object per line to
+``<out_dir>/records-<rank>-<pid>.jsonl``: a :class:`LoaderEpoch` each time a loader's epoch ends, complete or
+cut short, so a run that is killed keeps every epoch it finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = [
+    "JOB_ENV",
+    "RECORDS_GLOB",
+    "JobSpec",
+    "LoaderEpoch",
+    "read_records",
+    "records_path",
+]
+
+JOB_ENV = "STALLBENCH_JOB"  # the path of the JobSpec's JSON file
+RECORDS_GLOB = "records-*.jsonl"
+
+Mode = Literal["pipeline", "ingestion"]
+LoaderChoice = Literal["as-is", "torch", "cached"]
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One run of the user's command.
+
+    ``mode``: "pipeline" runs the loaders as the script made them; "ingestion" keeps each loader's first
+    ``replay_batches`` batches (made in the script's own process, no worker started) and hands copies of them
+    out for every later batch: the step alone.
+    ``steps``: batches per epoch of every loader, after which the epoch ends early (the script sees a normal
+    end of epoch); None: the loader's own length.
+    ``epochs``: epochs of the training loader (the one iterated most); when they are done the script's
+    process exits 0 at the next ``iter()`` of that loader. None: the script decides.
+    ``loader``: "as-is" leaves the script's loader classes alone; "torch" makes every ``loader.DataLoader``
+    the script builds a plain ``torch.utils.data.DataLoader``; "cached" makes every DataLoader the script
+    builds a ``loader.DataLoader`` with ``cache_bytes`` and ``cache_dir``, and serves reads of files under
+    ``data`` through our cache where the Dataset is not one of ours.
+    ``sync_cuda``: synchronise the CUDA device at each step boundary (when CUDA is in use), so a step's
+    time includes the device's work.
+    """
+
+    out_dir: str
+    mode: Mode = "pipeline"
+    steps: int | None = None
+    epochs: int | None = None
+    loader: LoaderChoice = "as-is"
+    cache_bytes: int | None = None
+    cache_dir: str | None = None
+    data: tuple[str, ...] = ()
+    replay_batches: int = 4
+    sync_cuda: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("pipeline", "ingestion"):
+            raise ValueError(f"mode must be 'pipeline' or 'ingestion', got {self.mode!r}")
+        if self.loader not in ("as-is", "torch", "cached"):
+            raise ValueError(f"loader must be 'as-is', 'torch' or 'cached', got {self.loader!r}")
+        for name in ("steps", "epochs", "cache_bytes"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        if self.replay_batches < 1:
+            raise ValueError(f"replay_batches must be at least 1, got {self.replay_batches!r}")
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "data": list(self.data)})
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        raw = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        unknown = set(raw) - known
+        if unknown:
+            raise ValueError(f"unknown JobSpec fields: {sorted(unknown)}")
+        return cls(**{**raw, "data": tuple(raw.get("data", ()))})
+
+    def write(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        path.write_text(self.to_json())
+        return path
+
+    @classmethod
+    def from_env(cls) -> JobSpec | None:
+        """The spec named by ``STALLBENCH_JOB``, or None when this process is not part of a run."""
+        where = os.environ.get(JOB_ENV)
+        return cls.from_json(Path(where).read_text()) if where else None
+
+
+@dataclass(frozen=True)
+class LoaderEpoch:
+    """One epoch of one DataLoader in one process of the user's command, as the bootstrap measured it."""
+
+    loader: str  # the loader's id in this process: "<order made>:<Dataset class>", e.g. "0:ImageFolder"
+    rank: int  # the process's RANK (torchrun), 0 without one
+    pid: int
+    epoch: int  # 1-based, per loader
+    seconds: float  # iter() to the end of the epoch (the StopIteration, or the early end after ``steps``)
+    wait_seconds: float  # inside the loader's __next__, the first batch's wait included
+    step_seconds: float  # between a batch's return and the next __next__ call
+    first_batch_seconds: float
+    batches: int
+    samples: int  # the batches' first dimension, summed (batches where it is unknown)
+    storage_bytes: int  # read from storage by this process and its workers during the epoch (kernel count)
+    cpu_seconds: float  # user + system of this process and its workers during the epoch
+    complete: bool  # the loader ran out (or ``steps`` was reached); False: the loop left early
+    loader_class: str  # the class that made the batches: "torch.utils.data.DataLoader", "loader.DataLoader"
+    mode: Mode = "pipeline"
+    workers: int = 0  # the loader's num_workers, batch_size and prefetch_factor (None where torch has none)
+    batch_size: int | None = None
+    prefetch_factor: int | None = None
+    dataset_len: int | None = None  # len(loader.dataset), None where it has none (an IterableDataset)
+    hits: int = 0  # our cache's hits and misses in the epoch (loader.DataLoader or served reads), else 0
+    misses: int = 0
+    cuda_sync_seconds: float = 0.0  # time spent synchronising the device at step boundaries
+    stats: dict[str, Any] = field(default_factory=dict)  # loader.DataLoader's stats() deltas, if ours
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+
+def records_path(out_dir: str | os.PathLike, rank: int, pid: int) -> Path:
+    return Path(out_dir) / f"records-{rank}-{pid}.jsonl"
+
+
+def read_records(out_dir: str | os.PathLike) -> list[LoaderEpoch]:
+    """Every epoch record the run's processes wrote; a line cut short by a kill is left out."""
+    known = {f.name for f in fields(LoaderEpoch)}
+    records = []
+    for path in sorted(Path(out_dir).glob(RECORDS_GLOB)):
+        for line in path.read_text().splitlines():
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            records.append(LoaderEpoch(**{k: v for k, v in raw.items() if k in known}))
+    return records
