@@ -6,7 +6,15 @@ from loader.dataloader import DataLoader
 from loader.datasets import SKIPPED, ArrowDataset, ImageFolder, LMDBDataset, SourceDataset
 from loader.decode import EvalTransform, TrainTransform
 from loader.errors import BadRecordError, SourceError
-from loader.sources import ArrowSource, ImageFolderSource, LMDBSource, Source, image_folder_to_lmdb
+from loader.files import CachedFiles
+from loader.sources import (
+    ArrowSource,
+    FileTreeSource,
+    ImageFolderSource,
+    LMDBSource,
+    Source,
+    image_folder_to_lmdb,
+)
 from loader.stats import LoaderStats
 
 __all__ = [
@@ -14,9 +22,11 @@ __all__ = [
     "ArrowDataset",
     "ArrowSource",
     "BadRecordError",
+    "CachedFiles",
     "CacheInfo",
     "DataLoader",
     "EvalTransform",
+    "FileTreeSource",
     "ImageFolder",
     "ImageFolderSource",
     "LMDBDataset",

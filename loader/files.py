@@ -1,0 +1,193 @@
+"""Files read by path through the MinIO cache: for a Dataset that opens its own files, not one of ours.
+
+A user's Dataset names its records by path (``Image.open(path)``), so swapping in our DataLoader alone gives
+it no cache. ``CachedFiles`` lists the files under some roots (one ``FileTreeSource`` and one store each) and
+serves ``read(path)`` from the store, reading and admitting on a miss, just as ``SourceDataset`` does by
+index. Each read checks the file's size and mtime against the listing (one ``os.stat``): a file changed since
+is read from storage, never served stale. Hits and misses are counted over every process that shares the
+object (see ``SharedCounts``).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+from loader._memory import auto_cache_bytes
+from loader._shared_counts import SharedCounts
+from loader.cache import CorruptRecordError, MinIOCache
+from loader.cache._layout import index_bytes
+from loader.sources._pagecache import read_admitting
+from loader.sources.file_tree import FileTreeSource
+
+__all__ = ["LARGEST_FILE", "CachedFiles"]
+
+LARGEST_FILE = 64 << 20  # bigger files are not served: read whole, they would cost more than they save
+
+PathArg = str | bytes | os.PathLike
+
+
+class CachedFiles:
+    """``read(path)``: the bytes of a file under ``roots``, through a shared store of ``cache_bytes`` in all.
+
+    ``cache_bytes`` is split over the roots by their size (each store also holds its index); ``"auto"`` takes
+    what memory the job may still use, up to the files' size (``cache_sizing`` says how). Files of more
+    than ``largest`` bytes are not served (``read`` gives None): a caller may want only part of a big file
+    (a shard, a memory-mapped array), and one that did not fit would close the store to all the rest.
+    Picklable: a DataLoader worker, forked or spawned, reattaches the stores and counts into the same
+    ``counts()``.
+    """
+
+    def __init__(
+        self,
+        roots: PathArg | Iterable[PathArg],
+        cache_bytes: int | Literal["auto"],
+        cache_dir: str | os.PathLike = "/dev/shm",
+        *,
+        largest: int = LARGEST_FILE,
+    ) -> None:
+        if isinstance(largest, bool) or not isinstance(largest, int) or not 0 < largest < 1 << 32:
+            raise ValueError(f"largest must be a number of bytes from 1 to 2**32 - 1, got {largest!r}")
+        self.largest = largest
+        roots = [roots] if isinstance(roots, (str, bytes, os.PathLike)) else list(roots)
+        if not roots:
+            raise ValueError("roots must name at least one folder or file, got none")
+        unique = list(dict.fromkeys(os.path.abspath(os.fsdecode(r)) for r in roots))
+        _check_disjoint(unique)
+        self.sources = [FileTreeSource(root) for root in unique]
+        capacities, self.cache_sizing = _capacities(self.sources, cache_bytes)
+        warn = not self.cache_sizing
+        pairs = zip(self.sources, capacities, strict=True)
+        self._caches = [_open_store(source, capacity, cache_dir, warn) for source, capacity in pairs]
+        self._counts = SharedCounts.create(cache_dir)
+
+    def locate(self, path: PathArg) -> tuple[FileTreeSource, int] | None:
+        """(source, index) of the listed file at ``path`` (relative: from the working folder), else None.
+        A path through links or with ``..`` is resolved as the kernel would before it is matched."""
+        found = self._locate(path)
+        return None if found is None else (self.sources[found[0]], found[1])
+
+    def read(self, path: PathArg) -> bytes | None:
+        """The file's bytes; None when ``path`` is not a listed file under the roots, is gone, is no longer a
+        regular file or has more than ``largest`` bytes. Raises OSError when a listed file cannot be read."""
+        found = self._locate(path)
+        if found is None:
+            return None
+        source, i = self.sources[found[0]], found[1]
+        name = source.describe(i)
+        try:
+            st = os.stat(name)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode) or st.st_size > self.largest:
+            return None
+        cache = self._caches[found[0]]
+        if (st.st_size, st.st_mtime_ns) != source.listed(i):
+            cache = None  # changed since the listing: its slot belongs to the listed bytes
+        raw, hit = self._fetch(cache, i, name, st.st_size)
+        self._counts.add(0 if hit else 1)
+        return raw
+
+    def counts(self) -> tuple[int, int]:
+        """(hits, misses) of ``read`` so far, summed over every process that shares this object."""
+        return self._counts.totals()
+
+    @property
+    def folder(self) -> Path:
+        """A private folder of ``cache_dir`` that lives as long as this object's maker: what goes with it."""
+        return self._counts.folder
+
+    def close(self) -> None:
+        """Detach from the stores (they stay for the next run); the process that made this object also
+        removes its ``folder``, as it does at exit."""
+        for cache in self._caches:
+            if cache is not None:
+                cache.close()
+        self._counts.close()
+
+    def _locate(self, path: PathArg) -> tuple[int, int] | None:
+        """(root number, index): the path as written first (cheap), then its real path (a stat per part)."""
+        name = os.fsdecode(path)
+        full = os.path.realpath(name) if ".." in name.split(os.sep) else os.path.abspath(name)
+        found = self._find(full)
+        if found is None and (real := os.path.realpath(full)) != full:
+            found = self._find(real)
+        return found
+
+    def _find(self, full: str) -> tuple[int, int] | None:
+        for k, source in enumerate(self.sources):
+            i = source.find(full)
+            if i is not None:
+                return k, i
+        return None
+
+    @staticmethod
+    def _fetch(cache: MinIOCache | None, i: int, name: str, size: int) -> tuple[bytes, bool]:
+        """(bytes, hit): from the store, else from storage, admitted while there is room."""
+        corrupt = False
+        try:
+            raw = cache.get(i) if cache is not None else None
+        except CorruptRecordError:
+            raw, corrupt = None, True
+        if raw is not None:
+            return raw, True
+        if cache is None or corrupt or not cache.accepting(i):
+            with io.FileIO(name) as f:
+                return f.readall(), False
+        # admitted only at the listed size: a file rewritten between our stat and our read is not stored
+        raw, _ = read_admitting(name, lambda raw: len(raw) == size and cache.admit(i, raw))
+        return raw, False
+
+
+def _check_disjoint(roots: list[str]) -> None:
+    for a in roots:
+        for b in roots:
+            if a != b and b.startswith(a.rstrip(os.sep) + os.sep):
+                raise ValueError(f"root {b!r} lies inside root {a!r}: give one of them")
+
+
+def _capacities(sources: list[FileTreeSource], cache_bytes: int | str) -> tuple[list[int | None], str]:
+    """Each store's capacity (None: no store) and, for ``"auto"``, how the total was chosen."""
+    indexes = [index_bytes(len(s)) for s in sources]
+    data = [s.nbytes for s in sources]
+    sizing = ""
+    if cache_bytes == "auto":
+        cache_bytes, sizing = auto_cache_bytes(sum(indexes) + sum(data))
+    elif isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes <= 0:
+        raise ValueError(f"cache_bytes must be a positive number of bytes or 'auto', got {cache_bytes!r}")
+    spare = cache_bytes - sum(indexes)
+    if spare <= 0 and sizing:
+        warnings.warn(
+            f"cache_bytes='auto' makes no cache ({sizing}); reading from storage", RuntimeWarning, 3
+        )
+        return [None] * len(sources), sizing
+    if spare <= 0:
+        raise ValueError(
+            f"cache_bytes={cache_bytes} cannot hold even the index of the {sum(map(len, sources))} files "
+            f"under the roots ({sum(indexes)} bytes); give it more"
+        )
+    weights = data if sum(data) else [1] * len(sources)
+    return [ix + max(1, spare * w // sum(weights)) for ix, w in zip(indexes, weights, strict=True)], sizing
+
+
+def _open_store(
+    source: FileTreeSource, capacity: int | None, cache_dir: str | os.PathLike, warn: bool
+) -> MinIOCache | None:
+    if capacity is None:
+        return None
+    try:
+        return MinIOCache.open(
+            fingerprint=source.fingerprint,
+            num_records=len(source),
+            capacity=capacity,
+            cache_dir=cache_dir,
+            warn_capacity=warn,
+        )
+    except OSError as exc:  # /dev/shm full or not writable: read on from storage
+        warnings.warn(f"the cache in {cache_dir} cannot be made ({exc}); reading from storage", stacklevel=3)
+        return None

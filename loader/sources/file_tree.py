@@ -1,0 +1,121 @@
+"""Every file under a folder as one record each: what a user's own Dataset opens by path.
+
+A training script that opens its files itself (``PIL.Image.open(path)``, ``np.load(path)``) names records by
+path, not by index; this source lists them so the cache can hold them (see ``loader.files``). Symbolic links
+are not listed and linked folders not entered: a link may lead out of the tree, and one that stays inside
+would list a file twice. A path through a link inside the tree is still found by its real path (``find``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from array import array
+from collections.abc import Callable
+
+from loader.errors import BadRecordError, SourceError
+from loader.sources._fingerprint import digest
+from loader.sources._pagecache import read_admitting
+from loader.sources.base import Source
+
+__all__ = ["FileTreeSource"]
+
+
+class FileTreeSource(Source):
+    """Every regular, non-hidden file under ``root`` (recursively), sorted by path relative to ``root``.
+
+    ``read(i)`` is the file's bytes, ``describe(i)`` its path, ``label(i)`` 0. A ``root`` that is a file
+    gives that one record. The fingerprint covers each file's relative path, size and mtime as listed, so a
+    changed tree opens a new store; ``listed(i)`` gives that size and mtime to check a file against later.
+    """
+
+    thread_safe_reads = True  # each read opens, reads and closes its own file
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = os.path.abspath(os.fspath(root))
+        if os.path.isfile(self.root):
+            self._base, name = os.path.split(self.root)
+            st = os.stat(self.root)
+            files = [(name, st.st_size, st.st_mtime_ns)]
+        elif os.path.isdir(self.root):
+            self._base = self.root
+            files = sorted(_scan(self.root, ""))
+        else:
+            raise SourceError(f"file tree root {self.root!r} does not exist or is not a folder or file")
+        if not files:
+            raise SourceError(f"file tree root {self.root!r} has no regular, non-hidden files")
+        self._real_base = os.path.realpath(self._base)
+        self._paths = [f[0] for f in files]
+        self._sizes = array("q", (f[1] for f in files))  # compact: a tree may hold millions of files
+        self._mtimes = array("q", (f[2] for f in files))
+        self.nbytes = sum(f[1] for f in files)
+        self._fingerprint = digest(("file-tree", *files))
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+    def read(self, index: int) -> bytes:
+        i = self.check_index(index)
+        path = self.describe(i)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                return f.readall()
+        except OSError as e:
+            raise BadRecordError(path, i, f"cannot read the file: {e.strerror or e}") from e
+
+    def read_admitting(self, index: int, admit: Callable[[bytes], bool]) -> tuple[bytes, bool]:
+        """Once admitted, the file's pages that this read brought in are evicted (see _pagecache)."""
+        i = self.check_index(index)
+        path = self.describe(i)
+        try:
+            return read_admitting(path, admit)
+        except OSError as e:
+            raise BadRecordError(path, i, f"cannot read the file: {e.strerror or e}") from e
+
+    def label(self, index: int) -> int:
+        self.check_index(index)
+        return 0
+
+    def describe(self, index: int) -> str:
+        return os.path.join(self._base, self._paths[self.check_index(index)])
+
+    def listed(self, index: int) -> tuple[int, int]:
+        """(size, mtime_ns) of file ``index`` when the tree was listed."""
+        i = self.check_index(index)
+        return self._sizes[i], self._mtimes[i]
+
+    def find(self, path: str) -> int | None:
+        """The index of the listed file at ``path`` (absolute, normalised), written under the root as given
+        or under its real path, else None. A caller resolves a path through links itself (``realpath``)."""
+        found = self._lookup(self._base, path)
+        if found is None and self._real_base != self._base:
+            found = self._lookup(self._real_base, path)
+        return found
+
+    def _lookup(self, base: str, path: str) -> int | None:
+        if not path.startswith(base) or path[len(base) : len(base) + 1] != os.sep:
+            return None
+        rel = path[len(base) + 1 :]
+        i = bisect.bisect_left(self._paths, rel)
+        return i if i < len(self._paths) and self._paths[i] == rel else None
+
+    @property
+    def fingerprint(self) -> str:
+        """Digest of every file's relative path, size and mtime as listed when the source was opened."""
+        return self._fingerprint
+
+
+def _scan(top: str, rel_dir: str) -> list[tuple[str, int, int]]:
+    """(relative path, size, mtime_ns) of the regular files under ``top/rel_dir``; links are not followed."""
+    found = []
+    with os.scandir(os.path.join(top, rel_dir)) as entries:
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            rel = os.path.join(rel_dir, entry.name)
+            if entry.is_dir(follow_symlinks=False):
+                found.extend(_scan(top, rel))
+            elif entry.is_file(follow_symlinks=False):
+                st = entry.stat(follow_symlinks=False)
+                found.append((rel, st.st_size, st.st_mtime_ns))
+    return found

@@ -1,0 +1,207 @@
+"""CachedFiles: reads by path through the MinIO store, stale files, counts over processes, validation."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing as mp
+import os
+import pickle
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loader import CachedFiles
+from loader.cache._layout import index_bytes
+
+FORK_WARNING = "ignore:.*use of fork\\(\\) may lead to deadlocks:DeprecationWarning"
+N, SIZE = 16, 4096
+
+
+def stored(path) -> bytes:
+    """The file's bytes as they are on storage now."""
+    return Path(path).read_bytes()
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """N files of SIZE random bytes in two folders: the paths in listing order."""
+    paths = []
+    for i in range(N):
+        path = tmp_path / "data" / f"part{i % 2}" / f"{i:03d}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(SIZE))
+        paths.append(str(path))
+    return tmp_path / "data", sorted(paths)
+
+
+@pytest.fixture
+def files(tree, shm_dir):
+    made = CachedFiles(tree[0], index_bytes(N) + N // 2 * SIZE, cache_dir=shm_dir)  # room for half
+    yield made
+    made.close()
+
+
+def test_second_pass_hits_exactly_the_files_admitted(tree, files):
+    _, paths = tree
+    first = {p: files.read(p) for p in paths}
+    assert {p: sha(raw) for p, raw in first.items()} == {p: sha(stored(p)) for p in paths}
+    assert files.counts() == (0, N)
+    cached = files._caches[0].info().records_cached
+    assert cached == N // 2
+    assert all(sha(files.read(p)) == sha(first[p]) for p in paths)
+    assert files.counts() == (cached, 2 * N - cached)
+
+
+def test_a_file_changed_after_the_listing_is_read_from_storage(tree, files):
+    _, paths = tree
+    for p in paths:
+        files.read(p)
+    with open(paths[0], "wb") as f:  # cached, and now a different size
+        f.write(b"new bytes")
+    assert files.read(paths[0]) == b"new bytes"
+    st = os.stat(paths[1])  # cached, same size, later mtime
+    with open(paths[1], "r+b") as f:
+        f.write(b"\0" * 8)
+    os.utime(paths[1], ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert files.read(paths[1])[:8] == b"\0" * 8
+    assert files.counts() == (0, N + 2)
+    os.unlink(paths[2])
+    assert files.read(paths[2]) is None  # gone: the caller's own open says so
+
+
+def test_paths_not_listed_are_not_served(tree, files, tmp_path, monkeypatch):
+    root, _ = tree
+    (tmp_path / "elsewhere").write_bytes(b"x")
+    (root / ".hidden").write_bytes(b"h")
+    for path in (tmp_path / "elsewhere", root / ".hidden", root / "part0", root, "/etc/hostname"):
+        assert files.read(path) is None
+    assert files.locate(root / "part0" / "nope.bin") is None
+    assert files.counts() == (0, 0)
+    monkeypatch.chdir(root)
+    source, i = files.locate(os.path.join("part1", "001.bin"))
+    assert source.describe(i) == str(root / "part1" / "001.bin")
+    assert files.read(b"part1/../part1/001.bin") == stored(root / "part1" / "001.bin")
+
+
+def test_links_inside_the_tree_resolve_to_the_listed_file(tree, files, tmp_path):
+    root, paths = tree
+    (root / "alias").symlink_to(root / "part0")
+    (tmp_path / "data2").symlink_to(root)
+    (tmp_path / "out").write_bytes(b"secret")
+    (root / "out").symlink_to(tmp_path / "out")  # leads out of the tree: not ours
+    assert files.read(root / "alias" / "000.bin") == stored(paths[0])
+    assert files.read(tmp_path / "data2" / "part0" / "000.bin") == stored(paths[0])
+    assert files.read(root / "out") is None
+    assert files.counts() == (1, 1)  # one file: the second path hits what the first admitted
+
+
+def test_pickled_copies_share_the_store_and_the_counts(tree, files):
+    _, paths = tree
+    copy = pickle.loads(pickle.dumps(files))
+    for p in paths:
+        assert copy.read(p) == files.read(p)
+    assert files.counts() == copy.counts() == (N // 2, N + N // 2)
+    copy.close()  # not its maker: the counts stay
+    assert files.folder.is_dir()
+
+
+def test_several_roots_split_the_capacity_by_size(tmp_path, shm_dir):
+    for name, size in (("small", 1000), ("big", 3000)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "f").write_bytes(b"s" * size)
+    budget = index_bytes(1) * 2 + 8000
+    files = CachedFiles([tmp_path / "small", str(tmp_path / "big"), tmp_path / "small"], budget, shm_dir)
+    try:
+        assert [len(s) for s in files.sources] == [1, 1]  # the same root given twice counts once
+        assert [c.capacity - index_bytes(1) for c in files._caches] == [2000, 6000]
+        assert files.read(tmp_path / "big" / "f") == b"s" * 3000
+    finally:
+        files.close()
+
+
+def test_auto_capacity_holds_a_small_tree(tree, shm_dir):
+    files = CachedFiles([tree[0]], "auto", shm_dir)
+    try:
+        assert files._caches[0].capacity == index_bytes(N) + N * SIZE
+        assert "dataset's size" in files.cache_sizing
+    finally:
+        files.close()
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "big", None])
+def test_cache_bytes_must_be_a_positive_int_or_auto(tree, shm_dir, bad):
+    message = f"cache_bytes must be a positive number of bytes or 'auto', got {bad!r}"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        CachedFiles(tree[0], bad, shm_dir)
+
+
+def test_files_larger_than_largest_are_not_served(tree, shm_dir):
+    files = CachedFiles(tree[0], 1 << 20, shm_dir, largest=SIZE - 1)
+    try:
+        assert [files.read(p) for p in tree[1]] == [None] * N
+        assert files.counts() == (0, 0)
+    finally:
+        files.close()
+    for bad in (0, 1 << 32, True, 1.0):
+        with pytest.raises(
+            ValueError, match=re.escape(f"largest must be a number of bytes from 1 to 2**32 - 1, got {bad!r}")
+        ):
+            CachedFiles(tree[0], 1 << 20, shm_dir, largest=bad)
+
+
+def test_bad_roots_are_named(tree, shm_dir, tmp_path):
+    with pytest.raises(ValueError, match="cannot hold even the index of the 16 files"):
+        CachedFiles(tree[0], index_bytes(N), shm_dir)
+    with pytest.raises(ValueError, match=re.escape(str(tmp_path / "missing"))):
+        CachedFiles([tree[0], tmp_path / "missing"], 1 << 20, shm_dir)
+    with pytest.raises(ValueError, match="at least one"):
+        CachedFiles([], 1 << 20, shm_dir)
+    with pytest.raises(ValueError, match=re.escape(f"root {str(tree[0] / 'part0')!r} lies inside")):
+        CachedFiles([tree[0], tree[0] / "part0"], 1 << 20, shm_dir)
+    assert not any(p.name.startswith("files-") for p in shm_dir.rglob("*"))  # no counts left behind
+
+
+def _read_all(files: CachedFiles, paths: list[str]) -> None:
+    for p in paths:
+        assert files.read(p) == stored(p)
+
+
+@pytest.mark.multiproc
+@pytest.mark.filterwarnings(FORK_WARNING)
+def test_forked_workers_count_into_one_total(tree, files):
+    _, paths = tree
+    _read_all(files, paths[:4])  # this process has a row already: each child must claim its own
+    ctx = mp.get_context("fork")
+    workers = [ctx.Process(target=_read_all, args=(files, paths[k::2])) for k in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    assert [w.exitcode for w in workers] == [0, 0]
+    assert files.counts() == (4, N)  # the 4 read first were admitted here; the rest missed once
+    _read_all(files, paths)
+    assert files.counts() == (4 + N // 2, N + N // 2)
+
+
+@pytest.mark.multiproc
+def test_the_maker_removes_its_counts_at_exit_and_a_killed_makers_are_swept(tree, shm_dir):
+    make = f"from loader import CachedFiles; f = CachedFiles({str(tree[0])!r}, 1 << 20, {str(shm_dir)!r})"
+    subprocess.run([sys.executable, "-c", make + "; print(f.folder)"], check=True, timeout=60)
+    user = next(shm_dir.glob("stallbench-*"))
+    assert not list(user.glob("files-*"))
+    killed = subprocess.run(
+        [sys.executable, "-c", make + "; import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], timeout=60
+    )
+    assert killed.returncode == -9
+    assert len(list(user.glob("files-*"))) == 1
+    files = CachedFiles(tree[0], 1 << 20, shm_dir)
+    assert [p.name for p in user.glob("files-*")] == [files.folder.name]
+    files.close()
+    assert not list(user.glob("files-*"))

@@ -1,0 +1,141 @@
+"""FileTreeSource: listing and order, links, lookups, fingerprint, page-cache eviction and bad roots."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+
+import pytest
+
+from loader import FileTreeSource
+from loader.errors import BadRecordError, SourceError
+from stallbench.storage import evict_page_cache, resident_bytes
+
+FILES = {"b.bin": b"bb", "a/z.npy": b"z" * 10, "a/sub/y.jpg": b"yy", "a.b/x": b"x", "c": b""}
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "tree"
+    for rel, data in FILES.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root
+
+
+def test_lists_every_regular_file_sorted_by_relative_path(tree):
+    source = FileTreeSource(tree)
+    rels = [os.path.relpath(source.describe(i), tree) for i in range(len(source))]
+    assert rels == sorted(FILES) == ["a.b/x", "a/sub/y.jpg", "a/z.npy", "b.bin", "c"]
+    assert [source.read(i) for i in range(len(source))] == [FILES[r] for r in rels]
+    assert [source.label(i) for i in range(len(source))] == [0] * len(FILES)
+    assert source.nbytes == sum(map(len, FILES.values()))
+    assert source.listed(2) == (10, os.stat(tree / "a/z.npy").st_mtime_ns)
+    assert source.thread_safe_reads
+
+
+def test_hidden_entries_and_links_are_not_listed(tree, tmp_path):
+    (tree / ".hidden").write_bytes(b"h")
+    (tree / ".git").mkdir()
+    (tree / ".git" / "HEAD").write_bytes(b"h")
+    (tmp_path / "outside").write_bytes(b"secret")
+    (tree / "out").symlink_to(tmp_path / "outside")  # would lead out of the tree
+    (tree / "dup").symlink_to(tree / "a")  # would list a/ twice
+    (tree / "loop").symlink_to(tree)
+    source = FileTreeSource(tree)
+    assert len(source) == len(FILES)
+    assert source.find(str(tree / "out")) is None
+    assert source.find(str(tree / "dup" / "z.npy")) is None  # CachedFiles resolves it by its real path
+
+
+def test_find_by_path_and_through_a_linked_root(tree, tmp_path):
+    link = tmp_path / "link"
+    link.symlink_to(tree)
+    source = FileTreeSource(link)
+    i = source.find(str(link / "a" / "z.npy"))
+    assert source.read(i) == FILES["a/z.npy"]
+    assert source.find(str(tree / "a" / "z.npy")) == i  # the real path of the same file
+    assert source.find(str(link / "a")) is None  # a folder
+    assert source.find(str(link / "a" / "z.np")) is None
+    assert source.find(str(link) + "x/b.bin") is None  # a sibling whose name starts like the root
+
+
+def test_a_file_root_is_one_record(tree):
+    source = FileTreeSource(tree / "a" / "z.npy")
+    assert len(source) == 1
+    assert source.describe(0) == str(tree / "a" / "z.npy")
+    assert source.find(str(tree / "a" / "z.npy")) == 0
+    assert source.find(str(tree / "b.bin")) is None
+    assert source.read(0) == FILES["a/z.npy"]
+
+
+def test_fingerprint_changes_with_the_tree(tree):
+    base = FileTreeSource(tree).fingerprint
+    assert FileTreeSource(tree).fingerprint == base
+    (tree / "new").write_bytes(b"n")
+    added = FileTreeSource(tree).fingerprint
+    (tree / "new").unlink()
+    assert FileTreeSource(tree).fingerprint == base
+    (tree / "a" / "z.npy").write_bytes(b"longer than before")
+    resized = FileTreeSource(tree).fingerprint
+    st = os.stat(tree / "a" / "z.npy")
+    os.utime(tree / "a" / "z.npy", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    touched = FileTreeSource(tree).fingerprint
+    (tree / "b.bin").rename(tree / "b2.bin")
+    renamed = FileTreeSource(tree).fingerprint
+    assert len({base, added, resized, touched, renamed}) == 5
+
+
+def test_pickle_round_trip(tree):
+    source = FileTreeSource(tree)
+    copy = pickle.loads(pickle.dumps(source))
+    assert copy.fingerprint == source.fingerprint
+    assert [copy.read(i) for i in range(len(copy))] == [source.read(i) for i in range(len(source))]
+    assert copy.find(str(tree / "c")) == source.find(str(tree / "c")) == 4
+
+
+@pytest.mark.parametrize("make", ["missing", "empty", "hidden only"])
+def test_bad_roots_name_the_root(tmp_path, make):
+    root = tmp_path / "root"
+    if make != "missing":
+        root.mkdir()
+    if make == "hidden only":
+        (root / ".x").write_bytes(b"x")
+        (root / "sub").mkdir()
+    with pytest.raises(ValueError, match=re.escape(str(root))) as info:
+        FileTreeSource(root)
+    assert isinstance(info.value, SourceError)
+
+
+def test_index_errors_and_a_vanished_file(tree):
+    source = FileTreeSource(tree)
+    with pytest.raises(IndexError, match="9"):
+        source.read(9)
+    (tree / "b.bin").unlink()
+    with pytest.raises(BadRecordError, match=re.escape(str(tree / "b.bin"))):
+        source.read(3)
+    with pytest.raises(BadRecordError, match=re.escape(str(tree / "b.bin"))):
+        source.read_admitting(3, lambda raw: True)
+
+
+@pytest.mark.parametrize(
+    ("admit", "warm", "left"), [(True, False, 0.0), (False, False, 1.0), (True, True, 1.0)]
+)
+def test_evicts_only_admitted_files_and_only_pages_its_read_brought_in(tmp_path, admit, warm, left):
+    files = []
+    for i in range(4):
+        files.append(str(tmp_path / f"{i}.npy"))
+        with open(files[-1], "wb") as f:
+            f.write(bytes([i + 1]) * (1 << 20))
+    evict_page_cache(files)
+    if resident_bytes(files) != 0:
+        pytest.skip(f"{tmp_path} keeps its pages in memory (tmpfs?): nothing to evict")
+    if warm:  # another job's pages: they stay
+        for path in files:
+            with open(path, "rb") as f:
+                f.read()
+    source = FileTreeSource(tmp_path)
+    got = [source.read_admitting(i, lambda raw: admit) for i in range(4)]
+    assert got == [(bytes([i + 1]) * (1 << 20), admit) for i in range(4)]
+    assert resident_bytes(files) / (4 << 20) == left
