@@ -1,0 +1,292 @@
+"""The measuring side of ``stallbench analyze -- python train.py``: the bootstrap's ``sitecustomize`` calls
+:func:`install` in every Python process of the user's command while ``STALLBENCH_JOB`` names a JobSpec.
+
+``install`` patches nothing itself: a hook on ``sys.meta_path`` (``_replay.install_hooks``) acts right
+after torch's ``torch.utils.data.dataloader`` is imported, so a process that never imports torch pays
+nothing, and a swapped loader class is in place before the script's own ``from torch.utils.data import
+DataLoader``. From then on each ``iter()`` of a DataLoader in the main process (never in its workers) hands
+out a timed proxy, and each epoch's end appends one LoaderEpoch line to this process's records file.
+
+An epoch ends on StopIteration or after ``steps`` batches (complete), or, for a loop left early, at the
+loader's next ``iter()`` or at exit (not complete; it ends at its last batch). Wait, step and batches are
+the loader's own; storage bytes and CPU seconds are the process tree's over the epoch, so an abandoned
+epoch closed later also counts what ran in between.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import functools
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from stallbench.jobs._replay import ReplayIterator, install_hooks, replay_length, take_batches
+from stallbench.jobs._timed import Counters, EpochMeter, TimedIterator, read_counters, say
+from stallbench.jobs.spec import JobSpec, LoaderEpoch, records_path
+
+__all__ = ["install"]
+
+_run: _Run | None = None
+
+
+def install(spec: JobSpec | None = None) -> bool:
+    """Measure this process's DataLoaders as ``spec`` asks (default: the spec ``STALLBENCH_JOB`` names).
+
+    Returns False when there is no spec (nothing is done), True once installed; a second call does nothing.
+    """
+    global _run
+    if _run is not None:
+        return True
+    spec = spec if spec is not None else JobSpec.from_env()
+    if spec is None:
+        return False
+    _run = _Run(spec)
+    install_hooks(spec, _run.iterate)
+    os.register_at_fork(after_in_child=_run.forked)
+    _run.served = _served(spec)  # after the hooks: serving imports loader, hence torch
+    return True
+
+
+def _served(spec: JobSpec) -> Callable[[], tuple[int, int]] | None:
+    """In "cached" mode, reads of the data's files go through our cache (``stallbench.jobs.served``, when
+    it exists): its counts are the hits and misses of loaders whose Dataset is not one of ours."""
+    if spec.loader != "cached":
+        return None
+    try:
+        from stallbench.jobs import served  # type: ignore[attr-defined]
+    except ImportError as exc:
+        if exc.name != "stallbench.jobs.served":
+            say(f"cannot import stallbench.jobs.served ({exc!r}); file reads are not served from the cache")
+        return None
+    try:
+        serving = served.install(spec)
+    except Exception as exc:
+        say(f"serving file reads from the cache failed to start ({exc!r}); they go to storage")
+        return None
+    return served.served_counts if serving else None
+
+
+@dataclasses.dataclass(eq=False)
+class _Loader:
+    """What the run knows of one DataLoader of this process."""
+
+    id: str
+    order: int
+    loader_class: str
+    mode: str
+    settings: dict[str, Any]  # the records' workers, batch_size, prefetch_factor and dataset_len
+    stats: Callable[[], Any] | None  # loader.DataLoader.stats
+    served: Callable[[], tuple[int, int]] | None
+    batches: int = 0  # over the epochs closed
+    epochs: int = 0  # records written
+    complete: int = 0  # epochs that ran to their end
+    open: EpochMeter | None = None
+    replay: list[Any] | None = None
+
+    @property
+    def total(self) -> int:
+        return self.batches + (self.open.batches if self.open is not None else 0)
+
+
+class _Run:
+    """This process's loaders and their epochs."""
+
+    def __init__(self, spec: JobSpec) -> None:
+        self.spec, self.exit_hooked = spec, False
+        self.served: Callable[[], tuple[int, int]] | None = None
+        self.forked()
+
+    def forked(self) -> None:
+        """A new process (also what a fork's child starts with): no loader seen yet."""
+        self.pid, self.lock = os.getpid(), threading.RLock()
+        self.loaders: dict[int, tuple[weakref.ref[Any], _Loader]] = {}
+        self.order: list[_Loader] = []
+
+    def iterate(self, dl: Any, original: Callable[[Any], Any]) -> Any:
+        """``iter(dl)``, timed: what the patched ``DataLoader.__iter__`` returns."""
+        if os.getpid() != self.pid or _in_worker():
+            return original(dl)
+        try:
+            with self.lock:
+                state = self._state(dl)
+                self._close(state, complete=False)  # a loop left early
+                self._maybe_exit(state)
+                inner = self._replay(state, dl) if state.mode == "ingestion" else None
+                meter = EpochMeter(0.0, read_counters(state.stats, state.served), self._cuda())
+        except Exception as exc:
+            say(f"cannot measure a DataLoader ({exc!r}); it runs unmeasured", key="iterate")
+            return original(dl)
+        meter.start = time.perf_counter()
+        inner = original(dl) if inner is None else inner
+        state.open = meter
+        return TimedIterator(inner, meter, self.spec.steps, functools.partial(self._ended, state))
+
+    def _state(self, dl: Any) -> _Loader:
+        key = id(dl)
+        known = self.loaders.get(key)
+        if known is not None and known[0]() is dl:
+            return known[1]
+        ours = any(c.__module__ == "loader.dataloader" and c.__name__ == "DataLoader" for c in type(dl).mro())
+        state = _Loader(
+            id=f"{len(self.order)}:{type(dl.dataset).__name__}",
+            order=len(self.order),
+            loader_class="loader.DataLoader" if ours else "torch.utils.data.DataLoader",
+            mode=self.spec.mode,
+            settings=_settings(dl),
+            stats=dl.stats if ours else None,
+            served=None if ours and getattr(dl, "cache", None) is not None else self.served,
+        )
+        self.order.append(state)
+        self.loaders[key] = (weakref.ref(dl, functools.partial(self._forget, key)), state)
+        if not self.exit_hooked:
+            atexit.register(self._at_exit)  # registered after torch's own: runs before it tears workers down
+            self.exit_hooked = True
+        return state
+
+    def _forget(self, key: int, ref: weakref.ref[Any]) -> None:
+        if self.loaders.get(key, (None,))[0] is ref:
+            self.loaders.pop(key, None)
+
+    def _replay(self, state: _Loader, dl: Any) -> ReplayIterator | None:
+        if state.replay is None:
+            try:
+                state.replay = take_batches(dl, self.spec.replay_batches)
+            except Exception as exc:
+                say(f"cannot make {state.id}'s batches without workers ({exc!r}); it runs as a pipeline")
+                state.mode = "pipeline"
+                return None
+        length = replay_length(dl, self.spec.steps, self.spec.replay_batches, state.id)
+        return ReplayIterator(state.replay, length)
+
+    def _cuda(self) -> Any:
+        if not self.spec.sync_cuda:
+            return None
+        import torch
+
+        return torch.cuda if torch.cuda.is_available() else None
+
+    def _maybe_exit(self, state: _Loader) -> None:
+        """The training loader (most batches; ties: first iterated) has run its epochs: end the process."""
+        epochs = self.spec.epochs
+        if epochs is None or state.complete < epochs:
+            return
+        if min(self.order, key=lambda s: (-s.total, s.order)) is not state:
+            return
+        self.close_all()
+        say(f"the training loader {state.id} has run its {epochs} epochs: the process ends here (exit 0)")
+        raise SystemExit(0)
+
+    def _ended(self, state: _Loader, meter: EpochMeter, end: float) -> None:
+        try:
+            with self.lock:
+                if state.open is meter:
+                    self._close(state, True, end)
+        except Exception as exc:
+            say(f"cannot record an epoch of {state.id} ({exc!r})", key="record")
+
+    def close_all(self) -> None:
+        for state in self.order:
+            self._close(state, complete=False)
+
+    def _at_exit(self) -> None:
+        if os.getpid() != self.pid or not self.lock.acquire(timeout=5):
+            return
+        try:
+            self.close_all()
+        except Exception as exc:
+            say(f"cannot record the last epochs ({exc!r})", key="record")
+        finally:
+            self.lock.release()
+
+    def _close(self, state: _Loader, complete: bool, end: float | None = None) -> None:
+        meter = state.open
+        if meter is None:
+            return
+        state.open, meter.closed = None, True
+        state.batches += meter.batches
+        if not complete and meter.batches == 0:
+            return  # an iterator made and never used: no epoch
+        state.epochs += 1
+        state.complete += complete
+        after = read_counters(state.stats, state.served)
+        end = end if end is not None else meter.last_activity
+        _write(self.spec.out_dir, _record(state, meter, complete, end, after))
+
+
+def _record(state: _Loader, meter: EpochMeter, complete: bool, end: float, after: Counters) -> LoaderEpoch:
+    before = meter.before
+    stats = after.stats_since(before) if state.stats is not None else {}
+    if state.served is not None:
+        hits, misses = after.served[0] - before.served[0], after.served[1] - before.served[1]
+    else:
+        hits, misses = int(stats.get("hits", 0)), int(stats.get("misses", 0))
+    return LoaderEpoch(
+        loader=state.id,
+        rank=_rank(),
+        pid=os.getpid(),
+        epoch=state.epochs,
+        seconds=end - meter.start,
+        wait_seconds=meter.wait,
+        step_seconds=meter.step,
+        first_batch_seconds=meter.first_batch,
+        batches=meter.batches,
+        samples=meter.samples,
+        storage_bytes=max(0, after.storage_bytes - before.storage_bytes),
+        cpu_seconds=max(0.0, after.cpu_seconds - before.cpu_seconds),
+        complete=complete,
+        loader_class=state.loader_class,
+        mode=state.mode,  # type: ignore[arg-type]
+        **state.settings,
+        hits=hits,
+        misses=misses,
+        cuda_sync_seconds=meter.cuda_sync,
+        stats=stats,
+    )
+
+
+def _settings(dl: Any) -> dict[str, Any]:
+    try:
+        length = len(dl.dataset)
+    except Exception:  # an IterableDataset without a length
+        length = None
+    prefetch = getattr(dl, "prefetch_factor", None)
+    return {
+        "workers": dl.num_workers,
+        "batch_size": dl.batch_size,
+        "prefetch_factor": prefetch,
+        "dataset_len": length,
+    }
+
+
+def _write(out_dir: str, record: LoaderEpoch) -> None:
+    """One line, appended whole by a single write: a kill leaves every earlier line readable."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        path = records_path(out_dir, record.rank, record.pid)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, (record.to_json() + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        say(f"cannot write records in {out_dir} ({exc}); epochs go unrecorded", key="write")
+
+
+def _rank() -> int:
+    raw = os.environ.get("RANK") or "0"
+    try:
+        return int(raw)
+    except ValueError:
+        say(f"RANK={raw!r} is not a number: records say rank 0", key="rank")
+        return 0
+
+
+def _in_worker() -> bool:
+    from torch.utils.data import get_worker_info
+
+    return get_worker_info() is not None

@@ -1,0 +1,174 @@
+"""A tiny user training script, run by tests/test_bootstrap.py under the bootstrap as a user's would be.
+
+It knows nothing of stallbench. It prints one JSON line per event on stdout: its pid at the start, then per
+epoch the batches the train and eval loops saw and whether a batch came back edited; ``--probe`` prints what
+the DataLoader classes and iterators look like. ``--log FILE`` appends ``<pid>`` to FILE at each sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+BURN = float(os.environ.get("TRAIN_TINY_BURN", "0"))  # CPU seconds each sample costs (where it is made)
+
+
+def _log(path: str | None) -> None:
+    deadline = time.process_time() + BURN
+    while time.process_time() < deadline:
+        pass
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+class RandomData(Dataset):
+    """n samples of 4 values in [0, 1), label i % 3."""
+
+    def __init__(self, n: int, log: str | None = None) -> None:
+        self.n, self.log = n, log
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        _log(self.log)
+        return torch.rand(4), i % 3
+
+
+class FileData(Dataset):
+    """The files of a folder, each read whole and turned into 4 values in [0, 1)."""
+
+    def __init__(self, root: str, log: str | None = None) -> None:
+        self.paths, self.log = sorted(Path(root).iterdir()), log
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        _log(self.log)
+        with open(self.paths[i], "rb") as f:
+            raw = f.read()
+        return torch.tensor(list(raw[:4]), dtype=torch.float32) / 256, i % 3
+
+
+class StreamData(IterableDataset):
+    """n samples, split between the workers; no length."""
+
+    def __init__(self, n: int, log: str | None = None) -> None:
+        self.n, self.log = n, log
+
+    def __iter__(self):
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        for i in range(start, self.n, step):
+            _log(self.log)
+            yield torch.rand(4), i % 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--n", type=int, default=40)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--spawn", action="store_true")
+    p.add_argument("--persistent", action="store_true")
+    p.add_argument("--iterable", action="store_true")
+    p.add_argument("--files", default=None, help="a folder of small files to read")
+    p.add_argument("--images", default=None, help="an image folder, read by loader.ImageFolder")
+    p.add_argument("--ours", action="store_true", help="build loader.DataLoader instead of torch's")
+    p.add_argument("--eval", action="store_true", help="an eval loop over a second loader each epoch")
+    p.add_argument("--eval-first", action="store_true", help="the eval loop before the train loop")
+    p.add_argument("--log", default=None)
+    p.add_argument("--mutate", action="store_true", help="edit each batch in place after reading it")
+    p.add_argument("--break-after", type=int, default=None)
+    p.add_argument("--sleep", type=float, default=0.0, help="seconds of 'compute' per step")
+    p.add_argument("--probe", action="store_true")
+    return p
+
+
+def _loader(args: argparse.Namespace, dataset: Dataset) -> DataLoader:
+    kwargs = {"batch_size": args.batch_size, "num_workers": args.workers}
+    if args.workers:
+        kwargs["persistent_workers"] = args.persistent
+        if args.spawn:
+            kwargs["multiprocessing_context"] = "spawn"
+    if args.ours:
+        import loader
+
+        return loader.DataLoader(dataset, **kwargs)
+    return DataLoader(dataset, **kwargs)
+
+
+def _say(**fields) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def _loop(dl: DataLoader, args: argparse.Namespace) -> tuple[int, bool]:
+    seen, edited = 0, False
+    for x, _y in dl:
+        seen += 1
+        edited = edited or bool((x < 0).any())
+        if args.mutate:
+            x.fill_(-1.0)
+        time.sleep(args.sleep)
+        if seen == args.break_after:
+            break
+    return seen, edited
+
+
+def _probe(train: DataLoader, data: Dataset) -> None:
+    """What the script can see of the DataLoader classes: a swap must keep these working."""
+    derived = type("Derived", (DataLoader,), {})(data, batch_size=2)  # a class of the script's own
+    fields = {
+        "isinstance": isinstance(train, torch.utils.data.DataLoader),
+        "cls": f"{type(train).__module__}.{type(train).__qualname__}",
+        "derived": isinstance(derived, DataLoader) and type(derived).__name__ == "Derived",
+        "generic": DataLoader[int] is not None,
+        "stallbench": "stallbench" in sys.modules,
+        "patched": hasattr(torch.utils.data.dataloader.DataLoader.__iter__, "__stallbench__"),
+    }
+    if "loader" in sys.modules:
+        fields["is_ours"] = isinstance(train, sys.modules["loader"].DataLoader)
+    _say(**fields)
+
+
+def main() -> int:
+    args = _parser().parse_args()
+    _say(pid=os.getpid())
+    if args.files:
+        data: Dataset = FileData(args.files, args.log)
+    elif args.images:
+        import loader
+
+        data = loader.ImageFolder(args.images, transform=loader.EvalTransform(resize=16, size=8))
+    elif args.iterable:
+        data = StreamData(args.n, args.log)
+    else:
+        data = RandomData(args.n, args.log)
+    train = _loader(args, data)
+    held_out = _loader(args, RandomData(args.n // 2)) if args.eval else None
+    if held_out is not None and args.eval_first:
+        _loop(held_out, args)  # a sanity check before training: the eval loader is iterated first
+    if args.probe:
+        _probe(train, data)
+    for epoch in range(1, args.epochs + 1):
+        batches, edited = _loop(train, args)
+        evals = _loop(held_out, args)[0] if held_out is not None else 0
+        _say(epoch=epoch, train=batches, eval=evals, edited=edited)
+    if args.probe:
+        _say(iterator=type(iter(train)).__name__)
+    _say(done=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
