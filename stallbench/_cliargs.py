@@ -33,6 +33,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def seconds(text: str) -> float:
+    """A positive number of seconds, e.g. ``600`` or ``90.5``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
 def size(text: str) -> int:
     """``"1.5G"``, ``"300MB"``, ``"12000"`` -> bytes."""
     try:

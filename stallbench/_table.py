@@ -215,11 +215,32 @@ def _workload_lines(w: Workload) -> list[str]:
         "memory not limited" if w.memory_bytes is None else f"memory limit {_bytes(w.memory_bytes)}",
     ]
     head = textwrap.wrap(f"workload: {w.data}", WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+    if w.command is not None:
+        head += textwrap.wrap(f"command: {w.command}", WIDTH, subsequent_indent="  ", break_on_hyphens=False)
     return head + textwrap.wrap(", ".join(parts), WIDTH, initial_indent="  ", subsequent_indent="  ")
 
 
+def _rank_lines(r: LoaderReport, label: str) -> list[str]:
+    """Each rank's split (torchrun) with the slowest named, and the loaders other than the training one."""
+    lines = []
+    if len(r.ranks) > 1:
+        lines.append(f"ranks{label}: epoch s / compute / prep stall / fetch stall (the slowest is reported)")
+        for rb in r.ranks:
+            b, mark = rb.breakdown, "  <- slowest" if rb.rank == r.slowest_rank else ""
+            lines.append(
+                f"  rank {rb.rank}: {_sec(b.epoch_seconds)}  {_sec(b.compute_seconds)}  "
+                f"{_sec(b.prep_stall_seconds)}  {_sec(b.fetch_stall_seconds)}{mark}"
+            )
+    for o in r.other_loaders:
+        lines.append(
+            f"other loader{label} {o.loader} (apart from training): {_sec(o.seconds_per_epoch)} per epoch, "
+            f"{o.batches_per_epoch:.0f} batches, {o.epochs} epochs"
+        )
+    return ["", *lines] if lines else []
+
+
 def _loader_lines(r: LoaderReport, label: str) -> list[str]:
-    lines = [""]
+    lines = [*_rank_lines(r, label), ""]
     if r.predictions:
         lines.append(f"what-if{label}: predicted steady epoch and what binds it (* = as run)")
         lines += _render("  cache", *_whatif_rows(r))

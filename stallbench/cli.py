@@ -7,11 +7,13 @@ enforce), 130 interrupted (results so far are written first).
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from stallbench import _cliargs as types
 from stallbench._commands import interrupted, run_analysis, run_demo, run_simulate
+from stallbench._user_commands import run_user_analysis, split_command
 from stallbench.storage import PAGE
 
 __all__ = ["main", "make_parser"]
@@ -55,16 +57,38 @@ def _workload(p: argparse.ArgumentParser, data_required: bool = True) -> None:
     _outputs(p)
 
 
+def _own_command(p: argparse.ArgumentParser) -> None:
+    """Options for a command of the user's own, given after ``--``."""
+    own = p.add_argument_group("your own command (after --)")
+    own.add_argument("--steps", type=types.positive_int, help="batches per epoch, then the epoch ends early")
+    own.add_argument(
+        "--time-limit", type=types.seconds, help="seconds a run may take; its finished epochs count"
+    )
+    own.add_argument("--quiet", action="store_true", help="the command's output to --log, not the terminal")
+    own.add_argument("--log", type=Path, default=Path("stallbench-command.log"), help="with --quiet")
+
+
 def _add_analysis(sub: argparse._SubParsersAction) -> None:
     analyze = sub.add_parser(
-        "analyze", help="one loader: compute / prep stall / fetch stall, what-if, roofline"
+        "analyze",
+        help="one loader: compute / prep stall / fetch stall, what-if, roofline",
+        usage="%(prog)s [options] [-- COMMAND ...]",
     )
     _workload(analyze)
+    _own_command(analyze)
     analyze.add_argument(
-        "--loader", choices=KINDS, default="cached", help="torch or cached (loader.DataLoader)"
+        "--loader",
+        choices=KINDS,
+        default=None,
+        help="torch or cached (loader.DataLoader); default: cached, or with a command the loader it uses",
     )
-    compare = sub.add_parser("compare", help="several loaders on the same workload, side by side")
+    compare = sub.add_parser(
+        "compare",
+        help="several loaders on the same workload, side by side",
+        usage="%(prog)s [options] [-- COMMAND ...]",
+    )
     _workload(compare)
+    _own_command(compare)
     compare.add_argument("--loaders", type=_kinds, default=KINDS, help="comma-separated, baseline first")
 
 
@@ -115,8 +139,15 @@ def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = make_parser()
-    args = parser.parse_args(argv)
+    own, command = split_command(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(own)
     _check_outputs(parser, args)
+    if command and args.command not in ("analyze", "compare"):
+        parser.error(f"{args.command} takes no command after --")
+    if command:
+        return run_user_analysis(args, command)
+    if args.command == "analyze" and args.loader is None:
+        args.loader = "cached"
     commands = {"analyze": run_analysis, "compare": run_analysis, "simulate": run_simulate, "demo": run_demo}
     try:
         return commands[args.command](args)

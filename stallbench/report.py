@@ -24,7 +24,7 @@ __all__ = ["format_report", "report_to_json", "validate_report_json", "write_jso
 _RATIO_KEYS = ("epoch_seconds", "fetch_stall_seconds", "storage_bytes")
 
 _NUM = "number|null"  # every measured float: null where it was not finite
-_KIND_OF_TYPE = {"int": "integer", "int | None": "integer|null", "str": "string"}
+_KIND_OF_TYPE = {"int": "integer", "int | None": "integer|null", "str": "string", "str | None": "string|null"}
 _KIND_OF_TYPE |= dict.fromkeys(("float", "float | None"), _NUM)
 
 
@@ -130,6 +130,9 @@ def _loader_json(r: LoaderReport) -> dict[str, Any]:
         "predictions": [dataclasses.asdict(p) for p in r.predictions],
         "advice": r.advice,
         "runs": [_run_json(run) for run in r.runs],
+        "ranks": [{"rank": rb.rank, **dataclasses.asdict(rb.breakdown)} for rb in r.ranks],
+        "slowest_rank": r.slowest_rank,
+        "other_loaders": [dataclasses.asdict(o) for o in r.other_loaders],
     }
 
 

@@ -15,7 +15,9 @@ __all__ = [
     "EpochRecord",
     "LoaderReport",
     "Machine",
+    "OtherLoader",
     "Prediction",
+    "RankBreakdown",
     "Roofline",
     "RunRecord",
     "Workload",
@@ -39,6 +41,7 @@ class Workload:
     cache_bytes: int | None  # the cached loader's capacity; also the memory budget given to every loader
     storage_bytes_per_s: float | None  # kernel read throttle, None when not throttled
     memory_bytes: int | None  # kernel memory limit of each job, None when not limited
+    command: str | None = None  # the user's own command (``analyze -- CMD``); None for a generated job
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,24 @@ class Roofline:
 
 
 @dataclass(frozen=True)
+class RankBreakdown:
+    """One rank's breakdown (a torchrun job): the report's own figures are the slowest rank's."""
+
+    rank: int
+    breakdown: Breakdown
+
+
+@dataclass(frozen=True)
+class OtherLoader:
+    """A loader of the user's command other than the training one (evaluation), in the cold run, apart."""
+
+    loader: str  # "<order first iterated>:<Dataset class>"
+    epochs: int
+    seconds_per_epoch: float
+    batches_per_epoch: float
+
+
+@dataclass(frozen=True)
 class LoaderReport:
     """Everything ``analyze`` says about one loader on one workload."""
 
@@ -133,6 +154,9 @@ class LoaderReport:
     roofline: Roofline
     predictions: tuple[Prediction, ...]
     advice: str
+    ranks: tuple[RankBreakdown, ...] = ()  # per rank, when the command ran several (torchrun)
+    slowest_rank: int | None = None
+    other_loaders: tuple[OtherLoader, ...] = ()
 
 
 def steady(epochs: list) -> list:

@@ -1,0 +1,102 @@
+"""``analyze`` / ``compare`` with a command after ``--``: the user's own job, run three times per loader.
+
+Exit codes as for the other commands, and: 1 with the command's exit code and last lines when the command
+fails (no stallbench traceback), 130 on Ctrl-C (the command's processes, cgroup and scratch folders gone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO
+
+from stallbench.jobs.command import CommandFailed
+from stallbench.jobs.user_analysis import UserJob, analyze_command
+from stallbench.jobs.user_report import NoTrainingLoader
+from stallbench.results import LoaderReport
+from stallbench.storage import StorageConditionUnavailable, data_size
+
+__all__ = ["run_user_analysis", "split_command"]
+
+
+def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """stallbench's own arguments and the user's command: what comes after the first ``--``."""
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, []
+    at = argv.index("--")
+    return argv[:at], argv[at + 1 :]
+
+
+def _job(args: argparse.Namespace, command: list[str]) -> UserJob:
+    """The job from the options; ValueError (a usage error) for what a user command cannot take."""
+    from stallbench._cliargs import CacheSpec, named_workload
+
+    if named_workload(args.data) is not None:
+        raise ValueError(
+            f"--data must name the files your command reads, not a generated workload ({args.data})"
+        )
+    if args.memory_limit == "auto":
+        raise ValueError("--memory-limit auto needs a generated workload; give a size, e.g. 4G")
+    data = Path(args.data).resolve()
+    files = [data] if data.is_file() else [p for p in data.rglob("*") if p.is_file()]
+    if not files:
+        raise ValueError(f"--data {data} holds no file")
+    size = data_size(files)
+    cache = round(args.cache * size.device_bytes) if isinstance(args.cache, CacheSpec) else args.cache
+    return UserJob(
+        argv=tuple(command), data=(data,), dataset_bytes=size.device_bytes, record_bytes=size.record_bytes,
+        cache_bytes=cache, storage_bytes_per_s=args.storage_bandwidth, memory_bytes=args.memory_limit,
+        steps=args.steps, epochs=args.epochs, time_limit=args.time_limit,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _log(args: argparse.Namespace) -> Iterator[IO[str] | None]:
+    """Where the command's output goes: through (None), or to ``--quiet``'s log file."""
+    if not args.quiet:
+        yield None
+        return
+    with open(args.log, "a", encoding="utf-8") as log:
+        yield log
+
+
+def run_user_analysis(args: argparse.Namespace, command: list[str]) -> int:
+    from stallbench._commands import _progress, _say_error, interrupted, report_outputs
+
+    kinds = ("as-is",) if args.command == "analyze" and args.loader is None else _kinds(args)
+    try:
+        job = _job(args, command)
+    except (ValueError, OSError) as exc:
+        _say_error(args.command, exc)
+        return 2
+    reports: list[LoaderReport] = []
+    try:
+        with _log(args) as log, _progress(args, "runs", unit="run", total=1 + 3 * len(kinds)) as bar:
+            for report in analyze_command(job, kinds, on_step=bar.step, log=log):
+                reports.append(report)
+    except KeyboardInterrupt:
+        return interrupted(args, reports)
+    except CommandFailed as exc:
+        _say_error(args.command, exc)
+        return 1
+    except StorageConditionUnavailable as exc:
+        _say_error(args.command, exc)
+        return 2
+    except (NoTrainingLoader, RuntimeError, OSError, ValueError) as exc:
+        _say_error(args.command, exc)
+        report_outputs(args, reports)
+        return 1
+    report_outputs(args, reports)
+    if args.quiet:
+        print(f"the command's output is in {args.log}", file=sys.stderr)
+    return 0
+
+
+def _kinds(args: argparse.Namespace) -> tuple[str, ...]:
+    if args.command == "analyze":
+        return (args.loader,)
+    return tuple(args.loaders)

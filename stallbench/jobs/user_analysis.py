@@ -1,0 +1,132 @@
+"""``stallbench analyze -- python train.py``: the three differential runs on the user's own command.
+
+- ingestion: each loader's first batches, made in the script's process, handed out again for every batch
+  (no worker started): the step alone, T1;
+- prep: every file of ``--data`` in the page cache (our loader's cache sized to hold it all): T3;
+- cold: ``--data`` evicted from the page cache, the storage throttle and memory limit on the whole process
+  tree, our cache (if any) at the asked size: T2.
+
+The training loader is the one with the most batches in a process; any other (evaluation) is reported
+apart. Every rank of a torchrun job gets its own breakdown; the report's figures are the slowest rank's.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from stallbench.jobs.command import CommandRun, run_command
+from stallbench.jobs.spec import JobSpec, LoaderChoice
+from stallbench.jobs.user_report import user_report
+from stallbench.phases import _warm
+from stallbench.results import LoaderReport
+from stallbench.storage import StorageLimits, evict_page_cache
+
+__all__ = ["UserJob", "analyze_command", "run_user_phases"]
+
+_FULL_MARGIN = 64 << 20  # the prep run's cache: every record, its index, a margin
+_PROBE_BYTES, _PROBE_SECONDS = 128 << 20, 4  # the storage probe reads at most this, or this long throttled
+
+
+@dataclass(frozen=True)
+class UserJob:
+    """The user's command and how to run it."""
+
+    argv: tuple[str, ...]
+    data: tuple[Path, ...]  # the files the job reads: warmed, evicted and throttled
+    dataset_bytes: int  # device bytes of ``data``
+    record_bytes: int
+    cache_bytes: int | None  # our loader's cache in the cold run (compare, or a script that uses ours)
+    storage_bytes_per_s: int | None = None
+    memory_bytes: int | None = None
+    steps: int | None = None
+    epochs: int = 3
+    time_limit: float | None = None
+    cache_dir: str = "/dev/shm"
+
+
+def _spec(job: UserJob, kind: LoaderChoice, **options: object) -> JobSpec:
+    data = tuple(str(p) for p in job.data)
+    return JobSpec(out_dir="", steps=job.steps, epochs=job.epochs, loader=kind, data=data, **options)
+
+
+def run_user_phases(
+    job: UserJob, kind: LoaderChoice, log: IO[str] | None = None
+) -> Iterator[tuple[str, CommandRun]]:
+    """The three runs of ``job`` with the loaders ``kind`` ("as-is", "torch" or "cached"), in order."""
+    yield (
+        "ingestion",
+        run_command(job.argv, _spec(job, kind, mode="ingestion"), time_limit=job.time_limit, log=log),
+    )
+    for path in job.data:
+        _warm(path)
+    full = int(job.dataset_bytes * 1.01) + _FULL_MARGIN
+    yield "prep", _with_cache(job, kind, full, None, log)
+    evict_page_cache(job.data)
+    limits = _limits(job)
+    yield "cold", _with_cache(job, kind, job.cache_bytes, limits, log)
+
+
+def _with_cache(
+    job: UserJob,
+    kind: LoaderChoice,
+    cache_bytes: int | None,
+    limits: StorageLimits | None,
+    log: IO[str] | None,
+) -> CommandRun:
+    """One pipeline run with a fresh, private cache folder (removed after) for our loader's store."""
+    from stallbench._jobs import scratch_cache_dir
+
+    cache_dir = scratch_cache_dir(job.cache_dir)
+    try:
+        spec = _spec(job, kind, cache_bytes=cache_bytes, cache_dir=str(cache_dir))
+        return run_command(job.argv, spec, limits=limits, time_limit=job.time_limit, log=log)
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def _limits(job: UserJob) -> StorageLimits | None:
+    if job.storage_bytes_per_s is None and job.memory_bytes is None:
+        return None
+    return StorageLimits(
+        memory_bytes=job.memory_bytes, read_bps=job.storage_bytes_per_s, device_path=job.data[0]
+    )
+
+
+def analyze_command(
+    job: UserJob,
+    kinds: Sequence[LoaderChoice],
+    on_step: Callable[[str], None] | None = None,
+    log: IO[str] | None = None,
+) -> Iterator[LoaderReport]:
+    """One report per loader kind, yielded as each is done. The machine is measured after the first kind's
+    runs, when the job's workers are known: storage is read by as many readers as they are."""
+    step = on_step or (lambda label: None)
+    machine: tuple[float, float] | None = None
+    for kind in kinds:
+        runs = {}
+        for phase, run in run_user_phases(job, kind, log):
+            runs[phase] = run
+            step(f"{kind}: {phase} done")
+        if machine is None:
+            machine = _measure_machine(job, runs["cold"])
+            step("machine measured")
+        yield user_report(job, runs, storage_bytes_per_s=machine[0], memory_bytes_per_s=machine[1])
+
+
+def _measure_machine(job: UserJob, cold: CommandRun) -> tuple[float, float]:
+    """Storage (inside the cold run's limits, as many readers as the training loader has workers) and
+    memory bandwidth."""
+    from stallbench.measure import measure_memory_bandwidth, measure_storage_bandwidth
+
+    workers = max((r.workers for r in cold.records), default=1)
+    sample = _PROBE_BYTES
+    if job.storage_bytes_per_s is not None:  # a few seconds' worth under a throttle, not 128 MB
+        sample = min(sample, max(_PROBE_SECONDS * job.storage_bytes_per_s, 1 << 20))
+    storage = measure_storage_bandwidth(
+        list(job.data), limits=_limits(job), readers=max(1, workers), sample_bytes=sample
+    )
+    return storage, measure_memory_bandwidth()

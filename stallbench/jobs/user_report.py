@@ -1,0 +1,195 @@
+"""From what the user's command measured (``LoaderEpoch`` lines of each run) to a ``LoaderReport``.
+
+Per rank, the training loader is the one with the most batches (ties: the first iterated); its epochs make
+the runs, and the differential breakdown is taken per rank. The report's figures are the slowest rank's
+(the one a synchronous job waits for); other loaders (evaluation) are kept apart, as phases.
+
+When ``--steps`` cuts an epoch short, the epoch reads only a share of the data: the roofline weighs that
+share of the dataset's bytes, and what-if predictions, which speak of whole datasets and caches, are left
+out (run without ``--steps`` to get them).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from statistics import fmean
+from typing import TYPE_CHECKING
+
+from stallbench import whatif
+from stallbench.jobs.spec import LoaderEpoch
+from stallbench.phases import breakdown
+from stallbench.results import (
+    EpochRecord,
+    LoaderReport,
+    Machine,
+    OtherLoader,
+    RankBreakdown,
+    RunRecord,
+    Workload,
+    steady,
+)
+
+if TYPE_CHECKING:
+    from stallbench.jobs.command import CommandRun
+    from stallbench.jobs.user_analysis import UserJob
+
+__all__ = ["NoTrainingLoader", "train_epochs", "user_report"]
+
+_CONDITIONS = {
+    "ingestion": "the first batches replayed, no worker started: only the step",
+    "prep": "every file of --data in memory (warm)",
+    "cold": "page cache of --data evicted",
+}
+
+
+class NoTrainingLoader(RuntimeError):
+    """A run of the command iterated no DataLoader the bootstrap could see."""
+
+
+def _by_rank(records: Sequence[LoaderEpoch]) -> dict[int, list[LoaderEpoch]]:
+    """Each rank's records, from its process with the most batches (a rank's helper processes left out)."""
+    by_process: dict[tuple[int, int], list[LoaderEpoch]] = defaultdict(list)
+    for r in records:
+        by_process[r.rank, r.pid].append(r)
+    ranks: dict[int, list[LoaderEpoch]] = {}
+    for (rank, _), rows in sorted(by_process.items(), key=lambda kv: -sum(r.batches for r in kv[1])):
+        ranks.setdefault(rank, rows)
+    return ranks
+
+
+def _train_id(rows: Sequence[LoaderEpoch]) -> str:
+    totals: dict[str, int] = {}
+    for r in rows:
+        totals[r.loader] = totals.get(r.loader, 0) + r.batches
+    order = {loader: int(loader.split(":", 1)[0]) for loader in totals}
+    return min(totals, key=lambda loader: (-totals[loader], order[loader]))
+
+
+def train_epochs(records: Sequence[LoaderEpoch], phase: str = "") -> dict[int, list[LoaderEpoch]]:
+    """Per rank, the training loader's complete epochs in order."""
+    ranks = _by_rank(records)
+    if not ranks:
+        raise NoTrainingLoader(
+            f"the {phase or 'command'} run iterated no DataLoader: does the command run Python with "
+            "torch's DataLoader (or loader.DataLoader) in this environment?"
+        )
+    out = {}
+    for rank, rows in ranks.items():
+        train = _train_id(rows)
+        out[rank] = sorted((r for r in rows if r.loader == train and r.complete), key=lambda r: r.epoch)
+    return out
+
+
+def _epoch(r: LoaderEpoch) -> EpochRecord:
+    return EpochRecord(
+        epoch=r.epoch, seconds=r.seconds, wait_seconds=r.wait_seconds, step_seconds=r.step_seconds,
+        first_batch_seconds=r.first_batch_seconds, batches=r.batches, samples=r.samples,
+        storage_bytes=r.storage_bytes, hits=r.hits, misses=r.misses, cpu_seconds=r.cpu_seconds,
+    )  # fmt: skip
+
+
+def _rank_runs(runs: Mapping[str, CommandRun]) -> dict[int, dict[str, RunRecord]]:
+    per_phase = {phase: train_epochs(run.records, phase) for phase, run in runs.items()}
+    ranks = sorted(set.intersection(*(set(p) for p in per_phase.values())))
+    out = {}
+    for rank in ranks:
+        out[rank] = {}
+        for phase, epochs in per_phase.items():
+            if not epochs[rank]:
+                raise NoTrainingLoader(
+                    f"the {phase} run of rank {rank} finished no epoch of its training loader"
+                )
+            records = tuple(_epoch(r) for r in epochs[rank])
+            out[rank][phase] = RunRecord(phase=phase, epochs=records, condition=_CONDITIONS[phase])
+    return out
+
+
+def _others(run: CommandRun, rank: int) -> tuple[OtherLoader, ...]:
+    rows = _by_rank(run.records).get(rank, [])
+    if not rows:
+        return ()
+    train = _train_id(rows)
+    grouped: dict[str, list[LoaderEpoch]] = defaultdict(list)
+    for r in rows:
+        if r.loader != train:
+            grouped[r.loader].append(r)
+    return tuple(
+        OtherLoader(name, len(es), fmean(e.seconds for e in es), fmean(e.batches for e in es))
+        for name, es in sorted(grouped.items())
+    )
+
+
+def user_report(
+    job: UserJob, runs: Mapping[str, CommandRun], *, storage_bytes_per_s: float, memory_bytes_per_s: float
+) -> LoaderReport:
+    """The report of one loader kind's three runs (``ingestion``, ``prep``, ``cold``)."""
+    per_rank = _rank_runs(runs)
+    ranks = tuple(RankBreakdown(rank, breakdown(phases)) for rank, phases in per_rank.items())
+    slowest = max(ranks, key=lambda r: r.breakdown.epoch_seconds)
+    phases = per_rank[slowest.rank]
+    cold_rows = train_epochs(runs["cold"].records)[slowest.rank]
+    cold = steady(list(phases["cold"].epochs))
+    workload, share = _workload(job, cold_rows)
+    loader = "cached" if cold_rows[-1].loader_class == "loader.DataLoader" else "torch"
+    machine = _machine(phases, workload, storage_bytes_per_s, memory_bytes_per_s)
+    storage = int(fmean(e.storage_bytes for e in cold))
+    measured = whatif.Measured(workload, slowest.breakdown, machine, loader, storage)
+    predictions = whatif.what_if(measured) if share >= 0.99 else ()
+    advice = (
+        whatif.advise(measured, predictions)
+        if predictions
+        else f"epochs cut to {job.steps} steps read {share:.0%} of the data: run without --steps for what-if"
+    )
+    return LoaderReport(
+        loader=loader, workload=workload, runs=tuple(phases.values()), breakdown=slowest.breakdown,
+        storage_bytes=storage, dataset_bytes=workload.dataset_bytes, record_bytes=workload.record_bytes,
+        hit_rate=_hit_rate(loader, cold, storage, workload), cpu_utilisation=_cpu(cold, slowest, machine),
+        samples_per_s=fmean(e.samples for e in cold) / slowest.breakdown.epoch_seconds, machine=machine,
+        roofline=whatif.roofline(measured), predictions=predictions, advice=advice,
+        ranks=ranks, slowest_rank=slowest.rank, other_loaders=_others(runs["cold"], slowest.rank),
+    )  # fmt: skip
+
+
+def _workload(job: UserJob, cold_rows: Sequence[LoaderEpoch]) -> tuple[Workload, float]:
+    """What was run, with the dataset's bytes scaled to the share of it an epoch read."""
+    last = cold_rows[-1]
+    samples = round(fmean(r.samples for r in steady(list(cold_rows))))
+    share = min(1.0, samples / last.dataset_len) if last.dataset_len else 1.0
+    scale = lambda n: max(1, round(n * share))  # noqa: E731
+    workload = Workload(
+        data=",".join(str(p) for p in job.data), dataset_bytes=scale(job.dataset_bytes),
+        record_bytes=scale(job.record_bytes), samples=samples, batch_size=last.batch_size or 1,
+        workers=last.workers, compute="the command's own step", epochs=len(cold_rows),
+        cache_bytes=scale(job.cache_bytes) if job.cache_bytes is not None else None,
+        storage_bytes_per_s=job.storage_bytes_per_s, memory_bytes=job.memory_bytes,
+        command=" ".join(job.argv),
+    )  # fmt: skip
+    return workload, share
+
+
+def _machine(
+    phases: Mapping[str, RunRecord], w: Workload, storage_bytes_per_s: float, memory_bytes_per_s: float
+) -> Machine:
+    """The prep rate per core from the runs themselves (the user's Dataset cannot be called from here):
+    samples over the CPU the prep run spent beyond the ingestion run, per epoch."""
+    from stallbench.measure import available_cores
+
+    cpu = {p: fmean(e.cpu_seconds for e in steady(list(phases[p].epochs))) for p in ("ingestion", "prep")}
+    prep_cpu = cpu["prep"] - cpu["ingestion"]
+    t3 = fmean(e.seconds for e in steady(list(phases["prep"].epochs)))
+    cores = available_cores()
+    rate = w.samples / prep_cpu if prep_cpu > 0 else w.samples / (t3 * min(max(w.workers, 1), cores))
+    return Machine(cores, storage_bytes_per_s, memory_bytes_per_s, rate)
+
+
+def _hit_rate(loader: str, cold: Sequence[EpochRecord], storage: float, w: Workload) -> float:
+    reads = sum(e.hits + e.misses for e in cold)
+    if loader == "cached" and reads:
+        return sum(e.hits for e in cold) / reads
+    return max(0.0, 1 - storage / w.dataset_bytes)
+
+
+def _cpu(cold: Sequence[EpochRecord], slowest: RankBreakdown, machine: Machine) -> float:
+    seconds = slowest.breakdown.epoch_seconds
+    return fmean(e.cpu_seconds for e in cold) / (seconds * machine.cores) if seconds else 0.0

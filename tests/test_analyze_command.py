@@ -1,0 +1,160 @@
+"""``stallbench analyze|compare -- COMMAND`` on the example training script, unchanged, end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from stallbench.workloads import make_jpeg_folder
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "train_cnn.py"
+SCRIPTS = Path(__file__).with_name("_user_scripts")
+pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    return make_jpeg_folder(
+        tmp_path_factory.mktemp("data") / "imgs", num_images=400, record_bytes=6000, width=64, height=48
+    )
+
+
+def stallbench(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    argv = [sys.executable, "-m", "stallbench", *args]
+    return subprocess.run(argv, env=env, text=True, capture_output=True, timeout=timeout, cwd=REPO)
+
+
+def train(data: Path, *extra: str) -> list[str]:
+    return ["--", sys.executable, str(EXAMPLE), "--data", str(data), "--epochs", "5", *extra]
+
+
+def analyze(data: Path, tmp_path: Path, *options: str, script: tuple[str, ...] = ()) -> dict:
+    out = tmp_path / "report.json"
+    done = stallbench(
+        "analyze", "--data", str(data), "--steps", "3", "--epochs", "3", "--no-progress", "--json", str(out),
+        *options, *train(data, *script),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_the_example_gets_all_three_splits_and_its_eval_loader_apart(images, tmp_path):
+    report = analyze(images, tmp_path)
+    (loader,) = report["loaders"]
+    assert loader["loader"] == "torch"  # the script's own: torch's DataLoader
+    assert [run["phase"] for run in loader["runs"]] == ["ingestion", "prep", "cold"]
+    for run in loader["runs"]:
+        assert [e["batches"] for e in run["epochs"]] == [3, 3, 3]  # --steps cut each epoch, 3 epochs
+    assert loader["compute_seconds"] > 0 and loader["epoch_seconds"] >= loader["compute_seconds"] * 0.5
+    assert [o["loader"] for o in loader["other_loaders"]] == ["1:ImageFolderDataset"]
+    assert report["workload"]["command"].endswith(f"--data {images} --epochs 5")
+
+
+def test_a_slow_dataset_shows_as_prep_stall(images, tmp_path):
+    loader = analyze(images, tmp_path, script=("--slow-ms", "4"))["loaders"][0]
+    assert loader["prep_stall_seconds"] > 2 * loader["compute_seconds"]
+    assert loader["prep_stall_seconds"] > 5 * loader["fetch_stall_seconds"]
+    assert loader["roofline"]["bound"] == "prep"
+
+
+def test_a_throttled_disk_shows_as_fetch_stall(tmp_path):
+    # 2,000 files of 20 KB: an epoch of 3 batches reads ~8% of them, mostly ones not read before
+    data = make_jpeg_folder(tmp_path / "big", num_images=2000, record_bytes=20_000, width=64, height=48)
+    loader = analyze(data, tmp_path, "--storage-bandwidth", "1MB/s")["loaders"][0]
+    assert loader["fetch_stall_seconds"] > loader["prep_stall_seconds"]
+    assert loader["fetch_stall_seconds"] > loader["compute_seconds"]
+
+
+def test_compare_runs_ours_and_shows_its_cache_at_work(images, tmp_path):
+    out = tmp_path / "compare.json"
+    done = stallbench(
+        "compare", "--data", str(images), "--steps", "3", "--epochs", "3", "--no-progress", "--quiet",
+        "--log", str(tmp_path / "log.txt"), "--json", str(out), *train(images),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    torch_report, ours = json.loads(out.read_text())["loaders"]
+    assert (torch_report["loader"], ours["loader"]) == ("torch", "cached")
+    cold = ours["runs"][2]["epochs"]
+    assert sum(e["hits"] for e in cold[1:]) > 0  # the example's own Dataset read through our cache
+    assert sum(e["hits"] + e["misses"] for e in torch_report["runs"][2]["epochs"]) == 0
+    assert "epoch 1: train loss" in (tmp_path / "log.txt").read_text()  # --quiet: the output in the log
+    assert "epoch 1: train loss" not in done.stdout
+
+
+def test_a_failing_script_gives_exit_1_and_its_message(images):
+    done = stallbench(
+        "analyze",
+        "--data",
+        str(images),
+        "--no-progress",
+        "--",
+        sys.executable,
+        str(SCRIPTS / "exit_code.py"),
+        "3",
+    )
+    assert done.returncode == 1
+    assert "exited with code 3" in done.stderr
+    assert "stderr line, exiting with 3" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_torchrun_gives_a_breakdown_per_rank(images, tmp_path):
+    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
+    out = tmp_path / "ranks.json"
+    command = (sys.executable, *torchrun, str(EXAMPLE), "--data", str(images), "--epochs", "5")
+    done = stallbench(
+        "analyze", "--data", str(images), "--steps", "2", "--epochs", "3", "--no-progress",
+        "--json", str(out), "--", *command, "--workers", "1",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    loader = json.loads(out.read_text())["loaders"][0]
+    assert sorted(r["rank"] for r in loader["ranks"]) == [0, 1]
+    slowest = max(loader["ranks"], key=lambda r: r["epoch_seconds"])
+    assert loader["slowest_rank"] == slowest["rank"]
+    assert "<- slowest" in done.stdout
+
+
+def _ours() -> tuple[set[int], set[str], set[str]]:
+    """Processes running the example, stallbench cgroups, scratch folders: what a run may leave behind."""
+    procs = {
+        p.pid for p in psutil.process_iter(["cmdline"]) if str(EXAMPLE) in " ".join(p.info["cmdline"] or [])
+    }
+    cgroups = {p.name for p in Path("/sys/fs/cgroup/memory").glob("stallbench-*")}
+    scratch = {p.name for p in Path(tempfile.gettempdir()).glob("stallbench-job-*")}
+    return procs, cgroups, scratch
+
+
+def test_ctrl_c_leaves_no_process_cgroup_or_scratch_folder(images, tmp_path):
+    before = _ours()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-m", "stallbench", "analyze", "--data", str(images), "--no-progress"]
+    argv += train(images, "--slow-ms", "20")  # slow: still running when interrupted
+    proc = subprocess.Popen(
+        argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not _ours()[0] - before[0]:
+        time.sleep(0.2)
+    time.sleep(2)  # the example is training
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err
+    time.sleep(0.5)
+    after = _ours()
+    assert after[0] <= before[0], f"left running: {after[0] - before[0]}"
+    assert after[1] <= before[1] and after[2] <= before[2]
