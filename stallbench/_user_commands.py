@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO
 
 from stallbench.jobs.command import CommandFailed
-from stallbench.jobs.user_analysis import UserJob, analyze_command
+from stallbench.jobs.user_analysis import UserJob, analyze_command, apply_advice
 from stallbench.jobs.user_report import NoTrainingLoader
 from stallbench.results import LoaderReport
 from stallbench.storage import StorageConditionUnavailable, data_size
@@ -91,9 +91,26 @@ def run_user_analysis(args: argparse.Namespace, command: list[str]) -> int:
         report_outputs(args, reports)
         return 1
     report_outputs(args, reports)
+    if args.apply:
+        _apply(args, job, reports)
     if args.quiet:
         print(f"the command's output is in {args.log}", file=sys.stderr)
     return 0
+
+
+def _apply(args: argparse.Namespace, job: UserJob, reports: Sequence[LoaderReport]) -> None:
+    """``--apply``: each report's advised setting run cold, predicted against measured."""
+    for report in reports:
+        if not report.predictions:
+            print(f"--apply ({report.loader}): no what-if to apply; run without --steps")
+            continue
+        with _log(args) as log:
+            applied = apply_advice(job, report, log)
+        if applied is None:
+            print(f"--apply ({report.loader}): the advice names no setting to run")
+            continue
+        figures = f"predicted {applied.predicted_seconds:.2f} s, measured {applied.measured_seconds:.2f} s"
+        print(f"--apply ({report.loader}): {applied.setting}: steady epoch {figures} ({applied.error:+.0%})")
 
 
 def _kinds(args: argparse.Namespace) -> tuple[str, ...]:

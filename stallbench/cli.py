@@ -66,6 +66,11 @@ def _own_command(p: argparse.ArgumentParser) -> None:
     )
     own.add_argument("--quiet", action="store_true", help="the command's output to --log, not the terminal")
     own.add_argument("--log", type=Path, default=Path("stallbench-command.log"), help="with --quiet")
+    own.add_argument(
+        "--apply",
+        action="store_true",
+        help="then rerun the cold run with the advised setting: predicted vs measured",
+    )
 
 
 def _add_analysis(sub: argparse._SubParsersAction) -> None:

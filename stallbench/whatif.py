@@ -31,7 +31,17 @@ import psutil
 from stallbench.results import Breakdown, Machine, Prediction, Roofline, Workload
 from stallbench.simulate import simulate
 
-__all__ = ["LOADERS", "Measured", "advise", "epoch_terms", "hit_rate", "predict", "roofline", "what_if"]
+__all__ = [
+    "LOADERS",
+    "Measured",
+    "advise",
+    "advised",
+    "epoch_terms",
+    "hit_rate",
+    "predict",
+    "roofline",
+    "what_if",
+]
 
 Loader = Literal["torch", "cached"]
 LOADERS: tuple[str, ...] = ("torch", "cached")
@@ -220,18 +230,19 @@ def _gain(prediction: Prediction, m: Measured) -> str:
     return f"{prediction.epoch_seconds:.1f} s ({change:+.0f}%)"
 
 
-def _fetch_action(m: Measured, predictions: tuple[Prediction, ...]) -> tuple[Prediction, str] | None:
-    """For torch, the cached loader at the same budget if it helps; else the best cache at these workers."""
+def _fetch_action(m: Measured, predictions: tuple[Prediction, ...]) -> tuple[Prediction, str, str] | None:
+    """For torch, the cached loader at the same budget if it helps; else the best cache at these workers:
+    (prediction, the action in words, the loader it runs on)."""
     worth = (1.0 - MIN_GAIN) * m.breakdown.epoch_seconds
     if m.loader == "torch":
         cache = min(m.workload.dataset_bytes, _budget(m.workload.cache_bytes))
         switch = predict(m, cache_bytes=cache, workers=m.workload.workers, loader="cached")
         if switch.epoch_seconds < worth:
-            return switch, f"loader.DataLoader with cache_bytes={_size(cache)}"
+            return switch, f"loader.DataLoader with cache_bytes={_size(cache)}", "cached"
     options = [p for p in predictions if p.workers == m.workload.workers and p.epoch_seconds < worth]
     best = min(options, key=lambda p: (p.epoch_seconds, p.cache_bytes), default=None)
     what = "cache_bytes=" if m.loader == "cached" else "a page cache of "
-    return None if best is None else (best, what + _size(best.cache_bytes))
+    return None if best is None else (best, what + _size(best.cache_bytes), m.loader)
 
 
 def _prep_action(m: Measured, predictions: tuple[Prediction, ...]) -> Prediction | None:
@@ -251,6 +262,20 @@ def _dominant(m: Measured, prep: float, fetch: float) -> str:
     measured = {"fetch": fetch, "prep": prep}  # a tie goes to fetch
     bound = roofline(m).bound
     return bound if measured.get(bound, 0.0) >= ACT_ON else max(measured, key=measured.__getitem__)
+
+
+def advised(m: Measured, predictions: tuple[Prediction, ...]) -> tuple[Prediction, str] | None:
+    """The setting :func:`advise` names and the loader it runs on ("torch" or "cached"); None where the
+    advice names none (no stall worth acting on, or no setting predicted faster)."""
+    b = m.breakdown
+    prep, fetch = b.percent(b.prep_stall_seconds), b.percent(b.fetch_stall_seconds)
+    if max(prep, fetch) < ACT_ON:
+        return None
+    if _dominant(m, prep, fetch) == "fetch":
+        action = _fetch_action(m, predictions)
+        return None if action is None else (action[0], action[2])
+    best = _prep_action(m, predictions)
+    return None if best is None else (best, m.loader)
 
 
 def advise(m: Measured, predictions: tuple[Prediction, ...]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -158,3 +159,17 @@ def test_ctrl_c_leaves_no_process_cgroup_or_scratch_folder(images, tmp_path):
     after = _ours()
     assert after[0] <= before[0], f"left running: {after[0] - before[0]}"
     assert after[1] <= before[1] and after[2] <= before[2]
+
+
+def test_apply_runs_the_advised_setting_and_says_how_near_the_prediction_was(images, tmp_path):
+    done = stallbench(
+        "analyze", "--data", str(images), "--epochs", "3", "--no-progress", "--quiet", "--log",
+        str(tmp_path / "log.txt"), "--apply", *train(images, "--workers", "1", "--slow-ms", "3"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("--apply")]
+    match = re.search(r"(\d+) workers: steady epoch predicted ([\d.]+) s, measured ([\d.]+) s", line)
+    assert match, line
+    workers, predicted, measured = int(match[1]), float(match[2]), float(match[3])
+    assert workers > 1  # prep-bound on one worker: more workers advised
+    assert abs(measured / predicted - 1) < 0.5  # the figure of record is in the benchmark (15%)

@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
+from stallbench.jobs._overrides import override_workers
 from stallbench.jobs._timed import say
 from stallbench.jobs.spec import JobSpec
 
@@ -216,11 +217,13 @@ def install_hooks(spec: JobSpec, iterate: Callable[[Any, Callable[[Any], Any]], 
     def torch_imported(module: Any) -> None:
         cls = originals[_TORCH] = module.DataLoader
         _patch_iter(cls, iterate)
+        override_workers(cls, spec)
         if spec.loader == "cached":
             swapped[_TORCH] = stand_in(cls, cached_maker(spec, cls))
             _set_class(_TORCH, swapped[_TORCH])
 
     def ours_imported(module: Any) -> None:
+        override_workers(module.DataLoader, spec)
         if spec.loader == "torch":
             torch_class = originals.get(_TORCH) or sys.modules[_TORCH].DataLoader
             _set_class(_OURS, stand_in(module.DataLoader, torch_maker(torch_class)))
@@ -232,7 +235,7 @@ def install_hooks(spec: JobSpec, iterate: Callable[[Any, Callable[[Any], Any]], 
             _set_class(_TORCH, originals[_TORCH])
 
     hooks: dict[str, _Hook] = {_TORCH: (None, torch_imported)}
-    if spec.loader != "as-is":
+    if spec.loader != "as-is" or spec.workers is not None or spec.prefetch_factor is not None:
         hooks[_OURS] = (ours_importing, ours_imported)
     sys.meta_path.insert(0, _PostImport(hooks))
     for name, (_, after) in hooks.items():

@@ -49,6 +49,8 @@ class JobSpec:
     ``data`` through our cache where the Dataset is not one of ours.
     ``sync_cuda``: synchronise the CUDA device at each step boundary (when CUDA is in use), so a step's
     time includes the device's work.
+    ``workers`` / ``prefetch_factor``: every DataLoader the script builds gets these instead of its own
+    (``--apply`` runs the advised setting so).
     """
 
     out_dir: str
@@ -61,13 +63,19 @@ class JobSpec:
     data: tuple[str, ...] = ()
     replay_batches: int = 4
     sync_cuda: bool = True
+    workers: int | None = None  # every DataLoader built with this num_workers (--apply); None: as written
+    prefetch_factor: int | None = None  # and this prefetch_factor (with workers); None: as written
 
     def __post_init__(self) -> None:
         if self.mode not in ("pipeline", "ingestion"):
             raise ValueError(f"mode must be 'pipeline' or 'ingestion', got {self.mode!r}")
         if self.loader not in ("as-is", "torch", "cached"):
             raise ValueError(f"loader must be 'as-is', 'torch' or 'cached', got {self.loader!r}")
-        for name in ("steps", "epochs", "cache_bytes"):
+        if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int)):
+            raise ValueError(f"workers must be an int or None, got {self.workers!r}")
+        if self.workers is not None and self.workers < 0:
+            raise ValueError(f"workers must not be negative, got {self.workers!r}")
+        for name in ("steps", "epochs", "cache_bytes", "prefetch_factor"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be a positive int or None, got {value!r}")

@@ -25,7 +25,7 @@ from stallbench.phases import _warm
 from stallbench.results import LoaderReport
 from stallbench.storage import StorageLimits, evict_page_cache
 
-__all__ = ["UserJob", "analyze_command", "run_user_phases"]
+__all__ = ["Applied", "UserJob", "analyze_command", "apply_advice", "run_user_phases"]
 
 _FULL_MARGIN = 64 << 20  # the prep run's cache: every record, its index, a margin
 _PROBE_BYTES, _PROBE_SECONDS = 128 << 20, 4  # the storage probe reads at most this, or this long throttled
@@ -78,9 +78,7 @@ def _with_cache(
     log: IO[str] | None,
 ) -> CommandRun:
     """One pipeline run with a fresh, private cache folder (removed after) for our loader's store."""
-    from stallbench._jobs import scratch_cache_dir
-
-    cache_dir = scratch_cache_dir(job.cache_dir)
+    cache_dir = _scratch(job)
     try:
         spec = _spec(job, kind, cache_bytes=cache_bytes, cache_dir=str(cache_dir))
         return run_command(job.argv, spec, limits=limits, time_limit=job.time_limit, log=log)
@@ -130,3 +128,53 @@ def _measure_machine(job: UserJob, cold: CommandRun) -> tuple[float, float]:
         list(job.data), limits=_limits(job), readers=max(1, workers), sample_bytes=sample
     )
     return storage, measure_memory_bandwidth()
+
+
+@dataclass(frozen=True)
+class Applied:
+    """``--apply``: the advised setting run cold, against what was predicted for it."""
+
+    setting: str
+    predicted_seconds: float
+    measured_seconds: float
+
+    @property
+    def error(self) -> float:
+        return self.measured_seconds / self.predicted_seconds - 1.0
+
+
+def apply_advice(job: UserJob, report: LoaderReport, log: IO[str] | None = None) -> Applied | None:
+    """Rerun the cold run with the setting the report's advice names; None where it names none."""
+    from stallbench import whatif
+    from stallbench.jobs.user_report import train_epochs
+    from stallbench.results import steady
+
+    m = whatif.Measured(
+        report.workload, report.breakdown, report.machine, report.loader, report.storage_bytes
+    )
+    chosen = whatif.advised(m, report.predictions)
+    if chosen is None:
+        return None
+    prediction, loader = chosen
+    cached = loader == "cached"
+    kind: LoaderChoice = "cached" if cached else "as-is"
+    cache = prediction.cache_bytes if cached else job.cache_bytes
+    cache_dir = _scratch(job)
+    try:
+        spec = _spec(job, kind, cache_bytes=cache, cache_dir=str(cache_dir), workers=prediction.workers)
+        evict_page_cache(job.data)
+        run = run_command(job.argv, spec, limits=_limits(job), time_limit=job.time_limit, log=log)
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    epochs = max(train_epochs(run.records, "--apply").values(), key=lambda rows: rows[-1].seconds)
+    measured = sum(r.seconds for r in steady(epochs)) / len(steady(epochs))
+    where = f"{prediction.workers} workers" + (
+        f", loader.DataLoader with cache_bytes={cache}" if cached else ""
+    )
+    return Applied(where, prediction.epoch_seconds, measured)
+
+
+def _scratch(job: UserJob) -> Path:
+    from stallbench._jobs import scratch_cache_dir
+
+    return scratch_cache_dir(job.cache_dir)
