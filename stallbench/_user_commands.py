@@ -35,7 +35,7 @@ def _job(args: argparse.Namespace, command: list[str]) -> UserJob:
     """The job from the options; ValueError (a usage error) for what a user command cannot take."""
     from stallbench._cliargs import CacheSpec, named_workload
 
-    if named_workload(args.data) is not None:
+    if not Path(args.data).exists() and named_workload(args.data) is not None:
         raise ValueError(
             f"--data must name the files your command reads, not a generated workload ({args.data})"
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -173,3 +174,20 @@ def test_apply_runs_the_advised_setting_and_says_how_near_the_prediction_was(ima
     workers, predicted, measured = int(match[1]), float(match[2]), float(match[3])
     assert workers > 1  # prep-bound on one worker: more workers advised
     assert abs(measured / predicted - 1) < 0.5  # the figure of record is in the benchmark (15%)
+
+
+def test_the_how_to_example_runs_as_written(tmp_path):
+    page = (REPO / "docs" / "how-to" / "analyze-your-job.md").read_text()
+    block = re.search(r"## Try it on the example.*?```bash\n(.*?)```", page, flags=re.S)[1]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    outputs = []
+    for line in block.strip().splitlines():
+        argv = shlex.split(line)
+        argv = [sys.executable, "-m", "stallbench", *argv[1:]] if argv[0] == "stallbench" else argv
+        argv = [sys.executable if a == "python" else a for a in argv]
+        done = subprocess.run(argv, cwd=tmp_path, env=env, text=True, capture_output=True, timeout=300)
+        assert done.returncode == 0, f"{line}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+        outputs.append(done.stdout)
+    assert "prep stall" in outputs[-1] and "other loader 1:ImageFolderDataset" in outputs[-1]
+    assert "epoch 1: train loss" in outputs[-1]
