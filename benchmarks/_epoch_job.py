@@ -1,14 +1,14 @@
 """The fetch-bound job of bench_fetch_bound.py: epochs of one loader over an image folder, no decode.
 
 The transform returns the record's length, so the epoch time is the time to fetch the bytes. Run inside a
-cgroup by the benchmark; prints one JSON object per epoch (see ``stallbench._epochs``).
+cgroup by the benchmark; prints one JSON object per epoch (see ``stallbench.jobs.workload``).
 """
 
 from __future__ import annotations
 
 import sys
 
-from stallbench._epochs import job_main
+from stallbench.jobs.workload import main
 
 
 def record_length(raw: bytes) -> int:
@@ -17,4 +17,4 @@ def record_length(raw: bytes) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(job_main(transform=record_length))
+    sys.exit(main(transform=record_length))

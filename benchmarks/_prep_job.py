@@ -14,10 +14,10 @@ import sys
 import time
 from collections.abc import Callable
 
-import psutil
 import torch
 
 import loader
+from stallbench.jobs.counters import cpu_seconds
 
 BATCH, WORKERS = 64, 2
 
@@ -63,12 +63,6 @@ def main(kind: str, data: str, epochs: str, cache_dir: str, mode: str = "load") 
         seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
         rate, cpu_us = images / seconds, cpu / images * 1e6
         print(json.dumps({"loader": kind, "images_per_s": rate, "cpu_us_per_image": cpu_us}), flush=True)
-
-
-def cpu_seconds() -> float:
-    """CPU time (user + system) of this process and its workers."""
-    me = psutil.Process()
-    return sum(sum(p.cpu_times()[:2]) for p in [me, *me.children(recursive=True)])
 
 
 if __name__ == "__main__":

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from stallbench import whatif
-from stallbench._cliargs import CacheSpec
-from stallbench.analyze import AnalysisRequest, analyze, prepare
+from stallbench.analysis import whatif
+from stallbench.analysis.analyze import analyze, prepare
+from stallbench.analysis.phases import RunPlan
+from stallbench.analysis.request import AnalysisRequest, CacheSpec
+from stallbench.analysis.results import LoaderReport, Prediction
+from stallbench.conditions.storage import probe_storage_conditions
 from stallbench.demo import demo_request, format_table
-from stallbench.phases import RunPlan
-from stallbench.results import LoaderReport, Prediction
-from stallbench.storage import probe_storage_conditions
 
 __all__ = [
     "Config",

@@ -29,17 +29,14 @@ from pathlib import Path
 
 import pytest
 
-from loader.cache._layout import index_bytes
-from stallbench._jobs import (
-    job_argv,
-    measure_overhead,
-    memory_limit,
-    probe_cache_bytes,
-    run_job,
-    scratch_cache_dir,
-)
+from loader import index_bytes
+from stallbench.conditions.cgroup import StorageLimits
+from stallbench.conditions.memory import measure_overhead, memory_limit, probe_cache_bytes
+from stallbench.conditions.storage import data_size, evict_page_cache, probe_storage_conditions
 from stallbench.demo import format_table
-from stallbench.storage import StorageLimits, data_size, evict_page_cache, probe_storage_conditions
+from stallbench.jobs.kinds import KINDS, NAMES
+from stallbench.jobs.run import run_workload, scratch_cache_dir
+from stallbench.jobs.spec import WorkloadJob
 from stallbench.workloads import make_jpeg_folder
 
 READ_BPS = 200_000_000
@@ -50,7 +47,6 @@ DATASETS = {  # name: (records, record bytes, image size)
     "large": (18_000, 112 << 10, (500, 375)),
     "small": (40_000, 6_000, (64, 48)),
 }
-KINDS = ("torch", "cached")
 CASES = {  # name: (dataset, memory for data as a fraction of D (None: no limit), ours' cache_bytes, epochs,
     # rounds: pairs of jobs, torch's then ours, whose ratios' median is judged)
     "whole": ("large", 1.0, "auto", 10, 3),
@@ -58,7 +54,7 @@ CASES = {  # name: (dataset, memory for data as a fraction of D (None: no limit)
     "unlimited": ("large", None, 0.5, 10, 3),
     "small_files": ("small", 0.25, "auto", 4, 1),
 }
-JOBS = [(case, pair, kind) for case, c in CASES.items() for pair in range(c[4]) for kind in KINDS]
+JOBS = [(case, pair, kind) for case, c in CASES.items() for pair in range(c[4]) for kind in NAMES]
 NO_SLOWER = 0.97  # torch / ours, time of epochs 2-10 together, median of 3 pairs of jobs, where memory
 # holds the dataset (half-second epochs: one pair alone swung from 0.88 to 1.05 on this machine)
 MIN_SPEEDUP = 1.4  # torch epoch time / ours, each of epochs 2-4, with memory for half
@@ -93,15 +89,15 @@ def _data(name: str, root: Path, made: dict[str, Data]) -> Data:
     sizes = data_size(path.glob("*/*.jpg"))  # the records: not the hidden manifest beside them
     d = Data(path, records, sizes.device_bytes, sizes.record_bytes)
     probe = dict(epochs=1, max_batches=2, cache_bytes=probe_cache_bytes(records))
-    d.overheads = measure_overhead(lambda kind, c: _argv(d, kind, c, probe), ["torch", "cached"], path)
+    d.overheads = measure_overhead(lambda kind, c: _job(d, kind, c, probe), NAMES, path, script=SCRIPT)
     made[name] = d
     return d
 
 
-def _argv(d: Data, kind: str, cache_dir: Path, options: dict, epochs: int = 1) -> list[str]:
-    """The job's command line; ``cache_bytes`` (in ``options``) and the cache folder go to ours alone."""
-    ours = dict(cache_dir=cache_dir) if kind == "cached" else {"cache_bytes": None}
-    return job_argv(kind, d.path, script=SCRIPT, **{**JOB, "epochs": epochs, **options, **ours})
+def _job(d: Data, kind: str, cache_dir: Path, options: dict, epochs: int = 1) -> WorkloadJob:
+    """The job; ``cache_bytes`` (in ``options``) and the cache folder go to ours alone."""
+    ours = dict(cache_dir=cache_dir) if KINDS[kind].cached else {"cache_bytes": None}
+    return WorkloadJob(kind, d.path, **{**JOB, "epochs": epochs, **options, **ours})
 
 
 def _run(d: Data, kind: str, limit: int | None, cache_bytes: int | str, epochs: int) -> dict:
@@ -109,7 +105,8 @@ def _run(d: Data, kind: str, limit: int | None, cache_bytes: int | str, epochs: 
     try:
         evict_page_cache(d.path)
         with StorageLimits(memory_bytes=limit, read_bps=READ_BPS, device_path=d.path) as limits:
-            records = run_job(_argv(d, kind, cache_dir, dict(cache_bytes=cache_bytes), epochs), limits)
+            job = _job(d, kind, cache_dir, dict(cache_bytes=cache_bytes), epochs)
+            records = run_workload(job, limits, script=SCRIPT)
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
     return {"epochs": records, "memory_peak": limits.memory_max_usage(), "failcnt": limits.memory_failcnt()}

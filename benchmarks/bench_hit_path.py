@@ -24,8 +24,8 @@ from loader.cache import MinIOCache
 from loader.cache._layout import checksum
 from loader.datasets import _Fetched
 from loader.stats import StatsBoard
-from stallbench._jobs import scratch_cache_dir
 from stallbench.demo import format_table
+from stallbench.jobs.run import scratch_cache_dir
 from stallbench.workloads import make_jpeg_folder
 
 SIZES = {"6KB": 6 * 1024, "112KB": 112 * 1024}

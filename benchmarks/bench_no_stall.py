@@ -30,8 +30,8 @@ from torch.utils.data import TensorDataset
 
 import loader
 from loader.sources._fingerprint import digest
-from stallbench._jobs import scratch_cache_dir
 from stallbench.demo import format_table
+from stallbench.jobs.run import scratch_cache_dir
 
 NUM_SAMPLES, BATCH, WORKERS, ROUNDS = 20_000, 16, 2, 9
 RECORD_BYTES = 64

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from stallbench._jobs import scratch_cache_dir
 from stallbench.demo import format_table
+from stallbench.jobs.run import scratch_cache_dir
 from stallbench.workloads import make_jpeg_folder
 
 SCRIPT = Path(__file__).with_name("_prep_job.py")

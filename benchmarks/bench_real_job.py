@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from stallbench._jobs import run_job, scratch_cache_dir
+from stallbench.conditions.cgroup import StorageLimits
+from stallbench.conditions.storage import evict_page_cache, probe_storage_conditions
 from stallbench.demo import format_table
-from stallbench.storage import StorageLimits, evict_page_cache, probe_storage_conditions
+from stallbench.jobs.run import run_job, scratch_cache_dir
 from stallbench.workloads import make_jpeg_folder
 
 RECORDS, RECORD_BYTES, EPOCHS = 11_520, 6_000, 4

@@ -30,12 +30,13 @@ from _stallbench_cases import (
     prediction_table,
 )
 
-from stallbench.analyze import AnalysisRequest, prepare
+from stallbench.analysis.analyze import prepare
+from stallbench.analysis.phases import RunPlan
+from stallbench.analysis.request import AnalysisRequest
+from stallbench.analysis.results import LoaderReport
 from stallbench.demo import DEMO_BPS
-from stallbench.phases import RunPlan
-from stallbench.results import LoaderReport
+from stallbench.jobs.kinds import NAMES as KINDS
 
-KINDS = ("torch", "cached")
 MAX_FETCH_RATIO = 0.5  # ours' steady fetch stall / torch's
 BASE = Config(cache=0.5, workers=2)
 OTHERS = (Config(0.25, 2), Config(0.75, 2), Config(0.5, 1), Config(0.5, 4))

@@ -1,7 +1,11 @@
 """A drop-in PyTorch DataLoader with a shared minimal-miss cache: change one import, add a cache size."""
 
+from loader._collate import TimedCollate
+from loader._memory import reserve_for_limit
 from loader._pil import PilBuild, pil_build
 from loader.cache import CacheInfo, MinIOCache
+from loader.cache._layout import index_bytes
+from loader.cache._private import open_private
 from loader.dataloader import DataLoader
 from loader.datasets import SKIPPED, ArrowDataset, ImageFolder, LMDBDataset, SourceDataset
 from loader.decode import EvalTransform, TrainTransform
@@ -15,7 +19,7 @@ from loader.sources import (
     Source,
     image_folder_to_lmdb,
 )
-from loader.stats import LoaderStats
+from loader.stats import LoaderStats, StatsBoard
 
 __all__ = [
     "SKIPPED",
@@ -37,7 +41,12 @@ __all__ = [
     "SourceDataset",
     "SourceError",
     "Source",
+    "StatsBoard",
+    "TimedCollate",
     "TrainTransform",
     "image_folder_to_lmdb",
+    "index_bytes",
+    "open_private",
     "pil_build",
+    "reserve_for_limit",
 ]

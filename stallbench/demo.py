@@ -12,14 +12,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from stallbench._cliargs import CacheSpec
-from stallbench.analyze import AnalysisRequest
-from stallbench.results import LoaderReport
-from stallbench.storage import probe_storage_conditions
+from stallbench.analysis.request import AnalysisRequest, CacheSpec
+from stallbench.analysis.results import LoaderReport
+from stallbench.conditions.storage import probe_storage_conditions
+from stallbench.jobs.kinds import KINDS, NAMES
 
-__all__ = ["DEMO_BPS", "KINDS", "demo_request", "describe", "epoch_table", "format_table"]
+__all__ = ["DEMO_BPS", "demo_request", "describe", "epoch_table", "format_table"]
 
-KINDS = {"torch": "torch.utils.data.DataLoader", "cached": "loader.DataLoader"}
 DEMO_BPS = 75_000_000  # a network filesystem: reading what half a cache misses takes about a decode
 _NEEDED = ("memory_limit", "read_throttle", "page_cache_eviction")
 MB = 1e6
@@ -39,7 +38,7 @@ def demo_request(args: argparse.Namespace) -> tuple[AnalysisRequest, tuple[str, 
     if not limited:
         reasons = "; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in problems.items() if v)
         print(f"storage is NOT throttled and memory is NOT limited ({reasons})", flush=True)
-    return req, tuple(KINDS)
+    return req, NAMES
 
 
 def describe(req: AnalysisRequest, out=sys.stdout) -> None:
@@ -55,7 +54,11 @@ def describe(req: AnalysisRequest, out=sys.stdout) -> None:
             "cached loader keeps free)",
             file=out,
         )
-    print(f"comparing {' and '.join(KINDS.values())}: {req.epochs} epochs per run ...", file=out, flush=True)
+    print(
+        f"comparing {' and '.join(k.label for k in KINDS.values())}: {req.epochs} epochs per run ...",
+        file=out,
+        flush=True,
+    )
 
 
 def format_table(headers: list[str], rows: list[list[object]]) -> str:

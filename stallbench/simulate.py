@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from stallbench._policies import FILL, LOCAL, MISS, POLICIES, REMOTE, make_trace
-from stallbench.storage import PAGE
+from stallbench.conditions.storage import PAGE
 
 __all__ = [
     "POLICIES",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-from stallbench._epochs import job_main
+from stallbench.jobs.workload import main
 
 
 def slow_prep(raw: bytes) -> int:
@@ -14,4 +14,4 @@ def slow_prep(raw: bytes) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(job_main(transform=slow_prep))
+    sys.exit(main(transform=slow_prep))

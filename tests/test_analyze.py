@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from loader._memory import reserve_for_limit
-from stallbench import whatif
-from stallbench._cliargs import CacheSpec
-from stallbench._jobs import OVERHEAD_MARGIN
-from stallbench.analyze import AnalysisRequest, analyze, prepare
-from stallbench.phases import RunPlan
-from stallbench.results import LoaderReport
-from stallbench.storage import PAGE, data_size, probe_storage_conditions
+from stallbench.analysis import whatif
+from stallbench.analysis.analyze import analyze, prepare
+from stallbench.analysis.phases import RunPlan
+from stallbench.analysis.request import AnalysisRequest, CacheSpec
+from stallbench.analysis.results import LoaderReport
+from stallbench.conditions.memory import OVERHEAD_MARGIN
+from stallbench.conditions.storage import PAGE, data_size, probe_storage_conditions
 from stallbench.workloads import make_jpeg_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiproc]

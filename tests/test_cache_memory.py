@@ -16,7 +16,8 @@ import loader._memory
 from loader import DataLoader, SourceDataset
 from loader._memory import MemoryView, reserve_bytes
 from loader.cache._layout import index_bytes
-from stallbench.storage import StorageLimits, evict_page_cache, probe_storage_conditions, resident_bytes
+from stallbench.conditions.cgroup import StorageLimits
+from stallbench.conditions.storage import evict_page_cache, probe_storage_conditions, resident_bytes
 
 MIB = 1 << 20
 RECORDS, SIZE = 64, 512

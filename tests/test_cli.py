@@ -86,7 +86,7 @@ def test_empty_data_folder_is_named(tmp_path):
 
 
 def test_cgroups_without_permission_exit_2(tmp_path, monkeypatch, capsys):
-    from stallbench import analyze
+    from stallbench.analysis import analyze
     from stallbench.cli import main
 
     reason = "creating a cgroup needs root (running as uid 65534)"
@@ -245,7 +245,7 @@ def in_use(pid: int) -> set[str]:
 
 
 def _cgroup_v1_problem() -> str | None:
-    from stallbench.storage import probe_storage_conditions
+    from stallbench.conditions.storage import probe_storage_conditions
 
     problems = probe_storage_conditions(Path(__file__).parent)
     return problems["memory_limit"] or problems["page_cache_eviction"]

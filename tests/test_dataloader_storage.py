@@ -8,7 +8,7 @@ from helpers import make_jpeg_folder
 import loader
 from loader import DataLoader
 from loader.cache._layout import index_bytes
-from stallbench.storage import evict_page_cache, probe_storage_conditions, resident_bytes
+from stallbench.conditions.storage import evict_page_cache, probe_storage_conditions, resident_bytes
 
 
 def folder_bytes(root) -> int:

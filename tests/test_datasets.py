@@ -62,7 +62,7 @@ def test_missing_folder_is_named(tmp_path):
 
 
 def test_jobs_open_arrow_with_its_label_column(images, tmp_path):
-    from stallbench._jobdata import make_dataset
+    from stallbench.jobs.data import make_dataset
 
     data = make_dataset(image_folder_to_arrow(images, tmp_path / "imgs.arrow").path, "eval")
     assert data.source.columns == ["image", "label"] and [data[i][1] for i in (0, 5)] == [0, 1]

@@ -1,4 +1,5 @@
-"""The jobs' loop (``stallbench._epochs``): the ingestion run's batches travel and are freed as real ones are.
+"""The generated jobs' loop (``stallbench.jobs.workload``): the ingestion run's batches travel and are
+freed as real ones are.
 
 Every run measures its step from a batch's arrival to the next ``__next__``, which includes freeing the
 previous batch; for a batch a worker sent through shared memory that is real work. The ingestion run must
@@ -11,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from stallbench._epochs import ingestion_loader, run_epochs
+from stallbench.jobs.workload import ingestion_loader, run_epochs
 
 pytestmark = pytest.mark.multiproc
 

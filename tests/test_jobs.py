@@ -1,14 +1,19 @@
-"""``stallbench._jobs``: a job runs with its own TMPDIR, removed whatever the job leaves in it."""
+"""``stallbench.jobs.run``: a job runs with its own TMPDIR, removed whatever the job leaves in it; a generated
+job's WorkloadJob goes to it as JSON; the counters keep what exited children used."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from stallbench._jobs import OVERHEAD_MARGIN, memory_limit, run_job
+from stallbench.conditions.memory import OVERHEAD_MARGIN, memory_limit
+from stallbench.jobs.counters import cpu_seconds
+from stallbench.jobs.run import JobFailed, run_job, run_workload
+from stallbench.jobs.spec import WorkloadJob
 
 # A DataLoader worker shares a tensor through a listener socket in multiprocessing's temp dir
 # (pymp-*/listener-*), which it removes only when it exits normally: this job makes one and dies as a
@@ -48,10 +53,44 @@ def test_a_failed_job_leaves_no_tmpdir_either(scratch: Path) -> None:
 
 @pytest.mark.parametrize("cache", [0, 100 << 20, 4 << 30, 40 << 30])
 def test_the_memory_limit_leaves_the_cache_its_budget_beside_the_reserve_it_keeps(cache):
-    from loader._memory import reserve_for_limit
+    from loader import reserve_for_limit
 
     overheads = {"torch": 300 << 20, "cached": 250 << 20}
     base = cache + (300 << 20) + OVERHEAD_MARGIN
     limit = memory_limit(cache, overheads, workers=1)
     assert limit - reserve_for_limit(limit) >= base  # the cache can fill to its budget before it pauses
     assert limit - reserve_for_limit(limit) < base + (2 << 20)  # and the page cache gets no more than that
+
+
+def test_a_workload_job_goes_to_the_child_as_json_and_back():
+    job = WorkloadJob("cached", Path("/data"), cache_bytes="auto", cache_dir=Path("/dev/shm/x"), seed=3)
+    assert (job.data, job.cache_dir) == ("/data", "/dev/shm/x")
+    assert WorkloadJob.from_json(job.to_json()) == job
+    with pytest.raises(ValueError, match=r"unknown WorkloadJob fields: \['worker'\]"):
+        WorkloadJob.from_json('{"loader": "torch", "data": "d", "worker": 2}')
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"loader": "tf"}, "unknown loader 'tf'; choose one of: torch, cached"),
+        ({"mode": "warm"}, "mode must be 'pipeline' or 'ingestion', got 'warm'"),
+        ({"transform": "crop"}, "transform must be 'train', 'eval' or 'none', got 'crop'"),
+        ({"cache_bytes": "1G"}, "cache_bytes must be bytes, 'auto' or None, got '1G'"),
+    ],
+)
+def test_a_workload_job_refuses_what_the_child_cannot_run(option, message):
+    with pytest.raises(ValueError, match=message):
+        WorkloadJob(**{"loader": "torch", "data": "d", **option})
+
+
+def test_a_failed_workload_job_names_its_loader_and_run(tmp_path: Path) -> None:
+    with pytest.raises(JobFailed, match=r"stallbench.jobs.workload \(torch, ingestion\) exited 1"):
+        run_workload(WorkloadJob("torch", tmp_path / "nowhere", mode="ingestion"))
+
+
+def test_the_cpu_counter_keeps_a_child_that_has_exited():
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    before = cpu_seconds()
+    subprocess.run([sys.executable, "-c", burn], check=True)  # reaped here: no longer in the process tree
+    assert cpu_seconds() - before >= 0.3

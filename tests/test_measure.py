@@ -1,4 +1,4 @@
-"""stallbench.measure: memory and storage bandwidth, prep rate on one core, and the Machine they make."""
+"""stallbench.analysis.measure: memory and storage bandwidth, prep rate on one core, and their Machine."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from _data import make_image_folder
 
 from loader import ImageFolder
-from stallbench.measure import (
+from stallbench.analysis.measure import (
     _read_files,
     available_cores,
     measure_machine,
@@ -17,8 +17,8 @@ from stallbench.measure import (
     measure_prep_rate,
     measure_storage_bandwidth,
 )
-from stallbench.storage import (
-    StorageLimits,
+from stallbench.conditions.cgroup import StorageLimits
+from stallbench.conditions.storage import (
     data_size,
     evict_page_cache,
     probe_storage_conditions,

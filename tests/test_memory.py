@@ -17,7 +17,8 @@ import pytest
 
 from loader import _memory
 from loader._memory import MemoryView, PressureGauge, auto_cache_bytes, memory_view, reserve_bytes
-from stallbench.storage import StorageLimits, evict_page_cache, probe_storage_conditions
+from stallbench.conditions.cgroup import StorageLimits
+from stallbench.conditions.storage import evict_page_cache, probe_storage_conditions
 
 MIB, GIB = 1 << 20, 1 << 30
 V1_NO_LIMIT = 9223372036854771712

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from stallbench._cliargs import CacheSpec
-from stallbench.analyze import AnalysisRequest, analyze, prepare
-from stallbench.phases import breakdown
-from stallbench.results import EpochRecord, RunRecord
-from stallbench.storage import probe_storage_conditions
+from stallbench.analysis.analyze import analyze, prepare
+from stallbench.analysis.phases import breakdown
+from stallbench.analysis.request import AnalysisRequest, CacheSpec
+from stallbench.analysis.results import EpochRecord, RunRecord
+from stallbench.conditions.storage import probe_storage_conditions
 
 SLOW_PREP_JOB = str(Path(__file__).with_name("_slow_prep_job.py"))
 

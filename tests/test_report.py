@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stallbench.report import format_report, report_to_json, validate_report_json, write_json, write_plot
-from stallbench.results import (
+from stallbench.analysis.results import (
     SCHEMA,
     Breakdown,
     EpochRecord,
@@ -26,6 +25,7 @@ from stallbench.results import (
     RunRecord,
     Workload,
 )
+from stallbench.report import format_report, report_to_json, validate_report_json, write_json, write_plot
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "stallbench-json.md"
 GB = 10**9

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from stallbench.conditions.storage import PAGE
 from stallbench.simulate import (
     POLICIES,
     SimulationResult,
@@ -16,7 +17,6 @@ from stallbench.simulate import (
     simulate_all,
     simulation_to_json,
 )
-from stallbench.storage import PAGE
 
 RB = PAGE  # record bytes in most tests (whole pages: device bytes = record bytes); sizes are records * RB
 

@@ -10,7 +10,7 @@ import pytest
 
 from loader import FileTreeSource
 from loader.errors import BadRecordError, SourceError
-from stallbench.storage import evict_page_cache, resident_bytes
+from stallbench.conditions.storage import evict_page_cache, resident_bytes
 
 FILES = {"b.bin": b"bb", "a/z.npy": b"z" * 10, "a/sub/y.jpg": b"yy", "a.b/x": b"x", "c": b""}
 

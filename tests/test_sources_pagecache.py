@@ -11,7 +11,7 @@ import pytest
 
 from loader.sources import ArrowSource, ImageFolderSource, LMDBSource, image_folder_to_lmdb
 from loader.sources._pagecache import PAGE
-from stallbench.storage import evict_page_cache, resident_bytes
+from stallbench.conditions.storage import evict_page_cache, resident_bytes
 
 RECORDS, RECORD_BYTES = 8, 1 << 20  # 8 MB in all
 

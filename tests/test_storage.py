@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from stallbench.storage import (
+from stallbench.conditions.cgroup import StorageConditionUnavailable, StorageLimits
+from stallbench.conditions.storage import (
     PAGE,
     DataSize,
-    StorageConditionUnavailable,
-    StorageLimits,
     data_size,
     device_bytes,
     evict_page_cache,

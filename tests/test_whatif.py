@@ -1,4 +1,4 @@
-"""stallbench.whatif on constructed measurements: the model, its calibration, the roofline and the advice."""
+"""stallbench.analysis.whatif on constructed measurements: the model, its calibration, roofline, advice."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from stallbench.results import Breakdown, Machine, Workload
-from stallbench.whatif import Measured, advise, epoch_terms, hit_rate, predict, roofline, what_if
+from stallbench.analysis.results import Breakdown, Machine, Workload
+from stallbench.analysis.whatif import Measured, advise, epoch_terms, hit_rate, predict, roofline, what_if
 
 GB = 10**9
 D = 10 * GB  # 100,000 records of 100 KB

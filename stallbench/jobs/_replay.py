@@ -14,15 +14,14 @@ class the script derives from it is built as usual.
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
 import functools
 import itertools
 import sys
 import weakref
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable
 from typing import Any
 
+from stallbench.jobs._fresh import fresh_copy
 from stallbench.jobs._overrides import override_workers
 from stallbench.jobs._timed import say
 from stallbench.jobs.spec import JobSpec
@@ -30,7 +29,6 @@ from stallbench.jobs.spec import JobSpec
 __all__ = [
     "ReplayIterator",
     "cached_maker",
-    "fresh_copy",
     "replay_length",
     "stand_in",
     "take_batches",
@@ -38,46 +36,6 @@ __all__ = [
 ]
 
 OURS_ONLY = ("cache_bytes", "cache_dir", "on_error", "readahead")  # loader.DataLoader's own arguments
-
-
-def fresh_copy(batch: Any) -> Any:
-    """``batch`` with every tensor cloned, through lists, tuples, namedtuples, mappings and dataclasses (each
-    keeping its type); any other value as it is."""
-    import torch
-
-    return _copy(batch, torch.Tensor)
-
-
-def _copy(value: Any, tensor: type) -> Any:
-    if isinstance(value, tensor):
-        return value.clone()
-    if isinstance(value, (str, bytes)):
-        return value
-    if isinstance(value, tuple):
-        items = [_copy(v, tensor) for v in value]
-        return type(value)(*items) if hasattr(value, "_fields") else _retyped(value, items, tuple)
-    if isinstance(value, list):
-        return _retyped(value, [_copy(v, tensor) for v in value], list)
-    if isinstance(value, MutableMapping):
-        new = copy.copy(value)  # keeps an OrderedDict's or defaultdict's type and settings
-        for key, item in value.items():
-            new[key] = _copy(item, tensor)
-        return new
-    if isinstance(value, Mapping):
-        return {key: _copy(item, tensor) for key, item in value.items()}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        new = copy.copy(value)
-        for f in dataclasses.fields(value):
-            object.__setattr__(new, f.name, _copy(getattr(value, f.name), tensor))
-        return new
-    return value
-
-
-def _retyped(value: Any, items: list[Any], plain: type) -> Any:
-    try:
-        return items if type(value) is list else type(value)(items)
-    except Exception:
-        return plain(items)
 
 
 def take_batches(dl: Any, count: int) -> list[Any]:

@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from stallbench.jobs.counters import cpu_seconds, storage_read_bytes
+
 __all__ = ["Counters", "EpochMeter", "TimedIterator", "batch_samples", "read_counters", "say"]
 
 _said: set[str] = set()
@@ -99,16 +101,10 @@ def read_counters(stats: Callable[[], Any] | None, served: Callable[[], tuple[in
 
 
 def _process_tree() -> tuple[int, float]:
-    """``/proc/<pid>/io`` of a process counts its reaped children, but its user and system times do not:
-    workers that have exited (a non-persistent loader's, at each epoch's end) are added from our own
-    children times, or their CPU would vanish from the epoch."""
+    """The process tree's storage bytes and CPU seconds (``stallbench.jobs.counters``): workers that have
+    exited (a non-persistent loader's, at each epoch's end) still count."""
     try:
-        import psutil
-
-        from stallbench._epochs import cpu_seconds, storage_read_bytes
-
-        reaped = sum(psutil.Process().cpu_times()[2:4])
-        return storage_read_bytes(), cpu_seconds() + reaped
+        return storage_read_bytes(), cpu_seconds()
     except Exception as exc:
         say(f"cannot read /proc counters ({exc!r}); storage bytes and CPU seconds read 0", key="proc")
         return 0, 0.0

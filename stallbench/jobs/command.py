@@ -24,8 +24,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
+from stallbench.conditions.cgroup import StorageConditionUnavailable, StorageLimits
+from stallbench.jobs.run import child_env
 from stallbench.jobs.spec import JOB_ENV, JobSpec, LoaderEpoch, read_records
-from stallbench.storage import StorageConditionUnavailable, StorageLimits
 
 __all__ = ["BOOTSTRAP_DIR", "CommandFailed", "CommandRun", "run_command"]
 
@@ -105,17 +106,9 @@ def _limits(limits: StorageLimits | None) -> Iterator[StorageLimits | None]:
 
 def _env(spec_file: Path, out: Path) -> dict[str, str]:
     """This environment, with the bootstrap and stallbench importable first and the spec named."""
-    repo = str(Path(__file__).resolve().parents[2])
-    paths = [str(BOOTSTRAP_DIR), repo, os.environ.get("PYTHONPATH")]
     tmp = out / "tmp"
     tmp.mkdir(mode=0o700)  # the command's TMPDIR: a killed worker's pymp-* folder goes with the scratch
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, paths)),
-        JOB_ENV: str(spec_file),
-        "TMPDIR": str(tmp),
-        "PYTHONUNBUFFERED": "1",
-    }
+    return {**child_env(tmp, first=[BOOTSTRAP_DIR]), JOB_ENV: str(spec_file), "PYTHONUNBUFFERED": "1"}
 
 
 def _run(

@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from loader.cache._private import open_private
+from loader import open_private
 from loader.files import CachedFiles
 from stallbench.jobs.spec import JobSpec
 

@@ -1,11 +1,14 @@
-"""What a run of the user's own command is told, and what it writes back: the contract between the parent
-(``stallbench analyze -- python train.py``) and the bootstrap inside each of the command's Python processes.
+"""What a job stallbench runs is told, and what it writes back: the contracts between the parent and a child.
 
-The parent writes a :class:`JobSpec` as JSON to a file and names it in ``STALLBENCH_JOB``; it puts the
-bootstrap's folder first on ``PYTHONPATH``, so every Python process of the command (each torchrun rank, each
-DataLoader worker) imports its ``sitecustomize``. The bootstrap appends one JSON object per line to
-``<out_dir>/records-<rank>-<pid>.jsonl``: a :class:`LoaderEpoch` each time a loader's epoch ends, complete or
-cut short, so a run that is killed keeps every epoch it finished.
+A run of the user's own command (``stallbench analyze -- python train.py``): the parent writes a
+:class:`JobSpec` as JSON to a file and names it in ``STALLBENCH_JOB``; it puts the bootstrap's folder first
+on ``PYTHONPATH``, so every Python process of the command (each torchrun rank, each DataLoader worker)
+imports its ``sitecustomize``. The bootstrap appends one JSON object per line to
+``<out_dir>/records-<rank>-<pid>.jsonl``: a :class:`LoaderEpoch` each time a loader's epoch ends, complete
+or cut short, so a run that is killed keeps every epoch it finished.
+
+A generated job (``stallbench.jobs.workload``): the parent writes a :class:`WorkloadJob` as JSON to a file and
+names the file as the job's one argument; the job prints one JSON object per epoch on stdout.
 """
 
 from __future__ import annotations
@@ -16,24 +19,54 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from stallbench.jobs.kinds import NAMES, check_kind
+
 __all__ = [
+    "AS_IS",
     "JOB_ENV",
     "RECORDS_GLOB",
     "JobSpec",
     "LoaderEpoch",
+    "WorkloadJob",
     "read_records",
     "records_path",
 ]
 
 JOB_ENV = "STALLBENCH_JOB"  # the path of the JobSpec's JSON file
 RECORDS_GLOB = "records-*.jsonl"
+AS_IS = "as-is"  # a run of the user's command that leaves its loader classes alone
+TRANSFORMS = ("train", "eval", "none")
 
 Mode = Literal["pipeline", "ingestion"]
-LoaderChoice = Literal["as-is", "torch", "cached"]
+_MODES = ("pipeline", "ingestion")
+
+
+class _JsonFile:
+    """A frozen dataclass a parent hands a child as JSON in a file."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls, text: str) -> Any:
+        raw = json.loads(text)
+        unknown = set(raw) - {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} fields: {sorted(unknown)}")
+        return cls(**raw)
+
+    def write(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        path.write_text(self.to_json())
+        return path
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> Any:
+        return cls.from_json(Path(path).read_text())
 
 
 @dataclass(frozen=True)
-class JobSpec:
+class JobSpec(_JsonFile):
     """One run of the user's command.
 
     ``mode``: "pipeline" runs the loaders as the script made them; "ingestion" keeps each loader's first
@@ -57,7 +90,7 @@ class JobSpec:
     mode: Mode = "pipeline"
     steps: int | None = None
     epochs: int | None = None
-    loader: LoaderChoice = "as-is"
+    loader: str = AS_IS  # "as-is" or a kind of ``stallbench.jobs.kinds``
     cache_bytes: int | None = None
     cache_dir: str | None = None
     data: tuple[str, ...] = ()
@@ -67,43 +100,69 @@ class JobSpec:
     prefetch_factor: int | None = None  # and this prefetch_factor (with workers); None: as written
 
     def __post_init__(self) -> None:
-        if self.mode not in ("pipeline", "ingestion"):
-            raise ValueError(f"mode must be 'pipeline' or 'ingestion', got {self.mode!r}")
-        if self.loader not in ("as-is", "torch", "cached"):
-            raise ValueError(f"loader must be 'as-is', 'torch' or 'cached', got {self.loader!r}")
-        if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int)):
+        object.__setattr__(self, "data", tuple(self.data))
+        _check_choice("mode", self.mode, _MODES)
+        _check_choice("loader", self.loader, (AS_IS, *NAMES))
+        if self.workers is not None and not _is_int(self.workers):
             raise ValueError(f"workers must be an int or None, got {self.workers!r}")
         if self.workers is not None and self.workers < 0:
             raise ValueError(f"workers must not be negative, got {self.workers!r}")
         for name in ("steps", "epochs", "cache_bytes", "prefetch_factor"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            if value is not None and not (_is_int(value) and value >= 1):
                 raise ValueError(f"{name} must be a positive int or None, got {value!r}")
         if self.replay_batches < 1:
             raise ValueError(f"replay_batches must be at least 1, got {self.replay_batches!r}")
-
-    def to_json(self) -> str:
-        return json.dumps({**asdict(self), "data": list(self.data)})
-
-    @classmethod
-    def from_json(cls, text: str) -> JobSpec:
-        raw = json.loads(text)
-        known = {f.name for f in fields(cls)}
-        unknown = set(raw) - known
-        if unknown:
-            raise ValueError(f"unknown JobSpec fields: {sorted(unknown)}")
-        return cls(**{**raw, "data": tuple(raw.get("data", ()))})
-
-    def write(self, path: str | os.PathLike) -> Path:
-        path = Path(path)
-        path.write_text(self.to_json())
-        return path
 
     @classmethod
     def from_env(cls) -> JobSpec | None:
         """The spec named by ``STALLBENCH_JOB``, or None when this process is not part of a run."""
         where = os.environ.get(JOB_ENV)
-        return cls.from_json(Path(where).read_text()) if where else None
+        return cls.read(where) if where else None
+
+
+@dataclass(frozen=True)
+class WorkloadJob(_JsonFile):
+    """One generated job: ``epochs`` epochs of one loader kind over ``data`` (an image folder, an LMDB folder
+    or an Arrow/Parquet file), each batch through the ``compute`` model (None: no step).
+
+    ``cache_bytes`` (bytes, "auto", or None for the loader's default) and ``cache_dir`` go to a kind with our
+    cache; ``transform`` is "train", "eval" or "none" (a script that calls ``workload.main(transform=...)``
+    brings its own); ``mode="ingestion"`` takes one batch and then only runs the step; ``max_batches`` ends
+    each epoch after that many.
+    """
+
+    loader: str
+    data: str
+    epochs: int = 3
+    workers: int = 2
+    batch_size: int = 64
+    cache_bytes: int | str | None = None
+    cache_dir: str = "/dev/shm"
+    transform: str = "train"
+    compute: str | None = None
+    mode: Mode = "pipeline"
+    max_batches: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_kind(self.loader)
+        object.__setattr__(self, "data", os.fspath(self.data))
+        object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
+        _check_choice("transform", self.transform, TRANSFORMS)
+        _check_choice("mode", self.mode, _MODES)
+        if not (self.cache_bytes in (None, "auto") or _is_int(self.cache_bytes)):
+            raise ValueError(f"cache_bytes must be bytes, 'auto' or None, got {self.cache_bytes!r}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        listed = " or ".join([", ".join(map(repr, choices[:-1])), repr(choices[-1])])
+        raise ValueError(f"{name} must be {listed}, got {value!r}")
 
 
 @dataclass(frozen=True)

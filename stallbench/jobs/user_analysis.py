@@ -18,12 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from stallbench.analysis.results import LoaderReport
+from stallbench.conditions.cgroup import StorageLimits
+from stallbench.conditions.storage import evict_page_cache, warm_page_cache
 from stallbench.jobs.command import CommandRun, run_command
-from stallbench.jobs.spec import JobSpec, LoaderChoice
+from stallbench.jobs.kinds import CACHED, KINDS
+from stallbench.jobs.run import scratch_cache_dir
+from stallbench.jobs.spec import AS_IS, JobSpec
 from stallbench.jobs.user_report import user_report
-from stallbench.phases import _warm
-from stallbench.results import LoaderReport
-from stallbench.storage import StorageLimits, evict_page_cache
 
 __all__ = ["Applied", "UserJob", "analyze_command", "apply_advice", "run_user_phases"]
 
@@ -48,21 +50,18 @@ class UserJob:
     cache_dir: str = "/dev/shm"
 
 
-def _spec(job: UserJob, kind: LoaderChoice, **options: object) -> JobSpec:
+def _spec(job: UserJob, kind: str, **options: object) -> JobSpec:
     data = tuple(str(p) for p in job.data)
     return JobSpec(out_dir="", steps=job.steps, epochs=job.epochs, loader=kind, data=data, **options)
 
 
-def run_user_phases(
-    job: UserJob, kind: LoaderChoice, log: IO[str] | None = None
-) -> Iterator[tuple[str, CommandRun]]:
+def run_user_phases(job: UserJob, kind: str, log: IO[str] | None = None) -> Iterator[tuple[str, CommandRun]]:
     """The three runs of ``job`` with the loaders ``kind`` ("as-is", "torch" or "cached"), in order."""
     yield (
         "ingestion",
         run_command(job.argv, _spec(job, kind, mode="ingestion"), time_limit=job.time_limit, log=log),
     )
-    for path in job.data:
-        _warm(path)
+    warm_page_cache(job.data)
     full = int(job.dataset_bytes * 1.01) + _FULL_MARGIN
     yield "prep", _with_cache(job, kind, full, None, log)
     evict_page_cache(job.data)
@@ -72,13 +71,13 @@ def run_user_phases(
 
 def _with_cache(
     job: UserJob,
-    kind: LoaderChoice,
+    kind: str,
     cache_bytes: int | None,
     limits: StorageLimits | None,
     log: IO[str] | None,
 ) -> CommandRun:
     """One pipeline run with a fresh, private cache folder (removed after) for our loader's store."""
-    cache_dir = _scratch(job)
+    cache_dir = scratch_cache_dir(job.cache_dir)
     try:
         spec = _spec(job, kind, cache_bytes=cache_bytes, cache_dir=str(cache_dir))
         return run_command(job.argv, spec, limits=limits, time_limit=job.time_limit, log=log)
@@ -96,7 +95,7 @@ def _limits(job: UserJob) -> StorageLimits | None:
 
 def analyze_command(
     job: UserJob,
-    kinds: Sequence[LoaderChoice],
+    kinds: Sequence[str],
     on_step: Callable[[str], None] | None = None,
     log: IO[str] | None = None,
 ) -> Iterator[LoaderReport]:
@@ -118,7 +117,7 @@ def analyze_command(
 def _measure_machine(job: UserJob, cold: CommandRun) -> tuple[float, float]:
     """Storage (inside the cold run's limits, as many readers as the training loader has workers) and
     memory bandwidth."""
-    from stallbench.measure import measure_memory_bandwidth, measure_storage_bandwidth
+    from stallbench.analysis.measure import measure_memory_bandwidth, measure_storage_bandwidth
 
     workers = max((r.workers for r in cold.records), default=1)
     sample = _PROBE_BYTES
@@ -145,9 +144,9 @@ class Applied:
 
 def apply_advice(job: UserJob, report: LoaderReport, log: IO[str] | None = None) -> Applied | None:
     """Rerun the cold run with the setting the report's advice names; None where it names none."""
-    from stallbench import whatif
+    from stallbench.analysis import whatif
+    from stallbench.analysis.results import steady
     from stallbench.jobs.user_report import train_epochs
-    from stallbench.results import steady
 
     m = whatif.Measured(
         report.workload, report.breakdown, report.machine, report.loader, report.storage_bytes
@@ -156,10 +155,10 @@ def apply_advice(job: UserJob, report: LoaderReport, log: IO[str] | None = None)
     if chosen is None:
         return None
     prediction, loader = chosen
-    cached = loader == "cached"
-    kind: LoaderChoice = "cached" if cached else "as-is"
+    cached = KINDS[loader].cached
+    kind = CACHED if cached else AS_IS
     cache = prediction.cache_bytes if cached else job.cache_bytes
-    cache_dir = _scratch(job)
+    cache_dir = scratch_cache_dir(job.cache_dir)
     try:
         spec = _spec(job, kind, cache_bytes=cache, cache_dir=str(cache_dir), workers=prediction.workers)
         evict_page_cache(job.data)
@@ -169,12 +168,6 @@ def apply_advice(job: UserJob, report: LoaderReport, log: IO[str] | None = None)
     epochs = max(train_epochs(run.records, "--apply").values(), key=lambda rows: rows[-1].seconds)
     measured = sum(r.seconds for r in steady(epochs)) / len(steady(epochs))
     where = f"{prediction.workers} workers" + (
-        f", loader.DataLoader with cache_bytes={cache}" if cached else ""
+        f", {KINDS[CACHED].label} with cache_bytes={cache}" if cached else ""
     )
     return Applied(where, prediction.epoch_seconds, measured)
-
-
-def _scratch(job: UserJob) -> Path:
-    from stallbench._jobs import scratch_cache_dir
-
-    return scratch_cache_dir(job.cache_dir)

@@ -16,10 +16,9 @@ from collections.abc import Mapping, Sequence
 from statistics import fmean
 from typing import TYPE_CHECKING
 
-from stallbench import whatif
-from stallbench.jobs.spec import LoaderEpoch
-from stallbench.phases import breakdown
-from stallbench.results import (
+from stallbench.analysis import whatif
+from stallbench.analysis.phases import breakdown
+from stallbench.analysis.results import (
     EpochRecord,
     LoaderReport,
     Machine,
@@ -29,6 +28,8 @@ from stallbench.results import (
     Workload,
     steady,
 )
+from stallbench.jobs.kinds import KINDS, kind_of_class
+from stallbench.jobs.spec import LoaderEpoch
 
 if TYPE_CHECKING:
     from stallbench.jobs.command import CommandRun
@@ -131,7 +132,7 @@ def user_report(
     cold_rows = train_epochs(runs["cold"].records)[slowest.rank]
     cold = steady(list(phases["cold"].epochs))
     workload, share = _workload(job, cold_rows)
-    loader = "cached" if cold_rows[-1].loader_class == "loader.DataLoader" else "torch"
+    loader = kind_of_class(cold_rows[-1].loader_class)
     machine = _machine(phases, workload, storage_bytes_per_s, memory_bytes_per_s)
     storage = int(fmean(e.storage_bytes for e in cold))
     measured = whatif.Measured(workload, slowest.breakdown, machine, loader, storage)
@@ -173,7 +174,7 @@ def _machine(
 ) -> Machine:
     """The prep rate per core from the runs themselves (the user's Dataset cannot be called from here):
     samples over the CPU the prep run spent beyond the ingestion run, per epoch."""
-    from stallbench.measure import available_cores
+    from stallbench.analysis.measure import available_cores
 
     cpu = {p: fmean(e.cpu_seconds for e in steady(list(phases[p].epochs))) for p in ("ingestion", "prep")}
     prep_cpu = cpu["prep"] - cpu["ingestion"]
@@ -185,7 +186,7 @@ def _machine(
 
 def _hit_rate(loader: str, cold: Sequence[EpochRecord], storage: float, w: Workload) -> float:
     reads = sum(e.hits + e.misses for e in cold)
-    if loader == "cached" and reads:
+    if KINDS[loader].cached and reads:
         return sum(e.hits for e in cold) / reads
     return max(0.0, 1 - storage / w.dataset_bytes)
 

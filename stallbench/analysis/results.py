@@ -1,7 +1,8 @@
 """What an analysis produces: plain dataclasses, the source of the JSON schema (``docs/stallbench-json.md``).
 
-Storage figures are device bytes: what the kernel reads, whole pages (``stallbench.storage.device_bytes``);
-a dataset's record bytes (its files' sizes) are kept beside them.
+Storage figures are device bytes: what the kernel reads, whole pages
+(``stallbench.conditions.storage.device_bytes``); a dataset's record bytes (its files' sizes) are kept beside
+them.
 """
 
 from __future__ import annotations

@@ -20,10 +20,9 @@ from decimal import Decimal
 
 import numpy as np
 
-from loader._libc import MAP_FAILED, libc
-from stallbench._cgroup import (
+from stallbench.conditions._libc import MAP_FAILED, libc
+from stallbench.conditions.cgroup import (
     StorageConditionUnavailable,
-    StorageLimits,
     block_device,
     filesystem_type,
     try_cgroup,
@@ -32,14 +31,14 @@ from stallbench._cgroup import (
 __all__ = [
     "PAGE",
     "DataSize",
-    "StorageConditionUnavailable",
-    "StorageLimits",
     "data_size",
     "device_bytes",
     "evict_page_cache",
+    "files_in",
     "parse_size",
     "probe_storage_conditions",
     "resident_bytes",
+    "warm_page_cache",
 ]
 
 PathArg = str | os.PathLike
@@ -72,7 +71,7 @@ def parse_size(text: str | int) -> int:
     return round(Decimal(match[1]) * _UNITS[match[2]])
 
 
-def _files(paths: PathArg | Iterable[PathArg]) -> Iterator[str]:
+def files_in(paths: PathArg | Iterable[PathArg]) -> Iterator[str]:
     """Every regular file in ``paths``, walking directories."""
     for path in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
         if os.path.isdir(path):
@@ -99,7 +98,7 @@ class DataSize:
 
 def data_size(paths: PathArg | Iterable[PathArg]) -> DataSize:
     """The size of every file in ``paths`` (directories walked), in device bytes and in record bytes."""
-    sizes = [os.path.getsize(path) for path in _files(paths)]
+    sizes = [os.path.getsize(path) for path in files_in(paths)]
     return DataSize(device_bytes=sum(map(device_bytes, sizes)), record_bytes=sum(sizes))
 
 
@@ -129,7 +128,7 @@ def resident_bytes(paths: PathArg | Iterable[PathArg], *, whole_pages: bool = Fa
     page resident to anyone else), so other files raise PermissionError.
     """
     total = 0
-    for path in _files(paths):
+    for path in files_in(paths):
         fd = os.open(path, os.O_RDONLY)
         try:
             writer = os.access(path, os.W_OK, effective_ids=True)
@@ -148,7 +147,7 @@ def evict_page_cache(paths: PathArg | Iterable[PathArg]) -> int:
     again. Needs no privilege. Pages of memory-only filesystems (tmpfs) and pages mapped by a process stay.
     """
     total = 0
-    for path in _files(paths):
+    for path in files_in(paths):
         fd = os.open(path, os.O_RDONLY)
         try:
             size = os.fstat(fd).st_size
@@ -160,6 +159,14 @@ def evict_page_cache(paths: PathArg | Iterable[PathArg]) -> int:
         finally:
             os.close(fd)
     return total
+
+
+def warm_page_cache(paths: PathArg | Iterable[PathArg]) -> None:
+    """Read every file of ``paths`` (directories walked) once, so that a run finds them in the page cache."""
+    for path in files_in(paths):
+        with open(path, "rb") as f:
+            while f.read(1 << 20):
+                pass
 
 
 def _eviction_problem(path: PathArg) -> str | None:

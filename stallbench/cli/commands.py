@@ -7,16 +7,25 @@ import json
 import sys
 from collections.abc import Sequence
 
-from stallbench.analyze import AnalysisRequest, analyze, prepare
-from stallbench.results import LoaderReport
-from stallbench.storage import StorageConditionUnavailable
+from stallbench.analysis.analyze import analyze, prepare
+from stallbench.analysis.request import AnalysisRequest
+from stallbench.analysis.results import LoaderReport
+from stallbench.conditions.cgroup import StorageConditionUnavailable
 
-__all__ = ["interrupted", "report_outputs", "run_analysis", "run_demo", "run_simulate"]
+__all__ = [
+    "Progress",
+    "interrupted",
+    "report_outputs",
+    "run_analysis",
+    "run_demo",
+    "run_simulate",
+    "say_error",
+]
 
 RUNS_PER_LOADER = 3  # ingestion, prep, cold
 
 
-def _say_error(command: str, exc: BaseException) -> None:
+def say_error(command: str, exc: BaseException) -> None:
     print(f"stallbench {command}: error: {exc}", file=sys.stderr)
 
 
@@ -38,22 +47,22 @@ def analyse_and_report(
 ) -> int:
     """Prepare (usage errors: 2), run with progress, print and write what was done (even when interrupted)."""
     try:
-        with _progress(args, "generating data", unit="image") as bar:
+        with Progress(args, "generating data", unit="image") as bar:
             plan = prepare(req, kinds, progress=bar.to)  # generation and the --memory-limit auto probe
     except (StorageConditionUnavailable, ValueError) as exc:
-        _say_error(args.command, exc)
+        say_error(args.command, exc)
         return 2
     except KeyboardInterrupt:
         return interrupted(args)
     reports: list[LoaderReport] = []
     try:
-        with _progress(args, "runs", unit="step", total=1 + RUNS_PER_LOADER * len(kinds)) as bar:
+        with Progress(args, "runs", unit="step", total=1 + RUNS_PER_LOADER * len(kinds)) as bar:
             for report in analyze(plan, kinds, on_step=bar.step):
                 reports.append(report)
     except KeyboardInterrupt:
         return interrupted(args, reports, by_epoch)
     except (RuntimeError, OSError, ValueError) as exc:
-        _say_error(args.command, exc)
+        say_error(args.command, exc)
         report_outputs(args, reports, by_epoch)
         return 1
     report_outputs(args, reports, by_epoch)
@@ -89,7 +98,7 @@ def report_outputs(args: argparse.Namespace, reports: Sequence[LoaderReport], by
         print(f"plot written to {args.plot}")
 
 
-class _progress:
+class Progress:
     """A tqdm bar on stderr (shown only for what lasts over a second), or nothing with --no-progress."""
 
     def __init__(self, args: argparse.Namespace, desc: str, unit: str, total: int | None = None) -> None:
@@ -99,7 +108,7 @@ class _progress:
 
             self._bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, delay=1.0)
 
-    def __enter__(self) -> _progress:
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -127,7 +136,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     try:
         results = simulate_all(**options) if args.policy == "all" else (simulate(args.policy, **options),)
     except ValueError as exc:
-        _say_error("simulate", exc)
+        say_error("simulate", exc)
         return 2
     print(format_simulation(results))
     if args.json is not None:
@@ -136,7 +145,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         write_atomic(args.json, json.dumps(simulation_to_json(results), indent=1).encode())
     if args.plot is not None:
         from stallbench._files import write_atomic
-        from stallbench._plot import simulation_png_bytes
+        from stallbench.report.plot import simulation_png_bytes
 
         write_atomic(args.plot, simulation_png_bytes(results))
     return 0
@@ -148,7 +157,7 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         req, kinds = demo_request(args)
     except (StorageConditionUnavailable, ValueError) as exc:
-        _say_error("demo", exc)
+        say_error("demo", exc)
         return 2
     describe(req)
     return analyse_and_report(args, req, kinds, by_epoch=True)

@@ -11,22 +11,21 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from stallbench import _cliargs as types
-from stallbench._commands import interrupted, run_analysis, run_demo, run_simulate
-from stallbench._user_commands import run_user_analysis, split_command
-from stallbench.storage import PAGE
+from stallbench.cli import _args as types
+from stallbench.cli.commands import interrupted, run_analysis, run_demo, run_simulate
+from stallbench.cli.user import run_user_analysis, split_command
+from stallbench.conditions.storage import PAGE
+from stallbench.jobs.kinds import CACHED, NAMES
 
 __all__ = ["main", "make_parser"]
-
-KINDS = ("torch", "cached")
 
 
 def _kinds(text: str) -> tuple[str, ...]:
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
-    unknown = [k for k in kinds if k not in KINDS]
+    unknown = [k for k in kinds if k not in NAMES]
     if unknown or not kinds:
         raise argparse.ArgumentTypeError(
-            f"unknown loader {unknown or text!r}; choose from: {', '.join(KINDS)}"
+            f"unknown loader {unknown or text!r}; choose from: {', '.join(NAMES)}"
         )
     return kinds
 
@@ -83,7 +82,7 @@ def _add_analysis(sub: argparse._SubParsersAction) -> None:
     _own_command(analyze)
     analyze.add_argument(
         "--loader",
-        choices=KINDS,
+        choices=NAMES,
         default=None,
         help="torch or cached (loader.DataLoader); default: cached, or with a command the loader it uses",
     )
@@ -94,7 +93,7 @@ def _add_analysis(sub: argparse._SubParsersAction) -> None:
     )
     _workload(compare)
     _own_command(compare)
-    compare.add_argument("--loaders", type=_kinds, default=KINDS, help="comma-separated, baseline first")
+    compare.add_argument("--loaders", type=_kinds, default=NAMES, help="comma-separated, baseline first")
 
 
 def _add_simulate(sub: argparse._SubParsersAction) -> None:
@@ -152,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command:
         return run_user_analysis(args, command)
     if args.command == "analyze" and args.loader is None:
-        args.loader = "cached"
+        args.loader = CACHED
     commands = {"analyze": run_analysis, "compare": run_analysis, "simulate": run_simulate, "demo": run_demo}
     try:
         return commands[args.command](args)

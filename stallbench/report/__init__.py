@@ -1,7 +1,7 @@
 """What ``analyze`` and ``compare`` print and write: the terminal table, the JSON, the PNG plot.
 
-Each function takes a sequence of :class:`~stallbench.results.LoaderReport` on one workload, the first being
-the baseline (PyTorch's DataLoader, ``"torch"``). The JSON schema is documented in
+Each function takes a sequence of :class:`~stallbench.analysis.results.LoaderReport` on one workload, the
+first being the baseline (PyTorch's DataLoader, ``"torch"``). The JSON schema is documented in
 ``docs/stallbench-json.md`` and held by :func:`validate_report_json`.
 """
 
@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stallbench import _plot, _table, results
 from stallbench._files import write_atomic
-from stallbench.results import SCHEMA, LoaderReport, RunRecord
+from stallbench.analysis import results
+from stallbench.analysis.results import SCHEMA, LoaderReport, RunRecord
+from stallbench.report import plot, table
 
 __all__ = ["format_report", "report_to_json", "validate_report_json", "write_json", "write_plot"]
 
@@ -89,7 +90,7 @@ def _check_reports(reports: Sequence[LoaderReport]) -> None:
 def format_report(reports: Sequence[LoaderReport]) -> str:
     """The terminal table: one column per loader, and for each loader after the first one against it."""
     _check_reports(reports)
-    return _table.table_text(reports)
+    return table.table_text(reports)
 
 
 def _clean(value: Any) -> Any:
@@ -169,7 +170,7 @@ def write_plot(reports: Sequence[LoaderReport], path: str | os.PathLike[str]) ->
     if path.suffix.lower() != ".png":
         raise ValueError(f"plot path must end in .png, got {str(path)!r}")
     _check_reports(reports)
-    return write_atomic(path, _plot.png_bytes(reports))
+    return write_atomic(path, plot.png_bytes(reports))
 
 
 def _check(value: Any, spec: Any, where: str) -> None:

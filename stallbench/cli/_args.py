@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
-from stallbench.storage import parse_size
+from stallbench.analysis.request import CacheSpec, named_workload
+from stallbench.conditions.storage import parse_size
 
 __all__ = [
-    "CacheSpec",
     "bandwidth",
     "cache_spec",
     "compute_spec",
@@ -17,10 +16,9 @@ __all__ = [
     "data_spec",
     "memory_spec",
     "positive_int",
+    "seconds",
     "size",
 ]
-
-_NAMED = re.compile(r"^(images|tokens)(?::(.*))?$")
 
 
 def positive_int(text: str) -> int:
@@ -58,10 +56,6 @@ def bandwidth(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"a bandwidth must be positive, got {text!r}")
     return value
-
-
-class CacheSpec(float):
-    """A cache size given as a fraction of the dataset (``"50%"``); resolved once the dataset is known."""
 
 
 def cache_spec(text: str) -> int | CacheSpec:
@@ -124,19 +118,3 @@ def compute_spec(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
-
-
-def named_workload(text: str) -> tuple[str, int | None] | None:
-    """``("images", 48)`` for ``"images:48"``, ``("images", None)`` for ``"images"``; None for a path.
-
-    A count that is not a positive integer (``"images:0"``, ``"tokens:-5"``, ``"images:many"``) raises
-    ``ValueError`` naming it."""
-    match = _NAMED.match(text)
-    if match is None:
-        return None
-    kind, count = match[1], match[2]
-    if count is None:
-        return kind, None
-    if not (count.isascii() and count.isdigit() and int(count) > 0):
-        raise ValueError(f"the count in {text!r} must be a positive integer ({kind}:<count>), got {count!r}")
-    return kind, int(count)

@@ -13,11 +13,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
+from stallbench.analysis.results import LoaderReport
+from stallbench.conditions.cgroup import StorageConditionUnavailable
+from stallbench.conditions.storage import data_size
 from stallbench.jobs.command import CommandFailed
+from stallbench.jobs.spec import AS_IS
 from stallbench.jobs.user_analysis import UserJob, analyze_command, apply_advice
 from stallbench.jobs.user_report import NoTrainingLoader
-from stallbench.results import LoaderReport
-from stallbench.storage import StorageConditionUnavailable, data_size
 
 __all__ = ["run_user_analysis", "split_command"]
 
@@ -33,7 +35,7 @@ def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def _job(args: argparse.Namespace, command: list[str]) -> UserJob:
     """The job from the options; ValueError (a usage error) for what a user command cannot take."""
-    from stallbench._cliargs import CacheSpec, named_workload
+    from stallbench.analysis.request import CacheSpec, named_workload
 
     if not Path(args.data).exists() and named_workload(args.data) is not None:
         raise ValueError(
@@ -65,29 +67,29 @@ def _log(args: argparse.Namespace) -> Iterator[IO[str] | None]:
 
 
 def run_user_analysis(args: argparse.Namespace, command: list[str]) -> int:
-    from stallbench._commands import _progress, _say_error, interrupted, report_outputs
+    from stallbench.cli.commands import Progress, interrupted, report_outputs, say_error
 
-    kinds = ("as-is",) if args.command == "analyze" and args.loader is None else _kinds(args)
+    kinds = (AS_IS,) if args.command == "analyze" and args.loader is None else _kinds(args)
     try:
         job = _job(args, command)
     except (ValueError, OSError) as exc:
-        _say_error(args.command, exc)
+        say_error(args.command, exc)
         return 2
     reports: list[LoaderReport] = []
     try:
-        with _log(args) as log, _progress(args, "runs", unit="run", total=1 + 3 * len(kinds)) as bar:
+        with _log(args) as log, Progress(args, "runs", unit="run", total=1 + 3 * len(kinds)) as bar:
             for report in analyze_command(job, kinds, on_step=bar.step, log=log):
                 reports.append(report)
     except KeyboardInterrupt:
         return interrupted(args, reports)
     except CommandFailed as exc:
-        _say_error(args.command, exc)
+        say_error(args.command, exc)
         return 1
     except StorageConditionUnavailable as exc:
-        _say_error(args.command, exc)
+        say_error(args.command, exc)
         return 2
     except (NoTrainingLoader, RuntimeError, OSError, ValueError) as exc:
-        _say_error(args.command, exc)
+        say_error(args.command, exc)
         report_outputs(args, reports)
         return 1
     report_outputs(args, reports)

@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from stallbench.results import LoaderReport
+from stallbench.analysis.results import LoaderReport
 
 __all__ = ["png_bytes", "simulation_png_bytes"]
 

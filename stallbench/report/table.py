@@ -9,7 +9,7 @@ import math
 import textwrap
 from collections.abc import Callable, Sequence
 
-from stallbench.results import LoaderReport, Workload, steady
+from stallbench.analysis.results import LoaderReport, Workload, steady
 
 __all__ = ["table_text"]
 

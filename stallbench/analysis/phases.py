@@ -2,7 +2,8 @@
 
 - ingestion: one batch already made, handed to the step again and again through the loader's workers (a
   fresh shared-memory copy each time, freed by the step as a real batch is): T1 is its steps per epoch,
-  measured as every run measures its steps (see ``stallbench._epochs``), without the waits for the copies;
+  measured as every run measures its steps (see ``stallbench.jobs.workload``), without the waits for the
+  copies;
 - prep: every record in memory (page cache warmed; the cached loader's cache holds the whole dataset),
   the full pipeline runs: T3; prep stall = T3 - T1;
 - cold: page cache evicted, the chosen storage condition (kernel read throttle, memory limit) and the
@@ -17,12 +18,14 @@ import shutil
 from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 from statistics import fmean
 
-from stallbench._jobs import job_argv, run_job, scratch_cache_dir
-from stallbench.results import Breakdown, EpochRecord, RunRecord, Workload, steady
-from stallbench.storage import StorageLimits, evict_page_cache
+from stallbench.analysis.results import Breakdown, EpochRecord, RunRecord, Workload, steady
+from stallbench.conditions.cgroup import StorageLimits
+from stallbench.conditions.storage import evict_page_cache, warm_page_cache
+from stallbench.jobs.kinds import KINDS
+from stallbench.jobs.run import run_workload, scratch_cache_dir
+from stallbench.jobs.spec import WorkloadJob
 
 __all__ = ["RunPlan", "breakdown", "run_phases", "storage_limits"]
 
@@ -38,14 +41,14 @@ class RunPlan:
     transform: str = "train"
     seed: int = 0
     max_batches: int | None = None
-    job_script: str | None = None  # a script that calls ``_epochs.job_main`` with its own transform
+    job_script: str | None = None  # a script that calls ``stallbench.jobs.workload.main`` with its transform
 
 
 def run_phases(plan: RunPlan, kind: str) -> Iterator[RunRecord]:
     """The three runs of ``kind`` ("torch" or "cached"), in order; each yielded as soon as it is done."""
     w = plan.workload
     yield _run(plan, kind, "ingestion", "batches in memory, only the step", mode="ingestion")
-    _warm(w.data)
+    warm_page_cache(w.data)
     full = int(w.dataset_bytes * 1.01) + (64 << 20)  # every record (device bytes: more), its index, a margin
     yield _run(plan, kind, "prep", "every record in memory (warm)", cache_bytes=full)
     evict_page_cache(w.data)
@@ -64,13 +67,14 @@ def _run(
 ) -> RunRecord:
     w = plan.workload
     cache_dir = scratch_cache_dir()
-    options = dict(epochs=w.epochs, workers=w.workers, batch_size=w.batch_size, transform=plan.transform)
-    options.update(compute=w.compute, mode=mode, seed=plan.seed, max_batches=plan.max_batches)
-    if kind == "cached":
-        options.update(cache_bytes=cache_bytes or w.dataset_bytes, cache_dir=cache_dir)
+    ours = dict(cache_bytes=cache_bytes or w.dataset_bytes, cache_dir=cache_dir) if KINDS[kind].cached else {}
+    job = WorkloadJob(
+        kind, w.data, epochs=w.epochs, workers=w.workers, batch_size=w.batch_size, transform=plan.transform,
+        compute=w.compute, mode=mode, seed=plan.seed, max_batches=plan.max_batches, **ours,
+    )  # fmt: skip
     try:
         with limits if limits is not None else nullcontext():
-            records = run_job(job_argv(kind, w.data, script=plan.job_script, **options), limits)
+            records = run_workload(job, limits, script=plan.job_script)
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
     return _record(phase, condition, records)
@@ -115,13 +119,3 @@ def _condition(w: Workload) -> str:
     if w.memory_bytes:
         parts.append(f"memory limited to {w.memory_bytes / 1e6:.0f} MB by the kernel")
     return ", ".join(parts)
-
-
-def _warm(data: str | Path) -> None:
-    """Read every file of the data once, so the prep run finds it all in the page cache."""
-    root = Path(data)
-    for path in root.rglob("*") if root.is_dir() else [root]:
-        if path.is_file():
-            with open(path, "rb") as f:
-                while f.read(1 << 20):
-                    pass

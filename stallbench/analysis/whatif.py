@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Literal
 
 import psutil
 
-from stallbench.results import Breakdown, Machine, Prediction, Roofline, Workload
+from stallbench.analysis.results import Breakdown, Machine, Prediction, Roofline, Workload
+from stallbench.jobs.kinds import CACHED, KINDS, check_kind
 from stallbench.simulate import simulate
 
 __all__ = [
-    "LOADERS",
     "Measured",
     "advise",
     "advised",
@@ -43,17 +42,11 @@ __all__ = [
     "what_if",
 ]
 
-Loader = Literal["torch", "cached"]
-LOADERS: tuple[str, ...] = ("torch", "cached")
+Loader = str  # a kind of ``stallbench.jobs.kinds``
 CACHE_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 WORKER_COUNTS = (1, 2, 4, 8)
 ACT_ON = 10.0  # a stall under this % of the epoch is not worth acting on
 MIN_GAIN = 0.02  # an action must cut the epoch by at least this fraction to be advised
-
-
-def _check_loader(loader: str) -> None:
-    if loader not in LOADERS:
-        raise ValueError(f"unknown loader {loader!r}; choose one of: {', '.join(LOADERS)}")
 
 
 @dataclass(frozen=True)
@@ -67,7 +60,7 @@ class Measured:
     storage_bytes: int | None = None  # measured per steady epoch (kernel count); None: use the model alone
 
     def __post_init__(self) -> None:
-        _check_loader(self.loader)
+        check_kind(self.loader)
         figures = {
             "breakdown.epoch_seconds": self.breakdown.epoch_seconds,
             "machine.cores": self.machine.cores,
@@ -115,10 +108,10 @@ def hit_rate(
 
     ``dataset_bytes`` are device bytes (whole pages: what the page cache holds); ``record_bytes`` the
     records' own bytes (what the cached loader holds), ``dataset_bytes`` when not given."""
-    _check_loader(loader)
+    kind = check_kind(loader)
     if cache_bytes is not None and cache_bytes < 0:
         raise ValueError(f"cache_bytes must not be negative, got {cache_bytes!r}")
-    if loader == "cached" and cache_bytes is not None:
+    if kind.cached and cache_bytes is not None:
         return min(1.0, cache_bytes / (record_bytes or dataset_bytes))
     budget = _budget(cache_bytes)
     return 1.0 if budget >= dataset_bytes else _lru_hit_rate(dataset_bytes, samples, budget)
@@ -234,14 +227,14 @@ def _fetch_action(m: Measured, predictions: tuple[Prediction, ...]) -> tuple[Pre
     """For torch, the cached loader at the same budget if it helps; else the best cache at these workers:
     (prediction, the action in words, the loader it runs on)."""
     worth = (1.0 - MIN_GAIN) * m.breakdown.epoch_seconds
-    if m.loader == "torch":
+    if not KINDS[m.loader].cached:
         cache = min(m.workload.dataset_bytes, _budget(m.workload.cache_bytes))
-        switch = predict(m, cache_bytes=cache, workers=m.workload.workers, loader="cached")
+        switch = predict(m, cache_bytes=cache, workers=m.workload.workers, loader=CACHED)
         if switch.epoch_seconds < worth:
-            return switch, f"loader.DataLoader with cache_bytes={_size(cache)}", "cached"
+            return switch, f"{KINDS[CACHED].label} with cache_bytes={_size(cache)}", CACHED
     options = [p for p in predictions if p.workers == m.workload.workers and p.epoch_seconds < worth]
     best = min(options, key=lambda p: (p.epoch_seconds, p.cache_bytes), default=None)
-    what = "cache_bytes=" if m.loader == "cached" else "a page cache of "
+    what = "cache_bytes=" if KINDS[m.loader].cached else "a page cache of "
     return None if best is None else (best, what + _size(best.cache_bytes), m.loader)
 
 

@@ -8,41 +8,25 @@ hit rate of the page cache and the roofline's fetch time are ratios of like to l
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from statistics import fmean
 
-from stallbench import whatif
-from stallbench._cliargs import CacheSpec, named_workload
-from stallbench._jobs import job_argv, measure_overhead, memory_limit, probe_cache_bytes
-from stallbench.measure import measure_machine
-from stallbench.phases import RunPlan, breakdown, run_phases, storage_limits
-from stallbench.results import LoaderReport, RunRecord, Workload, steady
-from stallbench.storage import DataSize, StorageConditionUnavailable, data_size, probe_storage_conditions
+from stallbench.analysis import whatif
+from stallbench.analysis.measure import measure_machine
+from stallbench.analysis.phases import RunPlan, breakdown, run_phases, storage_limits
+from stallbench.analysis.request import AnalysisRequest, CacheSpec, named_workload
+from stallbench.analysis.results import LoaderReport, RunRecord, Workload, steady
+from stallbench.conditions.cgroup import StorageConditionUnavailable
+from stallbench.conditions.memory import measure_overhead, memory_limit, probe_cache_bytes
+from stallbench.conditions.storage import DataSize, data_size, probe_storage_conditions
+from stallbench.jobs.kinds import KINDS
+from stallbench.jobs.spec import WorkloadJob
 
-__all__ = ["AnalysisRequest", "analyze", "prepare"]
+__all__ = ["analyze", "prepare"]
 
-
-HALF = CacheSpec(0.5)
 _PREFETCH = 2  # torch's default prefetch_factor: batches each worker keeps ready
 Progress = Callable[[int, int], None]
-
-
-@dataclass(frozen=True)
-class AnalysisRequest:
-    """What the command line asked for, before the dataset is known."""
-
-    data: str
-    data_dir: Path = Path("stallbench-data")
-    workers: int = 2
-    batch_size: int = 64
-    compute: str = "emulated:0"
-    cache: int | CacheSpec = HALF
-    storage_bytes_per_s: int | None = None
-    memory: int | str | None = None  # bytes, "auto" (cache budget + measured job memory) or None
-    epochs: int = 3
-    transform: str = "train"
-    seed: int = 0
 
 
 def prepare(req: AnalysisRequest, kinds: Sequence[str], progress: Progress | None = None) -> RunPlan:
@@ -76,7 +60,7 @@ def analyze(
     plan: RunPlan, kinds: Sequence[str], on_step: Callable[[str], None] | None = None
 ) -> Iterator[LoaderReport]:
     """One report per loader kind, yielded as each is done: an interrupted compare keeps the finished ones."""
-    from stallbench._jobdata import make_dataset
+    from stallbench.jobs.data import make_dataset
 
     w = plan.workload
     transform = None if plan.transform == "none" else plan.transform
@@ -99,7 +83,7 @@ def _report(kind: str, w: Workload, runs: dict[str, RunRecord], machine) -> Load
     reads = sum(e.hits + e.misses for e in cold)
     hit_rate = (
         sum(e.hits for e in cold) / reads
-        if kind == "cached" and reads
+        if KINDS[kind].cached and reads
         else max(0.0, 1 - storage / w.dataset_bytes)
     )
     cpu = fmean(e.cpu_seconds for e in cold) / (b.epoch_seconds * machine.cores) if b.epoch_seconds else 0.0
@@ -144,7 +128,7 @@ def _dataset_size(data: Path) -> tuple[DataSize, int]:
     """The size of the data's files (device and record bytes) and its number of samples.
 
     Hidden files are left out: no source reads them (a generated workload keeps its manifest in one)."""
-    from stallbench._jobdata import make_dataset
+    from stallbench.jobs.data import make_dataset
 
     files = [data] if data.is_file() else [p for p in data.rglob("*") if p.is_file() and not _hidden(p, data)]
     return data_size(files), len(make_dataset(data, None))
@@ -171,16 +155,14 @@ def _auto_memory(plan: RunPlan, kinds: Sequence[str]) -> int:
     """The same limit for every loader: the cache budget plus the largest measured job memory (+ margin)."""
     w = plan.workload
 
-    def probe_argv(kind: str, cache_dir: Path) -> list[str]:
-        options = dict(
-            epochs=1,
-            max_batches=_PREFETCH * w.workers + 2,  # every worker's prefetch queue full, as in a real run
-            workers=w.workers,
-            batch_size=w.batch_size,
-            transform=plan.transform,
+    def probe(kind: str, cache_dir: Path) -> WorkloadJob:
+        ours = (
+            dict(cache_bytes=probe_cache_bytes(w.samples), cache_dir=cache_dir) if KINDS[kind].cached else {}
         )
-        if kind == "cached":
-            options.update(cache_bytes=probe_cache_bytes(w.samples), cache_dir=cache_dir)
-        return job_argv(kind, w.data, **options)
+        return WorkloadJob(
+            kind, w.data, epochs=1, workers=w.workers, batch_size=w.batch_size, transform=plan.transform,
+            max_batches=_PREFETCH * w.workers + 2,  # every worker's prefetch queue full, as in a real run
+            **ours,
+        )  # fmt: skip
 
-    return memory_limit(w.cache_bytes, measure_overhead(probe_argv, list(kinds), w.data), w.workers)
+    return memory_limit(w.cache_bytes, measure_overhead(probe, list(kinds), w.data), w.workers)

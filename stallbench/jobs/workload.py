@@ -1,12 +1,12 @@
-"""One loader's epochs as a job: a JSON line per epoch on stdout.
+"""A generated job, the child side: one loader kind's epochs, a JSON line per epoch on stdout.
 
-Run as ``python -m stallbench._epochs --loader torch|cached --data PATH ...`` (the demo and the analysis do,
-inside a cgroup when they can) or through ``job_main(argv, transform=...)`` from a script that brings its
-own transform. Each batch goes through the compute model (``--compute``); ``--mode ingestion`` takes one
-batch and then only runs the step, the differential method's first run. Storage bytes are the kernel's count
-(``/proc/<pid>/io`` ``read_bytes``, device bytes: whole pages) summed over the job and its workers; both
-loaders are instrumented the same way (stage times come from the dataset and a timed collate in either
-loader).
+Run as ``python -m stallbench.jobs.workload JOB.json`` (the demo and the analysis do, inside a cgroup when
+they can: ``stallbench.jobs.run.run_workload``) or as a script that calls ``main(transform=...)`` with a
+transform of its own; ``JOB.json`` holds a :class:`~stallbench.jobs.spec.WorkloadJob`. Each batch goes
+through the compute model (``compute``); ``mode="ingestion"`` takes one batch and then only runs the step,
+the differential method's first run. Storage bytes and CPU seconds are the process tree's
+(``stallbench.jobs.counters``: the job and its workers); every loader kind is instrumented the same way
+(stage times come from the dataset and a timed collate in either loader).
 
 The step is measured the same way in every run: it runs from a batch's arrival to the next ``__next__``, and
 that includes freeing the previous batch (the loop variable lets go of it), which for a batch a worker sent
@@ -17,7 +17,6 @@ cold runs' steps do, and that cost counts as compute in all three, not as a stal
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -25,41 +24,19 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from typing import Any
 
-import psutil
 import torch
 
-from stallbench._jobdata import make_dataset_and_loader
 from stallbench.compute import ComputeStep, parse_compute
+from stallbench.jobs._fresh import fresh_copy
+from stallbench.jobs.counters import cpu_seconds, storage_read_bytes
+from stallbench.jobs.data import make_loader
+from stallbench.jobs.spec import WorkloadJob
 from stallbench.profile import profile
 
-__all__ = ["LOADERS", "ingestion_loader", "job_main", "run_epochs", "storage_read_bytes"]
+__all__ = ["ingestion_loader", "main", "run_epochs"]
 
-LOADERS = ("torch", "cached")
 _STAT_DELTAS = ("hits", "misses", "bytes_from_cache", "records_admitted", "fetch_seconds", "decode_seconds")
 _STAT_DELTAS += ("collate_seconds",)
-
-
-def _tree() -> list[psutil.Process]:
-    me = psutil.Process()
-    return [me, *me.children(recursive=True)]
-
-
-def storage_read_bytes() -> int:
-    """Bytes the kernel read from storage for this process and all its live descendants."""
-    return sum(_each(lambda p: p.io_counters().read_bytes))
-
-
-def cpu_seconds() -> float:
-    """User + system CPU seconds of this process and all its live descendants."""
-    return sum(_each(lambda p: sum(p.cpu_times()[:2])))
-
-
-def _each(read: Callable[[psutil.Process], float]) -> Iterator[float]:
-    for proc in _tree():
-        try:
-            yield read(proc)
-        except psutil.NoSuchProcess:
-            continue
 
 
 class _Replay(torch.utils.data.Dataset):
@@ -72,18 +49,7 @@ class _Replay(torch.utils.data.Dataset):
         return self.times
 
     def __getitem__(self, index: int) -> Any:
-        return _fresh(self.batch) if torch.utils.data.get_worker_info() is not None else self.batch
-
-
-def _fresh(batch: Any) -> Any:
-    """A copy of every tensor in ``batch`` (nested in lists, tuples and dicts); other values as they are."""
-    if isinstance(batch, torch.Tensor):
-        return batch.clone()
-    if isinstance(batch, dict):
-        return {key: _fresh(value) for key, value in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_fresh(value) for value in batch)
-    return batch
+        return fresh_copy(self.batch) if torch.utils.data.get_worker_info() is not None else self.batch
 
 
 def ingestion_loader(dl: Any, workers: int, max_batches: int | None = None) -> torch.utils.data.DataLoader:
@@ -158,46 +124,24 @@ def _stat_values(stats: Callable[[], Any] | None) -> dict[str, float]:
     return asdict(stats()) if stats is not None else {}
 
 
-def _cache_bytes(text: str) -> int | str:
-    return text if text == "auto" else int(text)
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--loader", choices=LOADERS, required=True)
-    parser.add_argument("--data", required=True, help="image folder, LMDB folder, or Arrow/Parquet file")
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument(
-        "--cache-bytes",
-        type=_cache_bytes,
-        default=None,
-        help="cache capacity in bytes or 'auto' (cached loader)",
-    )
-    parser.add_argument("--cache-dir", default="/dev/shm")
-    parser.add_argument("--transform", choices=("train", "eval", "none"), default="train")
-    parser.add_argument("--compute", default=None, help="compute model per batch, e.g. emulated:20")
-    parser.add_argument("--mode", choices=("pipeline", "ingestion"), default="pipeline")
-    parser.add_argument("--max-batches", type=int, default=None, help="stop each epoch after this many")
-    parser.add_argument("--seed", type=int, default=0)
-    return parser
-
-
-def job_main(argv: Sequence[str] | None = None, transform: Callable[[bytes], Any] | None = None) -> int:
-    """Run the job; ``transform`` overrides ``--transform``. Prints one JSON object per epoch."""
-    args = _parser().parse_args(argv)
-    if transform is None and args.transform != "none":
-        transform = args.transform
-    torch.manual_seed(args.seed)
-    dl, stats = make_dataset_and_loader(args, transform)
-    step = parse_compute(args.compute) if args.compute else None
-    if args.mode == "ingestion":
-        dl, stats = ingestion_loader(dl, args.workers, args.max_batches), None
-    for record in run_epochs(dl, args.epochs, args.max_batches, step, stats):
-        print(json.dumps({"loader": args.loader, **record}), flush=True)
+def main(argv: Sequence[str] | None = None, transform: Callable[[bytes], Any] | None = None) -> int:
+    """Run the job whose JSON file ``argv`` names (default: this process's arguments); ``transform``
+    overrides the job's. Prints one JSON object per epoch."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if len(args) != 1:
+        sys.exit("usage: python -m stallbench.jobs.workload JOB.json (a WorkloadJob as JSON)")
+    job = WorkloadJob.read(args[0])
+    if transform is None and job.transform != "none":
+        transform = job.transform
+    torch.manual_seed(job.seed)
+    dl, stats = make_loader(job, transform)
+    step = parse_compute(job.compute) if job.compute else None
+    if job.mode == "ingestion":
+        dl, stats = ingestion_loader(dl, job.workers, job.max_batches), None
+    for record in run_epochs(dl, job.epochs, job.max_batches, step, stats):
+        print(json.dumps({"loader": job.loader, **record}), flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(job_main())
+    sys.exit(main())

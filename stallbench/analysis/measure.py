@@ -7,7 +7,8 @@
 * prep rate: samples per second of the full per-sample pipeline (``dataset[i]``) on one core, records warm.
 
 The storage reader always runs in a fresh ``python -I`` child that imports nothing but the standard
-library, so that a memory limit is spent on the page cache, not on torch.
+library (and ``stallbench.jobs.counters``, loaded alone from its file, for the kernel's count of the bytes it
+read), so that a memory limit is spent on the page cache, not on torch.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from stallbench.results import Machine
-from stallbench.storage import StorageLimits, _files, device_bytes, evict_page_cache
+from stallbench.analysis.results import Machine
+from stallbench.conditions.cgroup import StorageLimits
+from stallbench.conditions.storage import device_bytes, evict_page_cache, files_in
+from stallbench.jobs import counters
 
 __all__ = [
     "available_cores",
@@ -38,18 +41,15 @@ __all__ = [
 
 PathArg = str | os.PathLike
 _READER = """
-import json, sys, time
+import json, runpy, sys, time
 from concurrent.futures import ThreadPoolExecutor
-
-def kernel_reads():
-    with open("/proc/self/io") as f:
-        return int(next(line for line in f if line.startswith("read_bytes:")).split()[1])
 
 def read(path):
     with open(path, "rb", buffering=0) as f:
         return len(f.readall())
 
 job = json.load(sys.stdin)
+kernel_reads = runpy.run_path(job["counters"])["read_bytes"]
 before, start = kernel_reads(), time.perf_counter()
 with ThreadPoolExecutor(job["readers"]) as pool:
     total = sum(pool.map(read, job["files"]))
@@ -70,7 +70,7 @@ def available_cores() -> int:
 
 def _sample_files(paths: PathArg | Iterable[PathArg], sample_bytes: int, seed: int) -> list[str]:
     """Files of ``paths`` in a random order, as many as it takes to reach ``sample_bytes``."""
-    files = list(_files(paths))
+    files = list(files_in(paths))
     random.Random(seed).shuffle(files)
     sample, total = [], 0
     for path in files:
@@ -86,7 +86,8 @@ def _sample_files(paths: PathArg | Iterable[PathArg], sample_bytes: int, seed: i
 def _read_files(files: list[str], readers: int, limits: StorageLimits | None) -> dict[str, Any]:
     """Run ``_READER`` on ``files`` in a child, inside ``limits`` (entered here unless active): the kernel's
     count of the bytes it read, the files' bytes and the seconds it took."""
-    argv, feed = [sys.executable, "-I", "-c", _READER], json.dumps({"files": files, "readers": readers})
+    argv = [sys.executable, "-I", "-c", _READER]
+    feed = json.dumps({"files": files, "readers": readers, "counters": counters.__file__})
     if limits is None:
         done = subprocess.run(argv, input=feed, capture_output=True, text=True, check=False)
     else:
@@ -110,7 +111,7 @@ def measure_storage_bandwidth(
     The sample is evicted from the page cache before and again after, so a cold run that follows starts
     cold. The files are read whole, in random order, by ``readers`` threads of a child process (inside
     ``limits`` when given). The bytes are the kernel's count of what the child read from the device
-    (``/proc/self/io`` ``read_bytes``: whole pages, as a job's storage bytes are counted); where the kernel
+    (``stallbench.jobs.counters``: whole pages, as a job's storage bytes are counted); where the kernel
     counts none (storage outside the block layer), the files' sizes rounded up to whole pages.
     """
     _check_positive_int("sample_bytes", sample_bytes)

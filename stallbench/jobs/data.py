@@ -1,16 +1,19 @@
-"""The job's dataset and loader: any format the loader reads, with both loaders instrumented alike."""
+"""A generated job's dataset and loader: any format the loader reads, every loader kind instrumented alike
+(the kind builds it: ``stallbench.jobs.kinds``)."""
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import default_collate
 
-__all__ = ["make_dataset", "make_dataset_and_loader", "pad_tokens"]
+from stallbench.jobs.kinds import KINDS
+from stallbench.jobs.spec import WorkloadJob
+
+__all__ = ["make_dataset", "make_loader", "pad_tokens"]
 
 ARROW_SUFFIXES = (".arrow", ".feather", ".ipc", ".parquet")
 
@@ -39,27 +42,12 @@ def pad_tokens(batch: list[tuple[torch.Tensor, Any]]) -> tuple[torch.Tensor, tor
     return padded, lengths
 
 
-def make_dataset_and_loader(args: argparse.Namespace, transform: Any) -> tuple[Any, Callable[[], Any]]:
+def make_loader(job: WorkloadJob, transform: Any) -> tuple[Any, Callable[[], Any]]:
     """The job's loader and a function giving its cumulative stats (LoaderStats)."""
-    import loader
-    from loader._collate import TimedCollate
-    from loader.stats import StatsBoard
-
-    dataset = make_dataset(args.data, transform)
+    dataset = make_dataset(job.data, transform)
     collate = pad_tokens if getattr(dataset.source, "kind", "binary") == "tokens" else default_collate
-    common = dict(
-        batch_size=args.batch_size,
-        shuffle=True,
-        num_workers=args.workers,
-        persistent_workers=args.workers > 0,
-        generator=torch.Generator().manual_seed(args.seed),
-    )
-    if args.loader == "cached":
-        dl = loader.DataLoader(
-            dataset, collate_fn=collate, cache_bytes=args.cache_bytes, cache_dir=args.cache_dir, **common
-        )
-        return dl, dl.stats
-    board = StatsBoard(args.workers)  # torch's own loader; our dataset and collate only time the stages
-    bound = dataset.bind(cache=None, board=board, on_error="raise")
-    dl = torch.utils.data.DataLoader(bound, collate_fn=TimedCollate(collate, board, batched=True), **common)
-    return dl, lambda: board.totals(None)
+    generator = torch.Generator().manual_seed(job.seed)
+    return KINDS[job.loader].build(
+        dataset, collate, job, batch_size=job.batch_size, shuffle=True, num_workers=job.workers,
+        persistent_workers=job.workers > 0, generator=generator,
+    )  # fmt: skip

@@ -1,0 +1,52 @@
+"""What an analysis is asked, before the dataset is known: the data (a path or a generated workload's name),
+the loaders' settings, the cache as a size or a share of the dataset, and the storage condition."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["HALF", "AnalysisRequest", "CacheSpec", "named_workload"]
+
+_NAMED = re.compile(r"^(images|tokens)(?::(.*))?$")
+
+
+class CacheSpec(float):
+    """A cache size given as a fraction of the dataset (``"50%"``); resolved once the dataset is known."""
+
+
+def named_workload(text: str) -> tuple[str, int | None] | None:
+    """``("images", 48)`` for ``"images:48"``, ``("images", None)`` for ``"images"``; None for a path.
+
+    A count that is not a positive integer (``"images:0"``, ``"tokens:-5"``, ``"images:many"``) raises
+    ``ValueError`` naming it."""
+    match = _NAMED.match(text)
+    if match is None:
+        return None
+    kind, count = match[1], match[2]
+    if count is None:
+        return kind, None
+    if not (count.isascii() and count.isdigit() and int(count) > 0):
+        raise ValueError(f"the count in {text!r} must be a positive integer ({kind}:<count>), got {count!r}")
+    return kind, int(count)
+
+
+HALF = CacheSpec(0.5)
+
+
+@dataclass(frozen=True)
+class AnalysisRequest:
+    """What the command line asked for, before the dataset is known."""
+
+    data: str
+    data_dir: Path = Path("stallbench-data")
+    workers: int = 2
+    batch_size: int = 64
+    compute: str = "emulated:0"
+    cache: int | CacheSpec = HALF
+    storage_bytes_per_s: int | None = None
+    memory: int | str | None = None  # bytes, "auto" (cache budget + measured job memory) or None
+    epochs: int = 3
+    transform: str = "train"
+    seed: int = 0

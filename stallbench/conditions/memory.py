@@ -1,0 +1,77 @@
+"""The memory limit of a comparison: the same for every loader, sized from what each job itself needs.
+
+Both loaders of a comparison get the same memory limit: the cache budget plus the memory the job itself
+needs, measured here (``measure_overhead``) in a cgroup while each loader runs its first few batches.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from stallbench.conditions.cgroup import StorageLimits
+from stallbench.conditions.storage import evict_page_cache, resident_bytes
+from stallbench.jobs.run import run_workload, scratch_cache_dir
+from stallbench.jobs.spec import WorkloadJob
+
+__all__ = ["EXTRA_WORKER_MARGIN", "OVERHEAD_MARGIN", "measure_overhead", "memory_limit", "probe_cache_bytes"]
+
+# Headroom over the measured overhead: the kernel's own objects (inodes, page tables) and later allocations
+# grow a job a few MB past its probe, and a cache in /dev/shm cannot be reclaimed, so it would meet the OOM
+# killer. The margin goes to both loaders: the page cache of torch's loader gets to use it.
+OVERHEAD_MARGIN = 32 << 20
+# Workers beyond the cores each grow past the probe too: over a long run their copy-on-write pages of the
+# parent are copied, which a probe of a few batches does not see (measured: a 4-worker job on 2 cores was
+# killed at the probe's figure + 32 MiB).
+EXTRA_WORKER_MARGIN = 24 << 20
+
+
+def probe_cache_bytes(num_records: int) -> int:
+    """A cache that holds its index and no record: the cached loader's probe then admits nothing."""
+    from loader import index_bytes  # here: the command line starts without torch
+
+    return index_bytes(num_records) + mmap.PAGESIZE
+
+
+def measure_overhead(
+    job_for: Callable[[str, Path], WorkloadJob],
+    kinds: Sequence[str],
+    data: str | os.PathLike,
+    script: str | os.PathLike | None = None,
+) -> dict[str, int]:
+    """Memory (bytes) each kind's job needs besides its cache, measured in an unlimited cgroup.
+
+    ``job_for(kind, cache_dir)`` gives the probe: the real job cut to a few batches (a cached loader with
+    ``probe_cache_bytes``), run through ``script`` when given. Its figure is the cgroup's peak less the
+    records it left in the page cache. An unmeasured first run puts the interpreter's and torch's files in
+    the page cache: no probe pays them.
+    """
+    peaks = {}
+    for i, kind in enumerate([kinds[0], *kinds]):
+        cache_dir = scratch_cache_dir()
+        try:
+            evict_page_cache(data)
+            with StorageLimits() as limits:
+                run_workload(job_for(kind, cache_dir), limits, script=script)
+        finally:
+            shutil.rmtree(cache_dir, ignore_errors=True)
+        if i > 0:
+            peaks[kind] = limits.memory_max_usage() - resident_bytes(data, whole_pages=True)
+    return peaks
+
+
+def memory_limit(cache_bytes: int, overheads: dict[str, int], workers: int = 2) -> int:
+    """The one limit every loader of a comparison gets: the cache budget plus the largest job overhead, and
+    the memory the cached loader keeps free under that limit (it stops admitting short of it), so its cache
+    can fill to the budget. The page cache of torch's loader gets to use the same memory."""
+    from loader import reserve_for_limit  # here: the command line starts without torch
+
+    extra = max(0, workers - (os.cpu_count() or 1)) * EXTRA_WORKER_MARGIN
+    base = cache_bytes + max(overheads.values()) + OVERHEAD_MARGIN + extra
+    limit = base + reserve_for_limit(base)
+    while limit - reserve_for_limit(limit) < base:  # 5% of the limit: a fixed point a step or two away
+        limit = base + reserve_for_limit(limit)
+    return limit

@@ -1,0 +1,76 @@
+"""The loader kinds stallbench runs and compares, by name: the one registry of them.
+
+The command line's choices, the what-if model, the reports and the generated job
+(``stallbench.jobs.workload``, which builds its loader here) all read it. Nothing is imported at import time
+beyond the standard library: the command line and the bootstrap read the names before torch is loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stallbench.jobs.spec import WorkloadJob
+
+__all__ = ["CACHED", "KINDS", "NAMES", "TORCH", "LoaderKind", "check_kind", "kind_of_class"]
+
+Stats = Callable[[], Any]  # the loader's cumulative stats (a loader.LoaderStats) now
+Build = Callable[..., tuple[Any, Stats]]
+
+TORCH, CACHED = "torch", "cached"
+
+
+@dataclass(frozen=True)
+class LoaderKind:
+    """One kind of loader: its name, the class whose batches it hands out, and how a job builds it."""
+
+    name: str
+    label: str  # the class, as a LoaderEpoch's ``loader_class`` names it
+    cached: bool  # our minimal-miss cache: takes cache_bytes and cache_dir, counts hits; else the page cache
+    build: Build  # (dataset, collate, job, **DataLoader options) -> (the loader, its stats)
+
+
+def _torch(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> tuple[Any, Stats]:
+    """torch's own DataLoader; our dataset and a timed collate only time the stages, as in ours."""
+    import torch
+
+    import loader
+
+    board = loader.StatsBoard(job.workers)
+    bound = dataset.bind(cache=None, board=board, on_error="raise")
+    timed = loader.TimedCollate(collate, board, batched=True)
+    return torch.utils.data.DataLoader(bound, collate_fn=timed, **common), lambda: board.totals(None)
+
+
+def _cached(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> tuple[Any, Stats]:
+    """Our DataLoader, with the job's cache."""
+    import loader
+
+    dl = loader.DataLoader(
+        dataset, collate_fn=collate, cache_bytes=job.cache_bytes, cache_dir=job.cache_dir, **common
+    )
+    return dl, dl.stats
+
+
+KINDS: dict[str, LoaderKind] = {
+    kind.name: kind
+    for kind in (
+        LoaderKind(TORCH, "torch.utils.data.DataLoader", cached=False, build=_torch),
+        LoaderKind(CACHED, "loader.DataLoader", cached=True, build=_cached),
+    )
+}
+NAMES: tuple[str, ...] = tuple(KINDS)  # the baseline first
+
+
+def check_kind(name: str) -> LoaderKind:
+    """The kind called ``name``; ValueError naming the choices for any other."""
+    if name not in KINDS:
+        raise ValueError(f"unknown loader {name!r}; choose one of: {', '.join(NAMES)}")
+    return KINDS[name]
+
+
+def kind_of_class(label: str) -> str:
+    """The kind whose batches a loader of class ``label`` hands out: a class not ours counts as torch's."""
+    return next((k.name for k in KINDS.values() if k.label == label), TORCH)

@@ -1,0 +1,94 @@
+"""Running jobs as subprocesses (the parent side), inside kernel-enforced limits when asked.
+
+A generated job (:func:`run_workload`) is ``python -m stallbench.jobs.workload JOB.json``, or ``python SCRIPT
+JOB.json`` for a script that calls ``stallbench.jobs.workload.main`` with a transform of its own; its
+:class:`~stallbench.jobs.spec.WorkloadJob` goes as JSON in that file. Any job prints one JSON object per
+epoch on stdout (:func:`run_job` returns them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from stallbench.conditions.cgroup import StorageLimits
+from stallbench.jobs.spec import WorkloadJob
+
+__all__ = ["JobFailed", "child_env", "job_tmpdir", "run_job", "run_workload", "scratch_cache_dir"]
+
+REPO = Path(__file__).resolve().parents[2]  # the folder that holds this checkout's stallbench and loader
+_TAIL = 2_000  # characters of a failed job's stderr kept in the error
+_SUN_PATH = 107  # bytes of a Unix socket's path (sun_path, less its NUL)
+_SOCKET, _TMP_NAME = len("/pymp-XXXXXXXX/listener-XXXXXXXX"), len("/sb-XXXXXXXX")
+
+
+class JobFailed(RuntimeError):
+    """A loader job exited with an error; the message holds the end of its stderr."""
+
+
+def run_workload(
+    job: WorkloadJob,
+    limits: StorageLimits | None = None,
+    *,
+    script: str | os.PathLike | None = None,
+    timeout: float = 600,
+) -> list[dict]:
+    """Run the generated ``job`` (through ``script`` when given) and return its per-epoch records."""
+    argv = [sys.executable, *([os.fspath(script)] if script else ["-m", "stallbench.jobs.workload"])]
+    return run_job(argv, limits, timeout, job=job)
+
+
+def run_job(
+    argv: Sequence[str],
+    limits: StorageLimits | None = None,
+    timeout: float = 600,
+    *,
+    job: WorkloadJob | None = None,
+) -> list[dict]:
+    """Run a job (inside ``limits`` when given) and return its per-epoch records; with ``job``, its JSON file
+    is the last argument.
+
+    The job gets a private ``TMPDIR``, removed when it is done: a DataLoader worker creates a ``pymp-*``
+    folder there (``multiprocessing.util.get_temp_dir``, for sharing tensors) and leaves it behind when it is
+    killed (an interrupted run, a cgroup's sweep) rather than let to exit. The job's JSON file goes there too.
+    """
+    run = limits.run if limits is not None else subprocess.run
+    tmp = job_tmpdir()
+    try:
+        if job is not None:
+            argv = [*argv, str(job.write(Path(tmp) / "workload.json"))]
+        done = run(list(argv), capture_output=True, text=True, timeout=timeout, env=child_env(tmp))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if done.returncode != 0:
+        where = " inside the cgroup" if limits is not None else ""
+        what = f"{' '.join(argv[1:-1])} ({job.loader}, {job.mode})" if job else f"{' '.join(argv[1:4])}..."
+        raise JobFailed(f"{what} exited {done.returncode}{where}:\n{done.stderr[-_TAIL:]}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def job_tmpdir() -> str:
+    """A fresh folder for a job's ``TMPDIR``, in this one (``tempfile.gettempdir()``) or else in /tmp.
+
+    A worker's socket goes at ``<TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX``, and a Unix socket's path has at
+    most 107 bytes: a deeper one cannot be bound, the worker cannot send its batch and the job hangs."""
+    bases = (tempfile.gettempdir(), "/tmp")
+    fits = [base for base in bases if len(os.fsencode(base)) + _TMP_NAME + _SOCKET <= _SUN_PATH]
+    return tempfile.mkdtemp(prefix="sb-", dir=fits[0] if fits else None)
+
+
+def child_env(tmpdir: str | os.PathLike, first: Sequence[str | os.PathLike] = ()) -> dict[str, str]:
+    """This environment for a child: ``first`` then this checkout importable, ``TMPDIR`` set to ``tmpdir``."""
+    paths = [*map(os.fspath, first), str(REPO), os.environ.get("PYTHONPATH")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths)), "TMPDIR": os.fspath(tmpdir)}
+
+
+def scratch_cache_dir(parent: str | os.PathLike = "/dev/shm") -> Path:
+    """A fresh private folder for one run's cache; the caller removes it (``shutil.rmtree``)."""
+    return Path(tempfile.mkdtemp(prefix=f"stallbench-run-{os.getpid()}-", dir=parent))

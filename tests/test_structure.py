@@ -1,0 +1,115 @@
+"""The shape of ``stallbench/``: it uses only what ``loader`` exports, and its modules stay short."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MODULES = sorted((REPO / "stallbench").rglob("*.py"))
+MAX_LINES = 320
+STYLE_LINES = 200
+# Modules past the style's 200 lines (each still at most 320): a module that grows past 200 is split, or
+# named here on purpose; one that shrinks back is taken off.
+LONG = {
+    "stallbench/analysis/whatif.py",
+    "stallbench/conditions/cgroup.py",
+    "stallbench/jobs/_replay.py",
+    "stallbench/jobs/_timed.py",
+    "stallbench/jobs/child.py",
+    "stallbench/jobs/spec.py",
+    "stallbench/jobs/served.py",
+    "stallbench/pytest_plugin.py",
+    "stallbench/report/__init__.py",
+    "stallbench/report/table.py",
+    "stallbench/simulate.py",
+    "stallbench/workloads.py",
+}
+
+
+def _name(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+def _loader_exports() -> set[str]:
+    """``loader.__all__``, read from its source (no torch imported)."""
+    tree = ast.parse((REPO / "loader" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError("loader/__init__.py has no __all__")
+
+
+def _private(dotted: str) -> bool:
+    return any(part.startswith("_") for part in dotted.split("."))
+
+
+def _loader_uses(tree: ast.AST, exports: set[str]) -> Iterator[str]:
+    """Each import from ``loader`` (and each ``loader.<name>`` in a module that does ``import loader``) that
+    reaches past what it exports: a private module or name, or a top-level name not in ``loader.__all__``."""
+    imported = any(
+        isinstance(node, ast.Import) and any(a.name == "loader" and a.asname is None for a in node.names)
+        for node in ast.walk(tree)
+    )
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "loader" and _private(alias.name):
+                    yield f"line {node.lineno}: import {alias.name}"
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] != "loader":
+                continue
+            for alias in node.names:
+                hidden = _private(node.module) or alias.name.startswith("_")
+                if hidden or (node.module == "loader" and alias.name not in exports):
+                    yield f"line {node.lineno}: from {node.module} import {alias.name}"
+        elif (
+            imported
+            and isinstance(node, ast.Attribute)
+            and getattr(node.value, "id", None) == "loader"
+            and node.attr not in exports
+        ):
+            yield f"line {node.lineno}: loader.{node.attr}"
+
+
+def test_loader_exports_are_read():
+    assert {"DataLoader", "TimedCollate", "StatsBoard", "index_bytes"} <= _loader_exports()
+
+
+@pytest.mark.parametrize("path", MODULES, ids=_name)
+def test_stallbench_uses_only_what_loader_exports(path: Path):
+    uses = list(_loader_uses(ast.parse(path.read_text(), str(path)), _loader_exports()))
+    assert not uses, f"{_name(path)} reaches into loader's internals: {uses}"
+
+
+def test_the_check_catches_private_imports():
+    code = "\n".join(
+        [
+            "import loader",
+            "from loader._collate import TimedCollate",
+            "from loader.cache import _layout",
+            "from loader import _pil, DataLoader, Hidden",
+            "import loader._libc",
+            "loader._memory",
+            "loader.DataLoader",
+        ]
+    )
+    uses = list(_loader_uses(ast.parse(code), {"DataLoader"}))
+    assert [use.split(":")[0] for use in uses] == [f"line {n}" for n in (2, 3, 4, 4, 5, 6)], uses
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+def test_every_module_is_at_most_320_lines():
+    long = {_name(p): _lines(p) for p in MODULES if _lines(p) > MAX_LINES}
+    assert not long, f"split these modules (at most {MAX_LINES} lines): {long}"
+
+
+def test_modules_past_200_lines_are_the_known_ones():
+    past = {_name(p): _lines(p) for p in MODULES if _lines(p) > STYLE_LINES}
+    assert set(past) == LONG, f"past {STYLE_LINES} lines now: {past}; named in LONG: {sorted(LONG)}"
