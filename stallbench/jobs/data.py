@@ -47,7 +47,18 @@ def make_loader(job: WorkloadJob, transform: Any) -> tuple[Any, Callable[[], Any
     dataset = make_dataset(job.data, transform)
     collate = pad_tokens if getattr(dataset.source, "kind", "binary") == "tokens" else default_collate
     generator = torch.Generator().manual_seed(job.seed)
+    order = _cut_order(dataset, job, generator)
     return KINDS[job.loader].build(
-        dataset, collate, job, batch_size=job.batch_size, shuffle=True, num_workers=job.workers,
-        persistent_workers=job.workers > 0, generator=generator,
+        dataset, collate, job, batch_size=job.batch_size, shuffle=order is None, sampler=order,
+        num_workers=job.workers, persistent_workers=job.workers > 0, generator=generator,
     )  # fmt: skip
+
+
+def _cut_order(dataset: Any, job: WorkloadJob, generator: torch.Generator) -> Any:
+    """With ``max_batches``, an epoch of exactly that many random batches (None: the whole shuffled
+    dataset). Drawn by the sampler, not cut by a ``break``: persistent workers would go on reading the
+    batches already asked for, and the next epoch would count those reads."""
+    samples = (job.max_batches or 0) * job.batch_size
+    if job.mode != "pipeline" or not 0 < samples < len(dataset):
+        return None
+    return torch.utils.data.RandomSampler(dataset, num_samples=samples, generator=generator)

@@ -124,9 +124,13 @@ def _stat_values(stats: Callable[[], Any] | None) -> dict[str, float]:
     return asdict(stats()) if stats is not None else {}
 
 
-def main(argv: Sequence[str] | None = None, transform: Callable[[bytes], Any] | None = None) -> int:
-    """Run the job whose JSON file ``argv`` names (default: this process's arguments); ``transform``
-    overrides the job's. Prints one JSON object per epoch."""
+def main(
+    argv: Sequence[str] | None = None,
+    transform: Callable[[bytes], Any] | None = None,
+    step: Callable[[Any], None] | None = None,
+) -> int:
+    """Run the job whose JSON file ``argv`` names (default: this process's arguments); ``transform`` and
+    ``step`` (the training step per batch) override the job's. Prints one JSON object per epoch."""
     args = sys.argv[1:] if argv is None else list(argv)
     if len(args) != 1:
         sys.exit("usage: python -m stallbench.jobs.workload JOB.json (a WorkloadJob as JSON)")
@@ -135,7 +139,8 @@ def main(argv: Sequence[str] | None = None, transform: Callable[[bytes], Any] | 
         transform = job.transform
     torch.manual_seed(job.seed)
     dl, stats = make_loader(job, transform)
-    step = parse_compute(job.compute) if job.compute else None
+    if step is None and job.compute:
+        step = parse_compute(job.compute)
     if job.mode == "ingestion":
         dl, stats = ingestion_loader(dl, job.workers, job.max_batches), None
     for record in run_epochs(dl, job.epochs, job.max_batches, step, stats):

@@ -1,0 +1,149 @@
+"""``stallbench analyze -- COMMAND``: what its bootstrap costs a job, and how near ``--apply`` lands.
+
+* overhead: a job with no stall (in-memory samples, a fixed CPU step, 200 steps x 4 epochs) run plainly and
+  under the bootstrap (every DataLoader iteration timed), alternating, 5 pairs: steps/s under the bootstrap
+  >= 0.98 of plain (median of the pairs);
+* agreement: the example script analyzed through the bootstrap, and the same workload as a generated job
+  (``_example_job.py``: the example's own transform and CNN step, the same data, batch, workers and steps),
+  18,000 JPEGs of 500x375 (~112 KB, as the demo's; an epoch of 6 batches reads 2% of them, so each reads
+  mostly from storage), storage throttled to 20 MB/s: compute, prep stall and fetch
+  stall each within 10% of the epoch of each other;
+* ``--apply``: the example script (``examples/train_cnn.py``, 1 worker, prep-bound by a 3 ms sleep per
+  sample) analyzed, then the advised worker count rerun cold: |measured / predicted - 1| <= 0.15.
+
+    python -m pytest benchmarks/bench_user_job.py -p no:cacheprovider --benchmark-enable -s
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from stallbench.analysis.analyze import analyze, prepare
+from stallbench.analysis.request import AnalysisRequest
+from stallbench.jobs.command import run_command
+from stallbench.jobs.spec import JobSpec
+from stallbench.workloads import make_jpeg_folder
+
+REPO = Path(__file__).resolve().parents[1]
+NO_STALL = Path(__file__).with_name("_no_stall_script.py")
+EXAMPLE = REPO / "examples" / "train_cnn.py"
+PAIRS = 5
+MAX_OVERHEAD = 0.02  # steps/s lost to the bootstrap
+MAX_APPLY_ERROR = 0.15
+MAX_DISAGREEMENT = 10.0  # percentage points of the epoch, per term
+EXAMPLE_JOB = Path(__file__).with_name("_example_job.py")
+STEPS, BANDWIDTH = 6, 20_000_000
+
+
+def _steps_per_s(text: str) -> float:
+    return float(re.search(r"steps_per_s ([\d.]+)", text)[1])
+
+
+def _plain() -> float:
+    done = subprocess.run([sys.executable, str(NO_STALL)], text=True, capture_output=True, check=True)
+    return _steps_per_s(done.stdout)
+
+
+def _measured() -> float:
+    log = io.StringIO()
+    run = run_command([sys.executable, str(NO_STALL)], JobSpec(out_dir=""), log=log)
+    assert run.records, "the bootstrap timed no epoch"
+    return _steps_per_s(log.getvalue())
+
+
+@pytest.mark.benchmark(group="user-job")
+def test_bootstrap_overhead(benchmark) -> None:
+    pairs = benchmark.pedantic(
+        lambda: [(_plain(), _measured()) for _ in range(PAIRS)], rounds=1, iterations=1
+    )
+    ratios = [measured / plain for plain, measured in pairs]
+    benchmark.extra_info.update(pairs=pairs, ratios=ratios)
+    print(f"\nsteps/s under the bootstrap / plain, {PAIRS} pairs: {[f'{r:.3f}' for r in ratios]}")
+    assert statistics.median(ratios) >= 1 - MAX_OVERHEAD, ratios
+
+
+@pytest.mark.benchmark(group="user-job")
+def test_apply_predicts_the_advised_setting(benchmark, bench_data_root: Path, tmp_path: Path) -> None:
+    data = make_jpeg_folder(
+        bench_data_root / "jpeg-600x6000-64x48", num_images=600, record_bytes=6000, width=64, height=48
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "stallbench",
+        "analyze",
+        "--data",
+        str(data),
+        "--epochs",
+        "3",
+        "--no-progress",
+    ]
+    argv += ["--quiet", "--log", str(tmp_path / "log.txt"), "--apply", "--", sys.executable, str(EXAMPLE)]
+    argv += ["--data", str(data), "--epochs", "5", "--workers", "1", "--slow-ms", "3"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = benchmark.pedantic(
+        lambda: subprocess.run(argv, env=env, text=True, capture_output=True, timeout=600),
+        rounds=1,
+        iterations=1,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("--apply")]
+    print("\n" + line)
+    match = re.search(r"predicted ([\d.]+) s, measured ([\d.]+) s", line)
+    predicted, measured = float(match[1]), float(match[2])
+    benchmark.extra_info.update(predicted=predicted, measured=measured)
+    assert abs(measured / predicted - 1) <= MAX_APPLY_ERROR, line
+
+
+def _split(loader: dict) -> dict[str, float]:
+    epoch = loader["epoch_seconds"]
+    return {k: 100 * loader[f"{k}_seconds"] / epoch for k in ("compute", "prep_stall", "fetch_stall")}
+
+
+def _example_split(data: Path, tmp_path: Path) -> dict[str, float]:
+    out = tmp_path / "example.json"
+    argv = [sys.executable, "-m", "stallbench", "analyze", "--data", str(data), "--steps", str(STEPS)]
+    argv += ["--epochs", "3", "--storage-bandwidth", f"{BANDWIDTH}", "--no-progress", "--quiet"]
+    argv += ["--log", str(tmp_path / "log.txt"), "--json", str(out), "--", sys.executable, str(EXAMPLE)]
+    argv += ["--data", str(data), "--epochs", "5", "--eval-fraction", "0.001"]  # trains on all but 18
+    done = subprocess.run(argv, env={**os.environ, "PYTHONPATH": str(REPO)}, text=True, capture_output=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return _split(json.loads(out.read_text())["loaders"][0])
+
+
+def _generated_split(data: Path) -> dict[str, float]:
+    request = AnalysisRequest(
+        data=str(data), storage_bytes_per_s=BANDWIDTH, epochs=3, transform="none", compute="emulated:0"
+    )
+    plan = replace(prepare(request, ["torch"]), job_script=str(EXAMPLE_JOB), max_batches=STEPS)
+    (report,) = analyze(plan, ["torch"])
+    b = report.breakdown
+    return {
+        "compute": b.percent(b.compute_seconds),
+        "prep_stall": b.percent(b.prep_stall_seconds),
+        "fetch_stall": b.percent(b.fetch_stall_seconds),
+    }
+
+
+@pytest.mark.benchmark(group="user-job")
+def test_the_example_agrees_with_the_same_generated_job(
+    benchmark, bench_data_root: Path, tmp_path: Path
+) -> None:
+    data = make_jpeg_folder(bench_data_root / "jpeg-18000x114688", num_images=18_000, record_bytes=112 << 10)
+    example, generated = benchmark.pedantic(
+        lambda: (_example_split(data, tmp_path), _generated_split(data)), rounds=1, iterations=1
+    )
+    benchmark.extra_info.update(example=example, generated=generated)
+    print(f"\n% of the epoch, example (bootstrap) vs generated: {example} vs {generated}")
+    for term in example:
+        assert abs(example[term] - generated[term]) <= MAX_DISAGREEMENT, (term, example, generated)
