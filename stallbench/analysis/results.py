@@ -60,6 +60,9 @@ class EpochRecord:
     hits: int = 0
     misses: int = 0
     cpu_seconds: float = 0.0  # user + system over the job and its workers
+    cuda_sync_seconds: float = (
+        0.0  # your own command on CUDA: synchronising at step boundaries (in the steps)
+    )
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,7 @@ def _epoch(r: LoaderEpoch) -> EpochRecord:
         epoch=r.epoch, seconds=r.seconds, wait_seconds=r.wait_seconds, step_seconds=r.step_seconds,
         first_batch_seconds=r.first_batch_seconds, batches=r.batches, samples=r.samples,
         storage_bytes=r.storage_bytes, hits=r.hits, misses=r.misses, cpu_seconds=r.cpu_seconds,
+        cuda_sync_seconds=r.cuda_sync_seconds,
     )  # fmt: skip
 
 

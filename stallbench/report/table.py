@@ -231,6 +231,13 @@ def _rank_lines(r: LoaderReport, label: str) -> list[str]:
                 f"  rank {rb.rank}: {_sec(b.epoch_seconds)}  {_sec(b.compute_seconds)}  "
                 f"{_sec(b.prep_stall_seconds)}  {_sec(b.fetch_stall_seconds)}{mark}"
             )
+    cold = [run for run in r.runs if run.phase == "cold"]
+    sync = [e.cuda_sync_seconds for run in cold for e in run.epochs[1:]]
+    if sync and max(sync) > 0:
+        lines.append(
+            f"CUDA{label}: synchronised at each step boundary, {_sec(sum(sync) / len(sync))} per epoch "
+            "(counted in the steps: it waits for the step's own kernels)"
+        )
     for o in r.other_loaders:
         lines.append(
             f"other loader{label} {o.loader} (apart from training): {_sec(o.seconds_per_epoch)} per epoch, "

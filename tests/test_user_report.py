@@ -1,0 +1,78 @@
+"""From the records of the user's command to a report: the training loader, the ranks, the other loaders."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from stallbench.jobs.command import CommandRun
+from stallbench.jobs.spec import LoaderEpoch
+from stallbench.jobs.user_analysis import UserJob
+from stallbench.jobs.user_report import NoTrainingLoader, train_epochs, user_report
+from stallbench.report import format_report, report_to_json, validate_report_json
+
+JOB = UserJob(argv=("python", "train.py"), data=(Path("/data"),), dataset_bytes=1 << 30, record_bytes=1 << 30,
+              cache_bytes=None, epochs=3)  # fmt: skip
+STEP = {"ingestion": 1.0, "prep": 1.0, "cold": 1.0}
+EPOCH = {"ingestion": 1.0, "prep": 3.0, "cold": 5.0}  # T1, T3, T2 of rank 0
+
+
+def epoch(loader: str, n: int, phase: str, rank: int = 0, slower: float = 1.0, **extra) -> LoaderEpoch:
+    seconds = EPOCH[phase] * slower
+    return LoaderEpoch(
+        loader=loader, rank=rank, pid=100 + rank, epoch=n, seconds=seconds,
+        wait_seconds=seconds - STEP[phase], step_seconds=STEP[phase], first_batch_seconds=0.1,
+        batches=10, samples=640, storage_bytes=0,
+        cpu_seconds=seconds, complete=True, loader_class="torch.utils.data.DataLoader", workers=2,
+        batch_size=64, dataset_len=640, **extra,
+    )  # fmt: skip
+
+
+def run(phase: str, ranks: dict[int, float], **extra) -> CommandRun:
+    records = []
+    for rank, slower in ranks.items():
+        for n in (1, 2, 3):
+            evaluation = epoch("1:EvalSet", n, phase, rank, slower)  # fewer batches: not the training loader
+            records.append(replace(evaluation, batches=2, seconds=0.5))
+            records.append(epoch("0:TrainSet", n, phase, rank, slower, **extra))
+    return CommandRun(tuple(records), 10.0, False, None)
+
+
+def runs(ranks: dict[int, float], **extra) -> dict[str, CommandRun]:
+    return {
+        phase: run(phase, ranks, **(extra if phase == "cold" else {}))
+        for phase in ("ingestion", "prep", "cold")
+    }
+
+
+def test_the_training_loader_is_the_one_with_most_batches_and_others_are_apart():
+    report = user_report(JOB, runs({0: 1.0}), storage_bytes_per_s=1e8, memory_bytes_per_s=1e10)
+    b = report.breakdown
+    assert (b.compute_seconds, b.prep_stall_seconds, b.fetch_stall_seconds) == pytest.approx((1.0, 2.0, 2.0))
+    assert [o.loader for o in report.other_loaders] == ["1:EvalSet"]
+    assert report.other_loaders[0].seconds_per_epoch == pytest.approx(0.5)
+    assert report.workload.command == "python train.py" and report.loader == "torch"
+    validate_report_json(report_to_json([report]))
+
+
+def test_each_rank_gets_a_breakdown_and_the_slowest_is_reported():
+    report = user_report(JOB, runs({0: 1.0, 1: 1.5}), storage_bytes_per_s=1e8, memory_bytes_per_s=1e10)
+    assert [r.rank for r in report.ranks] == [0, 1]
+    assert report.slowest_rank == 1 and report.breakdown.epoch_seconds == pytest.approx(7.5)
+    text = format_report([report])
+    assert "rank 1:" in text and "<- slowest" in text.split("rank 1:")[1].splitlines()[0]
+
+
+def test_the_cuda_synchronisation_is_said_with_what_it_cost():
+    report = user_report(
+        JOB, runs({0: 1.0}, cuda_sync_seconds=0.25), storage_bytes_per_s=1e8, memory_bytes_per_s=1e10
+    )
+    assert "CUDA: synchronised at each step boundary, 0.25 s per epoch" in format_report([report])
+    assert report_to_json([report])["loaders"][0]["runs"][2]["epochs"][1]["cuda_sync_seconds"] == 0.25
+
+
+def test_a_run_without_any_loader_is_named():
+    with pytest.raises(NoTrainingLoader, match="the prep run iterated no DataLoader"):
+        train_epochs((), "prep")
