@@ -128,6 +128,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         return self._cache
 
     def __iter__(self) -> Any:
+        self._board.ensure_workers(self.num_workers)
         if self.num_workers == 0:
             self._board.start_storage_count()
         if self._replay is None:

@@ -113,6 +113,21 @@ class StatsBoard:
         self._row()[:] += self._pending
         self._pending = [0.0] * len(FIELDS)
 
+    def ensure_workers(self, num_workers: int) -> None:
+        """A row for each of ``num_workers`` workers: torch lets a loader's ``num_workers`` be set after it
+        is made, and two workers sharing a row would lose counts. Call before the workers start; the counts
+        so far move to the main process's row."""
+        rows = num_workers + 1
+        if rows <= self._rows:
+            return
+        old = np.frombuffer(self._shared, dtype=np.float64).reshape(self._rows, len(FIELDS))
+        shared = RawArray("d", rows * len(FIELDS))
+        new = np.frombuffer(shared, dtype=np.float64).reshape(rows, len(FIELDS))
+        new[0] = old.sum(axis=0)
+        self._shared, self._rows = shared, rows
+        if self._local_pid == os.getpid():
+            self._view = new
+
     def start_storage_count(self) -> None:
         """Count storage reads of the calling (main) process from now on, not since it started."""
         self._start_local()

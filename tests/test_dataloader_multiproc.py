@@ -129,3 +129,17 @@ def test_spawned_workers_share_the_cache(shm_dir):
     first, second = run(), run()
     assert first[0] == second[0] == list(range(N))
     assert (first[1].records_admitted, second[1].hits, second[1].misses) == (N, N, 0)
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("workers", [2, 1])
+def test_num_workers_set_after_the_loader_is_made_counts_every_read(shm_dir, workers):
+    """torch lets ``num_workers`` change after construction; every worker then gets its own counters."""
+    source = MemorySource(16)
+    dl = DataLoader(SourceDataset(source), batch_size=4, cache_bytes=1 << 20, cache_dir=shm_dir)
+    assert [raw for batch in dl for raw in batch[0]] == source.records  # in-process: fills the cache
+    dl.num_workers, dl.prefetch_factor = workers, 2  # torch's own loader needs both set (None fails there too)
+    assert sorted(raw for batch in dl for raw in batch[0]) == sorted(source.records)
+    stats = dl.stats()
+    assert (stats.misses, stats.hits) == (16, 16)
+    assert stats.samples == 32
