@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -18,7 +19,7 @@ SPEC = JobSpec(out_dir="")
 
 
 def _scratch_dirs() -> set[str]:
-    return {p.name for p in Path(tempfile.gettempdir()).glob("stallbench-job-*")}
+    return {p.name for p in Path(tempfile.gettempdir()).glob(f"stallbench-job-{os.getpid()}-*")}
 
 
 def test_a_failing_command_gives_its_exit_code_and_last_lines():

@@ -67,7 +67,7 @@ def run_command(
     """Run ``argv`` once under ``spec`` (its ``out_dir`` is replaced by a scratch folder, removed after),
     inside ``limits`` when given, else in a cgroup of its own where one can be made. The command's output
     goes to ``log`` (default: this process's stdout). Raises CommandFailed when it exits with an error."""
-    out = Path(tempfile.mkdtemp(prefix="stallbench-job-"))
+    out = Path(tempfile.mkdtemp(prefix=f"stallbench-job-{os.getpid()}-"))
     try:
         spec = replace(spec, out_dir=str(out))
         spec_file = spec.write(out / "spec.json")
