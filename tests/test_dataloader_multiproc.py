@@ -138,7 +138,8 @@ def test_num_workers_set_after_the_loader_is_made_counts_every_read(shm_dir, wor
     source = MemorySource(16)
     dl = DataLoader(SourceDataset(source), batch_size=4, cache_bytes=1 << 20, cache_dir=shm_dir)
     assert [raw for batch in dl for raw in batch[0]] == source.records  # in-process: fills the cache
-    dl.num_workers, dl.prefetch_factor = workers, 2  # torch's own loader needs both set (None fails there too)
+    # torch's own loader needs both set: with prefetch_factor None it fails as well
+    dl.num_workers, dl.prefetch_factor = workers, 2
     assert sorted(raw for batch in dl for raw in batch[0]) == sorted(source.records)
     stats = dl.stats()
     assert (stats.misses, stats.hits) == (16, 16)
