@@ -8,6 +8,8 @@
   18,000 JPEGs of 500x375 (~112 KB, as the demo's; an epoch of 6 batches reads 2% of them, so each reads
   mostly from storage), storage throttled to 20 MB/s: compute, prep stall and fetch
   stall each within 10% of the epoch of each other;
+* prefetch what-if: the same analysis's prediction for ``prefetch_factor`` 1 and 4 (the model says: the
+  measured point's), against the example's cold run measured with each: within 15%;
 * ``--apply``: the example script (``examples/train_cnn.py``, 1 worker, prep-bound by a 3 ms sleep per
   sample) analyzed, then the advised worker count rerun cold: |measured / predicted - 1| <= 0.15.
 
@@ -147,3 +149,51 @@ def test_the_example_agrees_with_the_same_generated_job(
     print(f"\n% of the epoch, example (bootstrap) vs generated: {example} vs {generated}")
     for term in example:
         assert abs(example[term] - generated[term]) <= MAX_DISAGREEMENT, (term, example, generated)
+
+
+def _cold_epoch(data: Path, prefetch_factor: int) -> float:
+    """The example's steady epoch, cold, every DataLoader built with ``prefetch_factor``."""
+    from stallbench.conditions.storage import evict_page_cache
+    from stallbench.jobs.user_report import train_epochs
+
+    evict_page_cache(data)
+    spec = JobSpec(out_dir="", epochs=3, prefetch_factor=prefetch_factor)
+    argv = [sys.executable, str(EXAMPLE), "--data", str(data), "--epochs", "5", "--workers", "2"]
+    run = run_command([*argv, "--slow-ms", "3"], spec, log=io.StringIO())
+    (rows,) = train_epochs(run.records).values()
+    return statistics.fmean(r.seconds for r in rows[1:])
+
+
+@pytest.mark.benchmark(group="user-job")
+def test_the_prefetch_what_if_holds(benchmark, bench_data_root: Path, tmp_path: Path) -> None:
+    data = make_jpeg_folder(
+        bench_data_root / "jpeg-600x6000-64x48", num_images=600, record_bytes=6000, width=64, height=48
+    )
+    out = tmp_path / "report.json"
+    argv = [
+        sys.executable,
+        "-m",
+        "stallbench",
+        "analyze",
+        "--data",
+        str(data),
+        "--epochs",
+        "3",
+        "--no-progress",
+    ]
+    argv += ["--quiet", "--log", str(tmp_path / "log.txt"), "--json", str(out), "--", sys.executable]
+    argv += [str(EXAMPLE), "--data", str(data), "--epochs", "5", "--workers", "2", "--slow-ms", "3"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def measure() -> tuple[dict[int, float], dict[int, float]]:
+        done = subprocess.run(argv, env=env, text=True, capture_output=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        rows = json.loads(out.read_text())["loaders"][0]["prefetch_predictions"]
+        predicted = {p["prefetch_factor"]: p["epoch_seconds"] for p in rows}
+        return predicted, {f: _cold_epoch(data, f) for f in (1, 4)}
+
+    predicted, measured = benchmark.pedantic(measure, rounds=1, iterations=1)
+    benchmark.extra_info.update(predicted=predicted, measured=measured)
+    for factor, seconds in measured.items():
+        print(f"\nprefetch_factor {factor}: predicted {predicted[factor]:.3f} s, measured {seconds:.3f} s")
+        assert abs(seconds / predicted[factor] - 1) <= MAX_APPLY_ERROR, (factor, predicted, measured)

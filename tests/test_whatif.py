@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from stallbench.analysis import whatif
 from stallbench.analysis.results import Breakdown, Machine, Workload
 from stallbench.analysis.whatif import Measured, advise, epoch_terms, hit_rate, predict, roofline, what_if
 
@@ -232,3 +233,12 @@ def test_advice_acts_on_the_bound_not_the_larger_stall():
     text = advise(m, what_if(m))
     assert text.startswith("fetch stall is 32% of the epoch and storage bounds it (prep stall 48% waits")
     assert "cache_bytes=" in text
+
+
+def test_prefetch_depth_moves_no_term_of_the_model():
+    m = measured(prep_stall=20.0)
+    here = whatif.predict(m, cache_bytes=m.workload.cache_bytes, workers=m.workload.workers)
+    got = whatif.prefetch_what_if(m)
+    assert [p.prefetch_factor for p in got] == [1, 2, 4, 8]
+    assert all(p.epoch_seconds == here.epoch_seconds == 100.0 and p.bound == here.bound for p in got)
+    assert whatif.prefetch_what_if(measured(workers=0)) == ()  # no workers: nothing is prefetched

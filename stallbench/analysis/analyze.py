@@ -49,6 +49,7 @@ def prepare(req: AnalysisRequest, kinds: Sequence[str], progress: Progress | Non
         cache_bytes=cache,
         storage_bytes_per_s=req.storage_bytes_per_s,
         memory_bytes=req.memory if isinstance(req.memory, int) else None,
+        prefetch_factor=_PREFETCH if req.workers > 0 else None,
     )
     plan = RunPlan(workload=workload, transform=req.transform, seed=req.seed)
     if req.memory == "auto":
@@ -106,6 +107,7 @@ def _report(kind: str, w: Workload, runs: dict[str, RunRecord], machine) -> Load
         roofline=roof,
         predictions=predictions,
         advice=whatif.advise(measured, predictions),
+        prefetch_predictions=whatif.prefetch_what_if(measured),
     )
 
 

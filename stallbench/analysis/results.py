@@ -17,6 +17,7 @@ __all__ = [
     "LoaderReport",
     "Machine",
     "OtherLoader",
+    "PrefetchPrediction",
     "Prediction",
     "RankBreakdown",
     "Roofline",
@@ -43,6 +44,7 @@ class Workload:
     storage_bytes_per_s: float | None  # kernel read throttle, None when not throttled
     memory_bytes: int | None  # kernel memory limit of each job, None when not limited
     command: str | None = None  # the user's own command (``analyze -- CMD``); None for a generated job
+    prefetch_factor: int | None = None  # batches each worker keeps ready; None without workers
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,15 @@ class Prediction:
 
 
 @dataclass(frozen=True)
+class PrefetchPrediction:
+    """Predicted steady epoch with another ``prefetch_factor`` at the measured workers and cache."""
+
+    prefetch_factor: int
+    epoch_seconds: float
+    bound: str  # "compute" | "prep" | "fetch"
+
+
+@dataclass(frozen=True)
 class Roofline:
     """The data roofline: the epoch can be no faster than the slowest of these three."""
 
@@ -161,6 +172,7 @@ class LoaderReport:
     ranks: tuple[RankBreakdown, ...] = ()  # per rank, when the command ran several (torchrun)
     slowest_rank: int | None = None
     other_loaders: tuple[OtherLoader, ...] = ()
+    prefetch_predictions: tuple[PrefetchPrediction, ...] = ()
 
 
 def steady(epochs: list) -> list:

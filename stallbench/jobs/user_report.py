@@ -150,6 +150,7 @@ def user_report(
         samples_per_s=fmean(e.samples for e in cold) / slowest.breakdown.epoch_seconds, machine=machine,
         roofline=whatif.roofline(measured), predictions=predictions, advice=advice,
         ranks=ranks, slowest_rank=slowest.rank, other_loaders=_others(runs["cold"], slowest.rank),
+        prefetch_predictions=whatif.prefetch_what_if(measured) if predictions else (),
     )  # fmt: skip
 
 
@@ -165,7 +166,7 @@ def _workload(job: UserJob, cold_rows: Sequence[LoaderEpoch]) -> tuple[Workload,
         workers=last.workers, compute="the command's own step", epochs=len(cold_rows),
         cache_bytes=scale(job.cache_bytes) if job.cache_bytes is not None else None,
         storage_bytes_per_s=job.storage_bytes_per_s, memory_bytes=job.memory_bytes,
-        command=" ".join(job.argv),
+        command=" ".join(job.argv), prefetch_factor=last.prefetch_factor if last.workers else None,
     )  # fmt: skip
     return workload, share
 

@@ -134,6 +134,7 @@ def _loader_json(r: LoaderReport) -> dict[str, Any]:
         "ranks": [{"rank": rb.rank, **dataclasses.asdict(rb.breakdown)} for rb in r.ranks],
         "slowest_rank": r.slowest_rank,
         "other_loaders": [dataclasses.asdict(o) for o in r.other_loaders],
+        "prefetch_predictions": [dataclasses.asdict(p) for p in r.prefetch_predictions],
     }
 
 

@@ -174,6 +174,24 @@ def _whatif_rows(r: LoaderReport) -> tuple[list[str], list[Row]]:
     return header, [(f"  {_bytes(c)}", [cells.get((c, w), "-") for w in workers]) for c in caches]
 
 
+def _prefetch_lines(r: LoaderReport) -> list[str]:
+    """The what-if of ``prefetch_factor``: one line, the measured factor starred."""
+    if not r.prefetch_predictions:
+        return []
+    ran = r.workload.prefetch_factor
+    cells = [
+        f"{'*' if p.prefetch_factor == ran else ''}{p.prefetch_factor}: {_sec(p.epoch_seconds)}"
+        for p in r.prefetch_predictions
+    ]
+    bound = r.prefetch_predictions[0].bound
+    return textwrap.wrap(
+        f"  prefetch_factor {', '.join(cells)} ({bound}: a deeper prefetch does not move the bound, it only "
+        "absorbs jitter)",
+        WIDTH,
+        subsequent_indent="    ",
+    )
+
+
 def _chunks(first: int, widths: list[int]) -> list[range]:
     """Consecutive value columns that fit ``WIDTH`` after a label column ``first`` wide."""
     chunks, start, used = [], 0, first
@@ -251,6 +269,7 @@ def _loader_lines(r: LoaderReport, label: str) -> list[str]:
     if r.predictions:
         lines.append(f"what-if{label}: predicted steady epoch and what binds it (* = as run)")
         lines += _render("  cache", *_whatif_rows(r))
+        lines += _prefetch_lines(r)
         lines.append("")
     lines += textwrap.wrap(
         f"advice{label}: {r.advice}", WIDTH, subsequent_indent="  ", break_on_hyphens=False
