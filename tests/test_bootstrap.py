@@ -311,3 +311,17 @@ def test_batch_samples_and_fresh_copies():
     assert (
         batch_samples(batch) == 5 and batch_samples(["text", 3]) == 1 and batch_samples(torch.tensor(1)) == 1
     )
+
+
+def test_cached_mode_says_when_a_dataset_reads_nothing_it_can_serve(tmp_path):
+    pytest.importorskip("stallbench.jobs.served")
+    files, elsewhere = tmp_path / "files", tmp_path / "elsewhere"
+    for folder in (files, elsewhere):
+        folder.mkdir()
+    for i in range(10):
+        (files / f"{i:02d}.bin").write_bytes(bytes(range(i, i + 64)))
+    (elsewhere / "other.bin").write_bytes(b"x" * 64)  # --data names files the script never opens
+    spec = {"loader": "cached", "data": (str(elsewhere),), "cache_bytes": 1 << 20, "cache_dir": str(tmp_path)}
+    run = _ok(_run(tmp_path, "--files", str(files), "--epochs", "2", "--batch-size", "5", **spec))
+    assert run.stderr.count("0:FileData read no file under --data through open()") == 1  # said once
+    assert all(r.hits + r.misses == 0 for r in run.of("0:FileData"))

@@ -215,7 +215,14 @@ class _Run:
         state.complete += complete
         after = read_counters(state.stats, state.served)
         end = end if end is not None else meter.last_activity
-        _write(self.spec.out_dir, _record(state, meter, complete, end, after))
+        record = _record(state, meter, complete, end, after)
+        _write(self.spec.out_dir, record)
+        if state.served is not None and record.batches and record.hits + record.misses == 0:
+            say(
+                f"{state.id} read no file under --data through open(): its reads cannot go through our cache "
+                "(does its Dataset read with os.open, mmap or a C library, or files elsewhere?)",
+                key=f"unserved-{state.id}",
+            )
 
 
 def _record(state: _Loader, meter: EpochMeter, complete: bool, end: float, after: Counters) -> LoaderEpoch:
