@@ -16,9 +16,11 @@ epoch closed later also counts what ran in between.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import functools
 import os
+import sys
 import threading
 import time
 import weakref
@@ -179,7 +181,7 @@ class _Run:
             return
         self.close_all()
         say(f"the training loader {state.id} has run its {epochs} epochs: the process ends here (exit 0)")
-        raise SystemExit(0)
+        _end_process()
 
     def _ended(self, state: _Loader, meter: EpochMeter, end: float) -> None:
         try:
@@ -223,6 +225,20 @@ class _Run:
                 "(does its Dataset read with os.open, mmap or a C library, or files elsewhere?)",
                 key=f"unserved-{state.id}",
             )
+
+
+def _end_process() -> None:
+    """``SystemExit(0)``, as the script's own end would. Under ``torch.distributed``, ``os._exit(0)`` once
+    the output is flushed: finalising the interpreter with a live process group can abort the rank (gloo:
+    "terminate called without an active exception", exit -6), and every rank stops at this same point,
+    past its last collective."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(0)
+    raise SystemExit(0)
 
 
 def _record(state: _Loader, meter: EpochMeter, complete: bool, end: float, after: Counters) -> LoaderEpoch:
