@@ -11,17 +11,15 @@ from __future__ import annotations
 import bisect
 import os
 from array import array
-from collections.abc import Callable
 
-from loader.errors import BadRecordError, SourceError
+from loader.errors import SourceError
+from loader.sources._file_records import FileRecords
 from loader.sources._fingerprint import digest
-from loader.sources._pagecache import read_admitting
-from loader.sources.base import Source
 
 __all__ = ["FileTreeSource"]
 
 
-class FileTreeSource(Source):
+class FileTreeSource(FileRecords):
     """Every regular, non-hidden file under ``root`` (recursively), sorted by path relative to ``root``.
 
     ``read(i)`` is the file's bytes, ``describe(i)`` its path, ``label(i)`` 0. A ``root`` that is a file
@@ -53,24 +51,6 @@ class FileTreeSource(Source):
 
     def __len__(self) -> int:
         return len(self._paths)
-
-    def read(self, index: int) -> bytes:
-        i = self.check_index(index)
-        path = self.describe(i)
-        try:
-            with open(path, "rb", buffering=0) as f:
-                return f.readall()
-        except OSError as e:
-            raise BadRecordError(path, i, f"cannot read the file: {e.strerror or e}") from e
-
-    def read_admitting(self, index: int, admit: Callable[[bytes], bool]) -> tuple[bytes, bool]:
-        """Once admitted, the file's pages that this read brought in are evicted (see _pagecache)."""
-        i = self.check_index(index)
-        path = self.describe(i)
-        try:
-            return read_admitting(path, admit)
-        except OSError as e:
-            raise BadRecordError(path, i, f"cannot read the file: {e.strerror or e}") from e
 
     def label(self, index: int) -> int:
         self.check_index(index)

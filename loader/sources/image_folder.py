@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
-from loader.errors import BadRecordError, SourceError
+from loader.errors import SourceError
+from loader.sources._file_records import FileRecords
 from loader.sources._fingerprint import digest
-from loader.sources._pagecache import read_admitting
-from loader.sources.base import Source
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolderSource"]
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
-class ImageFolderSource(Source):
+class ImageFolderSource(FileRecords):
     """Images under ``root/<class>/`` (subfolders included), as torchvision's ImageFolder lists them.
 
     Classes are the sorted names of the non-hidden folders in ``root`` (label ids 0..K-1); records are sorted
@@ -62,24 +60,6 @@ class ImageFolderSource(Source):
 
     def __len__(self) -> int:
         return len(self._paths)
-
-    def read(self, index: int) -> bytes:
-        i = self.check_index(index)
-        path = self.describe(i)
-        try:
-            with open(path, "rb", buffering=0) as f:
-                return f.readall()
-        except OSError as e:
-            raise BadRecordError(path, i, f"cannot read the file: {e.strerror or e}") from e
-
-    def read_admitting(self, index: int, admit: Callable[[bytes], bool]) -> tuple[bytes, bool]:
-        """Once admitted, the file's pages that this read brought in are evicted (see _pagecache)."""
-        i = self.check_index(index)
-        path = self.describe(i)
-        try:
-            return read_admitting(path, admit)
-        except OSError as e:
-            raise BadRecordError(path, i, f"cannot read the file: {e.strerror or e}") from e
 
     def label(self, index: int) -> int:
         return self._labels[self.check_index(index)]

@@ -1,0 +1,33 @@
+"""Sources whose record ``i`` is the whole file ``describe(i)``: an image folder, any file tree."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from loader.errors import BadRecordError
+from loader.sources._pagecache import read_admitting
+from loader.sources.base import Source
+
+__all__ = ["FileRecords"]
+
+
+class FileRecords(Source):
+    """``read`` and ``read_admitting`` for a source of one file per record; subclasses give ``describe``."""
+
+    def read(self, index: int) -> bytes:
+        i = self.check_index(index)
+        path = self.describe(i)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                return f.readall()
+        except OSError as e:
+            raise BadRecordError(path, i, f"cannot read the file: {e.strerror or e}") from e
+
+    def read_admitting(self, index: int, admit: Callable[[bytes], bool]) -> tuple[bytes, bool]:
+        """Once admitted, the file's pages that this read brought in are evicted (see _pagecache)."""
+        i = self.check_index(index)
+        path = self.describe(i)
+        try:
+            return read_admitting(path, admit)
+        except OSError as e:
+            raise BadRecordError(path, i, f"cannot read the file: {e.strerror or e}") from e
