@@ -47,6 +47,30 @@ EXAMPLE_JOB = Path(__file__).with_name("_example_job.py")
 STEPS, BANDWIDTH = 6, 20_000_000
 
 
+def _small_images(root: Path) -> Path:
+    """600 JPEGs of 6,000 B: the example is prep-bound on them with a 3 ms sleep per sample."""
+    return make_jpeg_folder(
+        root / "jpeg-600x6000-64x48", num_images=600, record_bytes=6000, width=64, height=48
+    )
+
+
+def _analyze_example(data: Path, tmp_path: Path, options: list[str], workers: int) -> list[str]:
+    """``stallbench analyze`` (3 epochs, output to a log) of the example, prep-bound by a 3 ms sleep."""
+    argv = [
+        sys.executable,
+        "-m",
+        "stallbench",
+        "analyze",
+        "--data",
+        str(data),
+        "--epochs",
+        "3",
+        "--no-progress",
+    ]
+    argv += ["--quiet", "--log", str(tmp_path / "log.txt"), *options, "--", sys.executable, str(EXAMPLE)]
+    return [*argv, "--data", str(data), "--epochs", "5", "--workers", str(workers), "--slow-ms", "3"]
+
+
 def _steps_per_s(text: str) -> float:
     return float(re.search(r"steps_per_s ([\d.]+)", text)[1])
 
@@ -76,22 +100,8 @@ def test_bootstrap_overhead(benchmark) -> None:
 
 @pytest.mark.benchmark(group="user-job")
 def test_apply_predicts_the_advised_setting(benchmark, bench_data_root: Path, tmp_path: Path) -> None:
-    data = make_jpeg_folder(
-        bench_data_root / "jpeg-600x6000-64x48", num_images=600, record_bytes=6000, width=64, height=48
-    )
-    argv = [
-        sys.executable,
-        "-m",
-        "stallbench",
-        "analyze",
-        "--data",
-        str(data),
-        "--epochs",
-        "3",
-        "--no-progress",
-    ]
-    argv += ["--quiet", "--log", str(tmp_path / "log.txt"), "--apply", "--", sys.executable, str(EXAMPLE)]
-    argv += ["--data", str(data), "--epochs", "5", "--workers", "1", "--slow-ms", "3"]
+    data = _small_images(bench_data_root)
+    argv = _analyze_example(data, tmp_path, ["--apply"], workers=1)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = benchmark.pedantic(
         lambda: subprocess.run(argv, env=env, text=True, capture_output=True, timeout=600),
@@ -166,23 +176,9 @@ def _cold_epoch(data: Path, prefetch_factor: int) -> float:
 
 @pytest.mark.benchmark(group="user-job")
 def test_the_prefetch_what_if_holds(benchmark, bench_data_root: Path, tmp_path: Path) -> None:
-    data = make_jpeg_folder(
-        bench_data_root / "jpeg-600x6000-64x48", num_images=600, record_bytes=6000, width=64, height=48
-    )
+    data = _small_images(bench_data_root)
     out = tmp_path / "report.json"
-    argv = [
-        sys.executable,
-        "-m",
-        "stallbench",
-        "analyze",
-        "--data",
-        str(data),
-        "--epochs",
-        "3",
-        "--no-progress",
-    ]
-    argv += ["--quiet", "--log", str(tmp_path / "log.txt"), "--json", str(out), "--", sys.executable]
-    argv += [str(EXAMPLE), "--data", str(data), "--epochs", "5", "--workers", "2", "--slow-ms", "3"]
+    argv = _analyze_example(data, tmp_path, ["--json", str(out)], workers=2)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
 
     def measure() -> tuple[dict[int, float], dict[int, float]]:
