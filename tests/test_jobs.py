@@ -6,8 +6,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from stallbench.conditions.memory import OVERHEAD_MARGIN, memory_limit
@@ -49,6 +51,40 @@ def test_a_failed_job_leaves_no_tmpdir_either(scratch: Path) -> None:
     with pytest.raises(RuntimeError, match="exited 3"):
         run_job([sys.executable, "-c", _LEAVES_PYMP, "3"])
     assert not list(scratch.iterdir())
+
+
+_WORKER = "import time; time.sleep(61)"
+# A job that exits (or is interrupted) with a worker still running, as a killed job's DataLoader worker is
+_LEAVES_WORKER = """
+import json, subprocess, sys, time
+quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # its end is not waited for on a pipe
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(61)"], **quiet)
+print(json.dumps({"worker": worker.pid}), flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_a_job_goes_with_every_process_it_started(interrupted: bool) -> None:
+    if interrupted:  # as by Ctrl-C: an exception while the job runs
+        with pytest.raises(subprocess.TimeoutExpired):
+            run_job([sys.executable, "-c", _LEAVES_WORKER, "60"], timeout=3)
+    else:
+        run_job([sys.executable, "-c", _LEAVES_WORKER, "0"])
+    deadline = time.monotonic() + 1.0  # SIGKILL is sent before run_job returns; the kernel acts on it at once
+    while (left := _live_workers()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for proc in left:  # not to outlive a failed test
+        proc.kill()
+    assert not left
+
+
+def _live_workers() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if (proc.info["cmdline"] or [])[-1:] == [_WORKER] and proc.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(proc)
+    return found
 
 
 @pytest.mark.parametrize("cache", [0, 100 << 20, 4 << 30, 40 << 30])

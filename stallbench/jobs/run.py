@@ -8,14 +8,17 @@ epoch on stdout (:func:`run_job` returns them).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.jobs.spec import WorkloadJob
@@ -58,7 +61,7 @@ def run_job(
     folder there (``multiprocessing.util.get_temp_dir``, for sharing tensors) and leaves it behind when it is
     killed (an interrupted run, a cgroup's sweep) rather than let to exit. The job's JSON file goes there too.
     """
-    run = limits.run if limits is not None else subprocess.run
+    run = limits.run if limits is not None else _run_in_session
     tmp = job_tmpdir()
     try:
         if job is not None:
@@ -71,6 +74,23 @@ def run_job(
         what = f"{' '.join(argv[1:-1])} ({job.loader}, {job.mode})" if job else f"{' '.join(argv[1:4])}..."
         raise JobFailed(f"{what} exited {done.returncode}{where}:\n{done.stderr[-_TAIL:]}")
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def _run_in_session(
+    argv: list[str], *, capture_output: bool, timeout: float, **options: Any
+) -> subprocess.CompletedProcess:
+    """``subprocess.run`` in a session of its own, killed whole when done or interrupted: killing only the job
+    (as ``subprocess.run`` does on Ctrl-C) would leave its DataLoader workers running until their watchdog
+    notices, seconds later."""
+    if capture_output:
+        options.update(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with subprocess.Popen(argv, start_new_session=True, **options) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        finally:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def job_tmpdir() -> str:
