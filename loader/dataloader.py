@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from typing import Any, Literal, TypeVar
@@ -16,6 +17,9 @@ from loader._memory import auto_cache_bytes, format_bytes
 from loader._resume import ReplayableSampler, counting_iterator, generator_states, restore_generators
 from loader.cache import MinIOCache
 from loader.cache._layout import index_bytes
+from loader.coordinated import Coordination
+from loader.coordinated.options import coordination_from
+from loader.coordinated.wiring import CoordinatedEpochs
 from loader.datasets import SKIPPED, SourceDataset
 from loader.stats import LoaderStats, StatsBoard
 
@@ -39,6 +43,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         its batch and counts it in ``stats().records_skipped``.
       readahead: threads per worker that fetch a batch's records while the worker decodes, used only while
         the worker measures fetches slow enough against decode to pay for them (0: always one by one).
+      coordinate: True, a group name or a ``loader.Coordination``: jobs on this machine that read the same
+        data in the same way prepare each batch once and share it (docs/how-to/hyperparameter-search.md);
+        ``stats().coordination`` says what this job prepared, consumed and saved.
     With any other dataset it behaves exactly like PyTorch's DataLoader.
     """
 
@@ -66,11 +73,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         cache_dir: str | os.PathLike = "/dev/shm",
         on_error: Literal["raise", "skip"] = "raise",
         readahead: int = 4,
+        coordinate: bool | str | Coordination = False,
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if isinstance(readahead, bool) or not isinstance(readahead, int) or readahead < 0:
             raise ValueError(f"readahead must be a number of threads (0 or more), got {readahead!r}")
+        coordination = coordination_from(coordinate)
+        transform, user_collate = getattr(dataset, "transform", None), collate_fn
         board = StatsBoard(num_workers if isinstance(num_workers, int) and num_workers > 0 else 0)
         cache, self._cache_sizing = None, ""
         if isinstance(dataset, SourceDataset):
@@ -113,6 +123,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._started_before = 0  # epochs the sampler had started when the current iterator was made
         self._made_iterator = False
         self._resume: tuple[dict[str, Any], bool, bool] | None = None  # (states, mid-epoch?, order next?)
+        self._coordinated = (
+            CoordinatedEpochs(self, coordination, transform, user_collate)
+            if coordination is not None
+            else None
+        )
 
     @property
     def _resumable_kind(self) -> bool:
@@ -131,6 +146,11 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._board.ensure_workers(self.num_workers)
         if self.num_workers == 0:
             self._board.start_storage_count()
+        if self._coordinated is not None:
+            return self._coordinated.epoch(self._plain_iter)
+        return self._plain_iter()
+
+    def _plain_iter(self) -> Any:
         if self._replay is None:
             return super().__iter__()
         # read before the iterator is made: with workers, making it already starts the epoch (prefetch)
@@ -148,13 +168,22 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def stats(self) -> LoaderStats:
         """Totals since this loader was made, over all its workers and epochs."""
-        return self._board.totals(self._cache.info() if self._cache is not None else None, self._cache_sizing)
+        totals = self._board.totals(
+            self._cache.info() if self._cache is not None else None, self._cache_sizing
+        )
+        if self._coordinated is not None:
+            totals = dataclasses.replace(totals, coordination=self._coordinated.member.stats())
+        return totals
 
     def state_dict(self) -> dict[str, Any]:
         """Where the current epoch stands: its whole order and how many batches were handed out."""
         if self._replay is None:
             raise TypeError(
                 "state_dict() needs a map-style dataset; an IterableDataset keeps its own position"
+            )
+        if self._coordinated is not None:
+            raise TypeError(
+                "state_dict() is not available with coordinate: the group, not the job, has the order"
             )
         if not self.in_order and self.num_workers > 0:
             raise ValueError(

@@ -14,6 +14,7 @@ import numpy as np
 import torch.utils.data
 
 from loader.cache import CacheInfo
+from loader.coordinated.options import CoordinationStats
 
 __all__ = ["LoaderStats", "StatsBoard"]
 
@@ -78,6 +79,7 @@ class LoaderStats:
     cache_bytes_used: int = 0
     cache_capacity: int = 0
     cache_sizing: str = ""
+    coordination: CoordinationStats | None = None
 
     @property
     def hit_rate(self) -> float:

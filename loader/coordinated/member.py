@@ -1,0 +1,236 @@
+"""One job in its group, on the main process side: joining, each epoch's batches in the group's order, lag.
+
+Each epoch the job (1) joins the group's epoch, drawing its order from its own sampler if it is the first
+there, (2) sets its workers claiming and preparing batches, (3) takes batch after batch from the staging area
+in the group's order, preparing one itself only when nothing else will (no workers, or a dead preparer).
+A job that comes while the group's epoch is past its first batch runs that epoch alone and joins at the
+next; a job the group detached for lagging runs alone from then on. Either way it says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from loader.cache._private import open_private
+from loader.coordinated._batchfile import BadBatchFile, read_batch
+from loader.coordinated._state import ACTIVE, CLAIMED, DETACHED, EMPTY, FREE, PENDING, READY, UNCLAIMED
+from loader.coordinated.area import Area
+from loader.coordinated.options import Coordination, CoordinationStats, CoordinationWarning
+from loader.coordinated.prep import Preparer
+
+__all__ = ["Member"]
+
+_REAP_EVERY = 0.5  # seconds between liveness checks of a job that waits: a dead job is seen this fast
+_UNCLAIMED_WAIT = 1.0  # seconds a needed batch may stay unclaimed before the main process prepares it
+
+
+class Member:
+    """This job's membership; ``epoch(...)`` yields one epoch's batches."""
+
+    def __init__(self, area: Area, options: Coordination, preparer: Preparer, num_workers: int) -> None:
+        self.area, self.options, self.preparer, self.num_workers = area, options, preparer, num_workers
+        self.row: int | None = None
+        self.alone_why = ""
+        self._epochs_begun = 0
+        self._held_back_since: float | None = None  # since when every batch waited on a lagging job
+        self._final: CoordinationStats | None = None  # what stats() said when the job left
+
+    def epoch(
+        self,
+        draw_order: Callable[[], list[list[int]]],
+        plain: Callable[[], Iterator[Any]],
+        alone: Callable[[list[list[int]]], Iterator[Any]],
+        start_prep: Callable[[int], Iterator[Any] | None],
+    ) -> Iterator[Any]:
+        """The epoch's batches: the group's (from the staging area), or this job's own when it runs alone."""
+        epoch = None if self.alone_why else self._begin(draw_order)
+        if epoch is None:
+            yield from plain()
+            return
+        B = self.area.num_batches
+        prep = start_prep(epoch)
+        try:
+            for g in range(epoch * B, (epoch + 1) * B):
+                batch = self._take(g, (epoch + 1) * B)
+                if batch is _ALONE:
+                    yield from alone(self.area.order(epoch)[g - epoch * B :])
+                    return
+                yield batch
+        finally:
+            self._skip_to((epoch + 1) * B)
+            if prep is not None:
+                for _ in prep:  # the workers stop claiming once this job is past the epoch
+                    pass
+
+    def _begin(self, draw_order: Callable[[], list[list[int]]]) -> int | None:
+        """The group epoch this job takes part in next, or None: it runs this one alone."""
+        B = self.area.num_batches
+        with self.area.locked() as state:
+            self.area.reap(state)
+            if self.row is None or state.members[self.row]["status"] == EMPTY:
+                self.row = self.preparer.row = self._join(state)
+            row = state.members[self.row]
+            if row["status"] == DETACHED:
+                self._go_alone("the group detached it: it fell behind by more than its staged batches")
+                return None
+            epoch = -(-int(row["position"]) // B)
+            if row["status"] == PENDING:
+                first = state.slot(epoch * B)
+                if self._epochs_begun == 0 or (
+                    state.published >= epoch and (first["g"] != epoch * B or first["state"] == FREE)
+                ):
+                    self._epochs_begun += 1
+                    row["position"] = max(epoch, state.published + 1) * B  # the group's next epoch
+                    return None
+                row["status"] = ACTIVE
+            row["position"] = epoch * B
+            if state.published < epoch:
+                self.area.publish_order(state, epoch, draw_order())
+            self.area.free_consumed(state)
+        self._epochs_begun += 1
+        if self._epochs_begun == 1:
+            self._wait_for_members()
+        return epoch
+
+    def _join(self, state) -> int:
+        """A row for this job: in the group's current epoch if its first batch is still staged, else pending
+        (this epoch runs alone; the group keeps its next epoch's first batches for it)."""
+        B, last = self.area.num_batches, state.published
+        others = [m for m in state.live_rows() if state.members[m]["status"] in (ACTIVE, PENDING)]
+        if last < 0 or not others:
+            return self.area.join(state, ACTIVE, (last + 1) * B)
+        first = state.slot(last * B)
+        if first["g"] == last * B and first["state"] != FREE:
+            return self.area.join(state, ACTIVE, last * B)
+        warnings.warn(
+            f"coordinate: the group {self.area.name} is mid-epoch; this job runs this epoch alone and joins "
+            "at the next one",
+            CoordinationWarning,
+            stacklevel=5,
+        )
+        return self.area.join(state, PENDING, (last + 1) * B)
+
+    def _wait_for_members(self) -> None:
+        deadline = time.monotonic() + self.options.join_timeout
+        while time.monotonic() < deadline:
+            state = self.area.state()
+            if (state.members["status"] == ACTIVE).sum() >= self.options.min_members:
+                return
+            time.sleep(0.01)
+
+    def _take(self, g: int, limit: int) -> Any:
+        """Batch ``g`` from the staging area, once it is ready."""
+        pause, unclaimed_since, last_reap = 0.0002, None, time.monotonic()
+        held_back = False
+        while True:
+            state = self.area.state()
+            if state.members[self.row]["status"] != ACTIVE:
+                return self._go_alone("the group detached it: it fell behind by more than its staged batches")
+            slot = state.slot(g)
+            if slot["g"] == g and slot["state"] == READY:
+                batch = self._read(g)
+                if batch is not None:
+                    self.area.consumed(self.row, g)
+                    if not held_back:
+                        self._held_back_since = None
+                    return batch
+                continue
+            now = time.monotonic()
+            unclaimed = slot["g"] == g and slot["state"] == UNCLAIMED
+            unclaimed_since = (unclaimed_since or now) if unclaimed else None
+            dead_claim = slot["state"] == CLAIMED and not self.area.alive(
+                int(slot["writer"]), int(slot["gen"])
+            )
+            if self.num_workers == 0 or dead_claim or (unclaimed and now - unclaimed_since > _UNCLAIMED_WAIT):
+                mine = self.area.claim(self.row, limit)
+                if mine >= 0:
+                    self.preparer.prepare(mine)
+                    continue
+            if now - last_reap > _REAP_EVERY:
+                with self.area.locked() as state:
+                    self.area.reap(state)
+                last_reap = now
+            floor = state.floor()  # patience counts only while the job at the floor is in g's epoch
+            if g >= floor + self.area.window() and floor >= g - g % self.area.num_batches:
+                held_back, self._held_back_since = True, self._held_back_since or now
+                if now - self._held_back_since > self.options.patience and self.options.on_lag == "detach":
+                    self._detach_laggards(g)
+                    self._held_back_since = None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
+
+    def _read(self, g: int) -> Any:
+        """The staged batch ``g``; None (and it is prepared again) if it fails its checks."""
+        name = self.area.batch_file(g)
+        try:
+            fd = open_private(self.area.path, name.name, os.O_RDONLY)
+            try:
+                return read_batch(fd, str(name))
+            finally:
+                os.close(fd)
+        except (BadBatchFile, OSError) as exc:
+            warnings.warn(f"coordinate: {exc}; preparing it again", CoordinationWarning, stacklevel=5)
+            with self.area.locked() as state:
+                slot = state.slot(g)
+                if slot["g"] == g and slot["state"] == READY:
+                    slot["state"] = UNCLAIMED
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name)
+            return None
+
+    def _detach_laggards(self, g: int) -> None:
+        with self.area.locked() as state:
+            self.area.reap(state)
+            floor = state.floor()
+            if g < floor + self.area.window():
+                return
+            for m in state.live_rows():
+                row = state.members[m]
+                if m != self.row and row["status"] in (ACTIVE, PENDING) and row["position"] == floor:
+                    row["status"] = DETACHED
+            self.area.free_consumed(state)
+
+    def _skip_to(self, end: int) -> None:
+        """Past this epoch (finished, or left early by the training loop): the group need not keep its
+        batches for this job, and its workers stop claiming."""
+        with contextlib.suppress(Exception), self.area.locked() as state:
+            row = state.members[self.row]
+            if row["status"] == ACTIVE and row["pid"] == os.getpid():
+                row["position"] = max(int(row["position"]), end)
+                self.area.free_consumed(state)
+
+    def _go_alone(self, why: str) -> Any:
+        self.alone_why = why
+        warnings.warn(f"coordinate: this job goes on alone: {why}", CoordinationWarning, stacklevel=5)
+        return _ALONE
+
+    def stats(self) -> CoordinationStats:
+        name = self.options.group or self.area.name
+        if self._final is not None:
+            return self._final
+        if self.row is None:
+            return CoordinationStats(name, "not started", 0, 0, 0, 0.0, 0.0)
+        state = self.area.state()
+        row = state.members[self.row]
+        status = {ACTIVE: "member", PENDING: "waiting"}.get(int(row["status"]), f"alone: {self.alone_why}")
+        members = int(((state.members["status"] == ACTIVE) | (state.members["status"] == PENDING)).sum())
+        return CoordinationStats(
+            name, status, members, int(row["prepared"]), int(row["consumed"]), float(row["prep_cpu"]),
+            float(row["cpu_saved"]),
+        )  # fmt: skip
+
+    def leave(self) -> None:
+        """Out of the group (the last one out removes the staging area); ``stats()`` keeps its figures."""
+        if self.row is not None:
+            with contextlib.suppress(Exception):
+                self._final = self.stats()
+                self.area.leave(self.row)
+            self.row = None
+
+
+_ALONE = object()
