@@ -2,8 +2,8 @@
 
 Layout: ``MAGIC`` | header length (u32) | header CRC32 (u32) | header (JSON) | padding | tensor bytes. The
 header holds the batch's structure (tuples, lists, dicts, numbers, strings; each tensor as ``{"t": k}``), each
-tensor's dtype, shape, offset and length, and a CRC32 of the tensor bytes. A reader checks the magic, both
-CRCs and every extent against the file's size before it makes a tensor, and maps the file copy-on-write:
+tensor's dtype, shape, offset and length, and the xxh3-64 of the tensor bytes. A reader checks the magic, both
+checksums and every extent against the file's size before it makes a tensor, and maps the file copy-on-write:
 the tensors are views of the mapping (writable, as a collated batch is), which outlives the file's removal.
 """
 
@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import xxhash
 
 __all__ = ["BadBatchFile", "read_batch", "write_batch"]
 
@@ -38,13 +39,15 @@ def write_batch(fd: int, batch: Any) -> int:
     """Write ``batch`` to the open file ``fd``; return the bytes written."""
     tensors: list[torch.Tensor] = []
     structure = _encode(batch, tensors)
-    table, offset, crc = [], 0, 0
+    table, offset, digest = [], 0, xxhash.xxh3_64()
     for t in tensors:
         raw = _raw_bytes(t)
         table.append([str(t.dtype).removeprefix("torch."), list(t.shape), offset, raw.nbytes])
-        crc = zlib.crc32(raw, crc)
+        digest.update(raw)
+        digest.update(bytes(_aligned(raw.nbytes) - raw.nbytes))
         offset += _aligned(raw.nbytes)
-    header = json.dumps({"batch": structure, "tensors": table, "data_crc": crc, "data_len": offset}).encode()
+    header = {"batch": structure, "tensors": table, "data_hash": digest.intdigest(), "data_len": offset}
+    header = json.dumps(header).encode()
     start = _aligned(_PREFIX.size + len(header))
     head = _PREFIX.pack(MAGIC, len(header), zlib.crc32(header)) + header
     with os.fdopen(os.dup(fd), "wb") as out:
@@ -70,7 +73,7 @@ def read_batch(fd: int, name: str) -> Any:
     if zlib.crc32(header_bytes) != header_crc:
         raise BadBatchFile(f"staged batch {name} has a damaged header")
     header = json.loads(bytes(header_bytes))
-    if start + header["data_len"] != size or zlib.crc32(view[start:]) != header["data_crc"]:
+    if start + header["data_len"] != size or xxhash.xxh3_64_intdigest(view[start:]) != header["data_hash"]:
         raise BadBatchFile(f"staged batch {name} has damaged or missing tensor bytes")
     tensors = list(_tensors(mapped, start, header["tensors"], size, name))
     return _decode(header["batch"], tensors)

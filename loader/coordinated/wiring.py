@@ -52,6 +52,8 @@ class CoordinatedEpochs:
     def epoch(self, plain: Callable[[], Iterator[Any]]) -> Iterator[Any]:
         loader = self.loader
         pin = loader.pin_memory and torch.cuda.is_available()
+        if loader.num_workers == 0:  # as torch's iterator does, before the sampler draws the order
+            torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
         batches = self.member.epoch(
             draw_order=lambda: [list(b) for b in loader.batch_sampler],
             plain=plain,
