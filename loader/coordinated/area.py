@@ -20,6 +20,7 @@ import numpy as np
 
 from loader.cache._locks import LockTimeout, forget_writer, writer_alive, writer_id
 from loader.cache._private import open_private, private_dir
+from loader.coordinated._order import read_order, write_order
 from loader.coordinated._state import ACTIVE, CLAIMED, EMPTY, FREE, READY, UNCLAIMED, State
 
 __all__ = ["DONE", "WAIT", "Area", "LockTimeout"]
@@ -168,7 +169,7 @@ class Area:
         """Under the lock: epoch ``epoch``'s batches (lists of indices) made the group's order."""
         if len(batches) != self.num_batches:
             raise ValueError(f"the sampler gave {len(batches)} batches, not the group's {self.num_batches}")
-        _write_order(self.path / f"order-{epoch}", batches)
+        write_order(self.path / f"order-{epoch}", batches)
         self.free_consumed(state)
         base = epoch * self.num_batches
         for g in range(base, base + self.num_batches):
@@ -181,7 +182,7 @@ class Area:
             os.unlink(self.path / f"order-{epoch - 2}")
 
     def order(self, epoch: int) -> list[list[int]]:
-        return _read_order(self.path / f"order-{epoch}", self.num_batches)
+        return read_order(self.path / f"order-{epoch}", self.num_batches)
 
     def claim(self, m: int, limit: int) -> int:
         """A batch below ``limit`` for member ``m``'s process to prepare, or WAIT (none inside the window
@@ -235,27 +236,3 @@ class Area:
 
     def window(self) -> int:
         return self._window
-
-
-def _write_order(path: Path, batches: list[list[int]]) -> None:
-    offsets = np.cumsum([0] + [len(b) for b in batches], dtype=np.int64)
-    flat = np.fromiter((i for b in batches for i in b), dtype=np.int64, count=int(offsets[-1]))
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(np.int64(len(batches)).tobytes() + offsets.tobytes() + flat.tobytes())
-
-
-def _read_order(path: Path, num_batches: int) -> list[list[int]]:
-    fd = open_private(path.parent, path.name, os.O_RDONLY)
-    with os.fdopen(fd, "rb") as f:
-        raw = np.frombuffer(f.read(), dtype=np.int64)
-    if (
-        len(raw) < num_batches + 2
-        or raw[0] != num_batches
-        or raw[num_batches + 1] != len(raw) - num_batches - 2
-    ):
-        raise ValueError(f"the group's order file {path} is damaged")
-    offsets, flat = raw[1 : num_batches + 2], raw[num_batches + 2 :]
-    return [flat[offsets[b] : offsets[b + 1]].tolist() for b in range(num_batches)]
