@@ -6,7 +6,7 @@ from loader._pil import PilBuild, pil_build
 from loader.cache import CacheInfo, MinIOCache
 from loader.cache._layout import index_bytes
 from loader.cache._private import open_private
-from loader.coordinated import Coordination, CoordinationStats, CoordinationWarning
+from loader.coordinated import Coordination, CoordinationStats, CoordinationWarning, PrepFailed
 from loader.dataloader import DataLoader
 from loader.datasets import SKIPPED, ArrowDataset, ImageFolder, LMDBDataset, SourceDataset
 from loader.decode import EvalTransform, TrainTransform
@@ -42,6 +42,7 @@ __all__ = [
     "LoaderStats",
     "MinIOCache",
     "PilBuild",
+    "PrepFailed",
     "SourceDataset",
     "SourceError",
     "Source",

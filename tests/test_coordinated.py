@@ -216,3 +216,24 @@ def test_a_stale_area_left_by_a_crashed_group_is_removed_at_the_next_start(tmp_p
     )
     assert done.returncode == 0, done.stderr
     assert '"batches_consumed": 12' in done.stdout and not list(shm_dir.iterdir())
+
+
+class BadSample(Indexed):
+    def __getitem__(self, i: int):
+        if i == 13:
+            raise OSError("sample 13 is unreadable")
+        return super().__getitem__(i)
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_batch_that_cannot_be_prepared_raises_its_error_instead_of_waiting(shm_dir, workers):
+    options = loader.Coordination(group="bad", staging_dir=str(shm_dir))
+    dl = loader.DataLoader(BadSample(N), batch_size=8, num_workers=workers, coordinate=options)
+    with pytest.raises((OSError, loader.PrepFailed), match="sample 13 is unreadable") as raised:
+        list(dl)
+    if workers:  # prepared in a worker: the error names the batch and its samples
+        assert "batch 1 of epoch 0" in str(raised.value) and "13" in str(raised.value)
+    del dl, raised
+    gc.collect()
+    assert not list(shm_dir.iterdir())

@@ -17,6 +17,7 @@ __all__ = [
     "CLAIMED",
     "DETACHED",
     "EMPTY",
+    "FAILED",
     "FREE",
     "MAX_MEMBERS",
     "PENDING",
@@ -27,7 +28,7 @@ __all__ = [
 
 MAGIC, VERSION, MAX_MEMBERS = b"SBGROUP1", 1, 64
 EMPTY, ACTIVE, PENDING, DETACHED = 0, 1, 2, 3  # a member's status
-FREE, UNCLAIMED, CLAIMED, READY = 0, 1, 2, 3  # a slot's state
+FREE, UNCLAIMED, CLAIMED, READY, FAILED = 0, 1, 2, 3, 4  # a slot's state
 
 HEADER = np.dtype(
     [("magic", "S8"), ("version", "<u4"), ("num_batches", "<u4"), ("window", "<u4"), ("pad", "<u4"),

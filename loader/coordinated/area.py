@@ -21,7 +21,7 @@ import numpy as np
 from loader.cache._locks import LockTimeout, forget_writer, writer_alive, writer_id
 from loader.cache._private import open_private, private_dir
 from loader.coordinated._order import read_order, write_order
-from loader.coordinated._state import ACTIVE, CLAIMED, EMPTY, FREE, READY, UNCLAIMED, State
+from loader.coordinated._state import ACTIVE, CLAIMED, EMPTY, FAILED, FREE, READY, UNCLAIMED, State
 
 __all__ = ["DONE", "WAIT", "Area", "LockTimeout"]
 
@@ -122,8 +122,9 @@ class Area:
             slot = state.slots[k]
             if slot["state"] == CLAIMED and self.alive(int(slot["writer"]), int(slot["gen"])):
                 continue  # a late preparer still writes it: removed at its publish
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path / f"b-{int(slot['g'])}")
+            for name in (self.batch_file(int(slot["g"])), self.error_file(int(slot["g"]))):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name)
             slot["state"] = FREE
 
     def join(self, state: State, status: int, position: int) -> int:
@@ -211,6 +212,27 @@ class Area:
 
     def batch_file(self, g: int) -> Path:
         return self.path / f"b-{g}"
+
+    def error_file(self, g: int) -> Path:
+        return self.path / f"e-{g}"
+
+    def failed_batch(self, g: int, message: str) -> None:
+        """Batch ``g`` could not be prepared: every job that reaches it raises ``message``."""
+        path = self.error_file(g)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(message)
+        with self.locked() as state:
+            slot = state.slot(g)
+            if slot["g"] == g and slot["state"] == CLAIMED:
+                slot["state"] = FAILED
+
+    def failure(self, g: int) -> str:
+        fd = open_private(self.path, self.error_file(g).name, os.O_RDONLY)
+        with os.fdopen(fd) as f:
+            return f.read(20_000)
 
     def published_batch(self, g: int, m: int, nbytes: int, cpu: float) -> None:
         """Under the lock: batch ``g`` (written to its file) is ready; member ``m``'s process made it."""

@@ -18,15 +18,29 @@ from typing import Any
 
 from loader.cache._private import open_private
 from loader.coordinated._batchfile import BadBatchFile, read_batch
-from loader.coordinated._state import ACTIVE, CLAIMED, DETACHED, EMPTY, FREE, PENDING, READY, UNCLAIMED
+from loader.coordinated._state import (
+    ACTIVE,
+    CLAIMED,
+    DETACHED,
+    EMPTY,
+    FAILED,
+    FREE,
+    PENDING,
+    READY,
+    UNCLAIMED,
+)
 from loader.coordinated.area import Area
 from loader.coordinated.options import Coordination, CoordinationStats, CoordinationWarning
 from loader.coordinated.prep import Preparer
 
-__all__ = ["Member"]
+__all__ = ["Member", "PrepFailed"]
 
 _REAP_EVERY = 0.5  # seconds between liveness checks of a job that waits: a dead job is seen this fast
 _UNCLAIMED_WAIT = 1.0  # seconds a needed batch may stay unclaimed before the main process prepares it
+
+
+class PrepFailed(RuntimeError):
+    """A batch of the group could not be prepared (the message has the preparer's error): no job gets it."""
 
 
 class Member:
@@ -132,6 +146,12 @@ class Member:
             if state.members[self.row]["status"] != ACTIVE:
                 return self._go_alone("the group detached it: it fell behind by more than its staged batches")
             slot = state.slot(g)
+            if slot["g"] == g and slot["state"] == FAILED:
+                epoch, b = divmod(g, self.area.num_batches)
+                raise PrepFailed(
+                    f"coordinate: batch {b} of epoch {epoch} (samples {self.area.order(epoch)[b]}) could not "
+                    f"be prepared, in {self.area.failure(g)}"
+                )
             if slot["g"] == g and slot["state"] == READY:
                 batch = self._read(g)
                 if batch is not None:

@@ -7,8 +7,10 @@ the job's epoch has nothing left to claim, so a worker never waits on the main p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+import traceback
 from typing import Any
 
 import torch.utils.data
@@ -44,12 +46,21 @@ class Preparer(torch.utils.data.Dataset):
                 time.sleep(pause)
                 pause = min(pause * 2, _IDLE_PAUSE[1])
                 continue
-            self.prepare(g)
+            with contextlib.suppress(Exception):  # staged as failed: each job raises it when it gets there
+                self.prepare(g)
             made, pause = made + 1, _IDLE_PAUSE[0]
         return made
 
     def prepare(self, g: int) -> None:
         """Fetch, collate and stage batch ``g`` (claimed by this process)."""
+        try:
+            self._prepare(g)
+        except BaseException as exc:
+            where = f"pid {os.getpid()}"
+            self.area.failed_batch(g, f"{where}: {''.join(traceback.format_exception(exc)).rstrip()}")
+            raise
+
+    def _prepare(self, g: int) -> None:
         start = time.process_time()
         epoch, b = divmod(g, self.area.num_batches)
         indices = self._order(epoch)[b]
