@@ -9,15 +9,17 @@ fetch stall shows. Elsewhere it says plainly that it could not, and runs at the 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from stallbench.analysis.request import AnalysisRequest, CacheSpec
 from stallbench.analysis.results import LoaderReport
 from stallbench.conditions.storage import probe_storage_conditions
 from stallbench.jobs.kinds import KINDS, NAMES
 
-__all__ = ["DEMO_BPS", "demo_request", "describe", "epoch_table", "format_table"]
+__all__ = ["DEMO_BPS", "concurrent_hint", "demo_request", "describe", "epoch_table", "format_table"]
 
 DEMO_BPS = 75_000_000  # a network filesystem: reading what half a cache misses takes about a decode
 _NEEDED = ("memory_limit", "read_throttle", "page_cache_eviction")
@@ -58,6 +60,17 @@ def describe(req: AnalysisRequest, out=sys.stdout) -> None:
         f"comparing {' and '.join(k.label for k in KINDS.values())}: {req.epochs} epochs per run ...",
         file=out,
         flush=True,
+    )
+
+
+def concurrent_hint(req: AnalysisRequest) -> str:
+    """The next step for many jobs at once: the demo runs one job per loader, a hyper-parameter search runs
+    several on the same data, and ours share their prepared batches (``compare --jobs``)."""
+    command = f"stallbench compare --jobs 3 --data {req.data}"
+    if req.data_dir != Path("stallbench-data"):
+        command += f" --data-dir {shlex.quote(str(req.data_dir))}"
+    return (
+        f"several jobs at once, as in a hyper-parameter search? Ours share each prepared batch:\n  {command}"
     )
 
 

@@ -29,14 +29,17 @@ _PREFETCH = 2  # torch's default prefetch_factor: batches each worker keeps read
 Progress = Callable[[int, int], None]
 
 
-def prepare(req: AnalysisRequest, kinds: Sequence[str], progress: Progress | None = None) -> RunPlan:
+def prepare(
+    req: AnalysisRequest, kinds: Sequence[str], progress: Progress | None = None, cold: bool = True
+) -> RunPlan:
     """Generate a named workload if needed, size the cache, check and size the storage condition.
 
-    ``progress(done, total)`` is told how the generation of a named workload goes."""
+    ``progress(done, total)`` is told how the generation of a named workload goes. ``cold=False``: no run
+    will evict the page cache (``compare --jobs`` runs warm), so data on a memory filesystem will do."""
     data = _materialise(req, progress)
     size, samples = _dataset_size(data)
     cache = round(req.cache * size.device_bytes) if isinstance(req.cache, CacheSpec) else req.cache
-    _check_conditions(req, data)
+    _check_conditions(req, data, cold)
     workload = Workload(
         data=str(data),
         dataset_bytes=size.device_bytes,
@@ -140,14 +143,14 @@ def _hidden(path: Path, root: Path) -> bool:
     return any(part.startswith(".") for part in path.relative_to(root).parts)
 
 
-def _check_conditions(req: AnalysisRequest, data: Path) -> None:
+def _check_conditions(req: AnalysisRequest, data: Path, cold: bool) -> None:
     problems = probe_storage_conditions(data)
     wanted = {"read_throttle": req.storage_bytes_per_s, "memory_limit": req.memory}
     for key, asked in wanted.items():
         if asked is not None and problems[key] is not None:
             option = "--storage-bandwidth" if key == "read_throttle" else "--memory-limit"
             raise StorageConditionUnavailable(f"{option} cannot be enforced here: {problems[key]}")
-    if problems["page_cache_eviction"] is not None:
+    if cold and problems["page_cache_eviction"] is not None:
         raise StorageConditionUnavailable(
             f"the cold run cannot evict the page cache: {problems['page_cache_eviction']}"
         )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from stallbench.cli import _args as types
@@ -94,6 +94,12 @@ def _add_analysis(sub: argparse._SubParsersAction) -> None:
     _workload(compare)
     _own_command(compare)
     compare.add_argument("--loaders", type=_kinds, default=NAMES, help="comma-separated, baseline first")
+    compare.add_argument(
+        "--jobs",
+        type=types.positive_int,
+        metavar="N",
+        help="N >= 2: run N jobs at once per loader (ours sharing prepared batches), not the three runs",
+    )
 
 
 def _add_simulate(sub: argparse._SubParsersAction) -> None:
@@ -141,6 +147,21 @@ def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             parser.error(f"no folder to write {str(path)!r} into")
 
 
+def _concurrent(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]) -> bool:
+    """Whether this is ``compare --jobs N`` with N >= 2; a usage error for what it cannot take."""
+    jobs = getattr(args, "jobs", None)
+    if jobs is not None and command:
+        parser.error("--jobs runs copies of a generated workload and takes no command after --")
+    if jobs is None or jobs < 2:
+        return False
+    from stallbench.cli.jobs import UNSUPPORTED
+
+    given = [option for name, option in UNSUPPORTED.items() if getattr(args, name) is not None]
+    if given:
+        parser.error(f"--jobs cannot be combined with {', '.join(given)} yet")
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = make_parser()
     own, command = split_command(sys.argv[1:] if argv is None else argv)
@@ -148,12 +169,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     _check_outputs(parser, args)
     if command and args.command not in ("analyze", "compare"):
         parser.error(f"{args.command} takes no command after --")
+    if _concurrent(parser, args, command):
+        from stallbench.cli.jobs import run_concurrent_compare
+
+        return _interruptible(run_concurrent_compare, args)
     if command:
         return run_user_analysis(args, command)
     if args.command == "analyze" and args.loader is None:
         args.loader = CACHED
     commands = {"analyze": run_analysis, "compare": run_analysis, "simulate": run_simulate, "demo": run_demo}
+    return _interruptible(commands[args.command], args)
+
+
+def _interruptible(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     try:
-        return commands[args.command](args)
+        return command(args)
     except KeyboardInterrupt:  # before a command's own handler (e.g. while the demo imports torch)
         return interrupted(args)

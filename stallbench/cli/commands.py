@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from stallbench.analysis.analyze import analyze, prepare
+from stallbench.analysis.phases import RunPlan
 from stallbench.analysis.request import AnalysisRequest
 from stallbench.analysis.results import LoaderReport
 from stallbench.conditions.cgroup import StorageConditionUnavailable
@@ -15,6 +16,7 @@ from stallbench.conditions.cgroup import StorageConditionUnavailable
 __all__ = [
     "Progress",
     "interrupted",
+    "prepare_data",
     "report_outputs",
     "run_analysis",
     "run_demo",
@@ -47,8 +49,7 @@ def analyse_and_report(
 ) -> int:
     """Prepare (usage errors: 2), run with progress, print and write what was done (even when interrupted)."""
     try:
-        with Progress(args, "generating data", unit="image") as bar:
-            plan = prepare(req, kinds, progress=bar.to)  # generation and the --memory-limit auto probe
+        plan = prepare_data(args, req, kinds)  # generation and the --memory-limit auto probe
     except (StorageConditionUnavailable, ValueError) as exc:
         say_error(args.command, exc)
         return 2
@@ -67,6 +68,14 @@ def analyse_and_report(
         return 1
     report_outputs(args, reports, by_epoch)
     return 0
+
+
+def prepare_data(
+    args: argparse.Namespace, req: AnalysisRequest, kinds: Sequence[str], cold: bool = True
+) -> RunPlan:
+    """:func:`~stallbench.analysis.analyze.prepare`, with a progress bar while a workload is generated."""
+    with Progress(args, "generating data", unit="image") as bar:
+        return prepare(req, kinds, progress=bar.to, cold=cold)
 
 
 def interrupted(
@@ -152,7 +161,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from stallbench.demo import demo_request, describe
+    from stallbench.demo import concurrent_hint, demo_request, describe
 
     try:
         req, kinds = demo_request(args)
@@ -160,4 +169,7 @@ def run_demo(args: argparse.Namespace) -> int:
         say_error("demo", exc)
         return 2
     describe(req)
-    return analyse_and_report(args, req, kinds, by_epoch=True)
+    code = analyse_and_report(args, req, kinds, by_epoch=True)
+    if code == 0:
+        print(concurrent_hint(req))
+    return code

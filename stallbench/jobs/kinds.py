@@ -33,7 +33,8 @@ class LoaderKind:
 
 
 def _torch(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> tuple[Any, Stats]:
-    """torch's own DataLoader; our dataset and a timed collate only time the stages, as in ours."""
+    """torch's own DataLoader; our dataset and a timed collate only time the stages, as in ours. It has no
+    group: N torch jobs are N independent loaders, each preparing every batch (``coordinate`` ignored)."""
     import torch
 
     import loader
@@ -45,12 +46,21 @@ def _torch(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> 
 
 
 def _cached(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> tuple[Any, Stats]:
-    """Our DataLoader, with the job's cache."""
+    """Our DataLoader, with the job's cache, sharing its prepared batches with its group when it has one.
+
+    The group's staging area goes in the cache's folder: a run that makes a private one for its jobs
+    (``compare --jobs``) removes both with it, even after killing jobs that could not leave the group."""
     import loader
 
+    coordinate = False
+    if job.coordinate:
+        coordinate = loader.Coordination(
+            group=job.coordinate, min_members=job.group_size, staging_dir=job.cache_dir
+        )
     dl = loader.DataLoader(
-        dataset, collate_fn=collate, cache_bytes=job.cache_bytes, cache_dir=job.cache_dir, **common
-    )
+        dataset, collate_fn=collate, cache_bytes=job.cache_bytes, cache_dir=job.cache_dir,
+        coordinate=coordinate, **common,
+    )  # fmt: skip
     return dl, dl.stats
 
 

@@ -23,7 +23,15 @@ from typing import Any
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.jobs.spec import WorkloadJob
 
-__all__ = ["JobFailed", "child_env", "job_tmpdir", "run_job", "run_workload", "scratch_cache_dir"]
+__all__ = [
+    "JobFailed",
+    "StartedJob",
+    "child_env",
+    "job_tmpdir",
+    "run_job",
+    "run_workload",
+    "scratch_cache_dir",
+]
 
 REPO = Path(__file__).resolve().parents[2]  # the folder that holds this checkout's stallbench and loader
 _TAIL = 2_000  # characters of a failed job's stderr kept in the error
@@ -73,7 +81,50 @@ def run_job(
         where = " inside the cgroup" if limits is not None else ""
         what = f"{' '.join(argv[1:-1])} ({job.loader}, {job.mode})" if job else f"{' '.join(argv[1:4])}..."
         raise JobFailed(f"{what} exited {done.returncode}{where}:\n{done.stderr[-_TAIL:]}")
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return _records(done.stdout)
+
+
+def _records(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+class StartedJob:
+    """A generated job started and not waited for, so that several run at once (``compare --jobs``).
+
+    It runs in a session of its own, as :func:`run_job`'s do, with a private ``TMPDIR`` that also takes its
+    stdout and stderr: files, not pipes, so no job blocks on a full pipe while the parent waits on another.
+    :meth:`stop` kills the whole session (the job and its workers), reaps it and removes that folder.
+    """
+
+    def __init__(self, job: WorkloadJob) -> None:
+        self.job, self.tmp = job, Path(job_tmpdir())
+        argv = [sys.executable, "-m", "stallbench.jobs.workload", str(job.write(self.tmp / "workload.json"))]
+        try:
+            with open(self.tmp / "stdout", "wb") as out, open(self.tmp / "stderr", "wb") as err:
+                self.proc = subprocess.Popen(
+                    argv, stdout=out, stderr=err, start_new_session=True, env=child_env(self.tmp)
+                )
+        except BaseException:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
+
+    def poll(self) -> int | None:
+        """Its exit code, or None while it runs."""
+        return self.proc.poll()
+
+    def records(self) -> list[dict]:
+        """Its per-epoch records, once it has exited; JobFailed with the end of its stderr if it failed."""
+        code = self.proc.wait()
+        if code != 0:
+            err = (self.tmp / "stderr").read_text(errors="replace")
+            raise JobFailed(f"a {self.job.loader} job exited {code}:\n{err[-_TAIL:]}")
+        return _records((self.tmp / "stdout").read_text())
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def _run_in_session(

@@ -129,7 +129,9 @@ class WorkloadJob(_JsonFile):
     ``cache_bytes`` (bytes, "auto", or None for the loader's default) and ``cache_dir`` go to a kind with our
     cache; ``transform`` is "train", "eval" or "none" (a script that calls ``workload.main(transform=...)``
     brings its own); ``mode="ingestion"`` takes one batch and then only runs the step; ``max_batches`` ends
-    each epoch after that many.
+    each epoch after that many. ``coordinate`` names a group for a kind that can share prepared batches with
+    the other jobs of the group (``compare --jobs``); its first epoch waits for ``group_size`` of them to
+    join, so jobs started together share from the first batch. A kind that cannot share ignores both.
     """
 
     loader: str
@@ -144,6 +146,8 @@ class WorkloadJob(_JsonFile):
     mode: Mode = "pipeline"
     max_batches: int | None = None
     seed: int = 0
+    coordinate: str | None = None
+    group_size: int = 1
 
     def __post_init__(self) -> None:
         check_kind(self.loader)
@@ -153,6 +157,10 @@ class WorkloadJob(_JsonFile):
         _check_choice("mode", self.mode, _MODES)
         if not (self.cache_bytes in (None, "auto") or _is_int(self.cache_bytes)):
             raise ValueError(f"cache_bytes must be bytes, 'auto' or None, got {self.cache_bytes!r}")
+        if not (self.coordinate is None or (isinstance(self.coordinate, str) and self.coordinate)):
+            raise ValueError(f"coordinate must be a group name or None, got {self.coordinate!r}")
+        if not (_is_int(self.group_size) and self.group_size >= 1):
+            raise ValueError(f"group_size must be a positive int, got {self.group_size!r}")
 
 
 def _is_int(value: object) -> bool:

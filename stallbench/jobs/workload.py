@@ -6,7 +6,9 @@ transform of its own; ``JOB.json`` holds a :class:`~stallbench.jobs.spec.Workloa
 through the compute model (``compute``); ``mode="ingestion"`` takes one batch and then only runs the step,
 the differential method's first run. Storage bytes and CPU seconds are the process tree's
 (``stallbench.jobs.counters``: the job and its workers); every loader kind is instrumented the same way
-(stage times come from the dataset and a timed collate in either loader).
+(stage times come from the dataset and a timed collate in either loader). Each epoch's ``start_time`` and
+``end_time`` are read from ``time.monotonic()``, one clock for every process of the machine, so jobs run at
+once can be lined up (``compare --jobs``); a loader in a group adds its ``coordination`` figures.
 
 The step is measured the same way in every run: it runs from a batch's arrival to the next ``__next__``, and
 that includes freeing the previous batch (the loop variable lets go of it), which for a batch a worker sent
@@ -79,7 +81,7 @@ def run_epochs(
     prof = profile(dl)
     for epoch in range(1, epochs + 1):
         before = (_stat_values(stats), storage_read_bytes(), cpu_seconds())
-        start, batches, samples = time.perf_counter(), 0, 0
+        start_time, start, batches, samples = time.monotonic(), time.perf_counter(), 0, 0
         for batch in prof:
             if step is not None:
                 step(batch)
@@ -88,11 +90,14 @@ def run_epochs(
                 break
         seconds = time.perf_counter() - start
         record = {"epoch": epoch, "seconds": seconds, "batches": batches, "samples": samples}
+        record.update(start_time=start_time, end_time=time.monotonic())
         record.update(_profile_fields(prof, last=epoch == epochs))
         record["storage_bytes"] = storage_read_bytes() - before[1]
         record["cpu_seconds"] = cpu_seconds() - before[2]
         after = _stat_values(stats)
         record.update({k: after[k] - before[0][k] for k in _STAT_DELTAS if k in after})
+        if after.get("coordination") is not None:
+            record["coordination"] = after["coordination"]  # the job's totals so far, not the epoch's
         if "hits" in record:
             reads = record["hits"] + record["misses"]
             record["hit_rate"] = record["hits"] / reads if reads else 0.0

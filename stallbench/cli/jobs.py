@@ -1,0 +1,66 @@
+"""``compare --jobs N`` (N >= 2): N concurrent jobs per loader instead of the differential runs.
+
+Exit codes as for the other commands: 2 for a usage error, 1 when a job fails (the loaders done so far are
+still printed and written), 130 on Ctrl-C (every job's session killed first, and what was done written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from stallbench.analysis.concurrent import ConcurrentRun, run_concurrent
+from stallbench.analysis.results import Workload
+from stallbench.cli.commands import Progress, prepare_data, request_from, say_error
+from stallbench.conditions.cgroup import StorageConditionUnavailable
+
+__all__ = ["UNSUPPORTED", "run_concurrent_compare"]
+
+# options the concurrent comparison cannot honour yet: it runs warm, without cgroups, and draws nothing
+UNSUPPORTED = {"storage_bandwidth": "--storage-bandwidth", "memory_limit": "--memory-limit", "plot": "--plot"}
+
+
+def run_concurrent_compare(args: argparse.Namespace) -> int:
+    """Prepare the workload (usage errors: 2), run each loader's jobs with progress, print and write."""
+    try:
+        plan = prepare_data(args, request_from(args), args.loaders, cold=False)
+    except (StorageConditionUnavailable, ValueError) as exc:
+        say_error(args.command, exc)
+        return 2
+    except KeyboardInterrupt:
+        return _interrupted(args, None, [])
+    runs: list[ConcurrentRun] = []
+    try:
+        with Progress(args, f"{args.jobs} jobs at once", unit="loader", total=len(args.loaders)) as bar:
+            for run in run_concurrent(plan, args.loaders, args.jobs, on_step=bar.step):
+                runs.append(run)
+    except KeyboardInterrupt:
+        return _interrupted(args, plan.workload, runs)
+    except (RuntimeError, OSError, ValueError) as exc:
+        say_error(args.command, exc)
+        _outputs(args, plan.workload, runs)
+        return 1
+    _outputs(args, plan.workload, runs)
+    return 0
+
+
+def _interrupted(args: argparse.Namespace, workload: Workload | None, runs: Sequence[ConcurrentRun]) -> int:
+    """Ctrl-C: say so, write the loaders done so far, exit code 130."""
+    done = "; writing what was measured so far" if runs else ""
+    print(f"stallbench {args.command}: interrupted{done}", file=sys.stderr)
+    if workload is not None:
+        _outputs(args, workload, runs)
+    return 130
+
+
+def _outputs(args: argparse.Namespace, workload: Workload, runs: Sequence[ConcurrentRun]) -> None:
+    """Print the tables and write the JSON, for whatever loaders are done."""
+    if not runs:
+        return
+    from stallbench.report.concurrent import format_concurrent, write_concurrent_json
+
+    print(format_concurrent(runs, workload))
+    if args.json is not None:
+        write_concurrent_json(runs, workload, args.json)
+        print(f"JSON written to {args.json}")
