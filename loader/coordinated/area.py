@@ -189,26 +189,23 @@ class Area:
         """A batch below ``limit`` for member ``m``'s process to prepare, or WAIT (none inside the window
         now) or DONE (none left: the rest are ready or being prepared by live processes)."""
         with self.locked() as state:
-            if state.members[m]["status"] != ACTIVE:
+            row = state.members[m]
+            if row["status"] != ACTIVE or row["position"] >= limit:  # left, or past that epoch
                 return DONE
             floor = state.floor()
             end = min(limit, (state.published + 1) * self.num_batches)
-            waiting = False
-            for g in range(max(floor, end - 2 * self.num_batches), end):
-                slot = state.slot(g)
-                if slot["g"] != g:
+            gs, states = state.slots["g"], state.slots["state"]
+            open_ = (gs >= floor) & (gs < end) & ((states == UNCLAIMED) | (states == CLAIMED))
+            for k in np.flatnonzero(open_)[np.argsort(gs[open_], kind="stable")]:
+                slot, g = state.slots[k], int(gs[k])
+                if slot["state"] == CLAIMED and self.alive(int(slot["writer"]), int(slot["gen"])):
                     continue
-                claimable = slot["state"] == UNCLAIMED or (
-                    slot["state"] == CLAIMED and not self.alive(int(slot["writer"]), int(slot["gen"]))
-                )
-                if claimable and g >= floor + self._window:
-                    waiting = True
-                    break
-                if claimable:
-                    slot["writer"], slot["gen"] = self.me()
-                    slot["state"], slot["member"] = CLAIMED, m
-                    return g
-            return WAIT if waiting else DONE
+                if g >= floor + self._window:
+                    return WAIT
+                slot["writer"], slot["gen"] = self.me()
+                slot["state"], slot["member"] = CLAIMED, m
+                return g
+            return DONE
 
     def batch_file(self, g: int) -> Path:
         return self.path / f"b-{g}"
