@@ -12,6 +12,7 @@ from loader.datasets import SKIPPED, ArrowDataset, ImageFolder, LMDBDataset, Sou
 from loader.decode import EvalTransform, TrainTransform
 from loader.errors import BadRecordError, SourceError
 from loader.files import CachedFiles
+from loader.partition import Partition
 from loader.sources import (
     ArrowSource,
     FileTreeSource,
@@ -41,6 +42,7 @@ __all__ = [
     "LMDBSource",
     "LoaderStats",
     "MinIOCache",
+    "Partition",
     "PilBuild",
     "PrepFailed",
     "SourceDataset",

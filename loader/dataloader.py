@@ -21,6 +21,9 @@ from loader.coordinated import Coordination
 from loader.coordinated.options import coordination_from
 from loader.coordinated.wiring import CoordinatedEpochs
 from loader.datasets import SKIPPED, SourceDataset
+from loader.partition import Partition
+from loader.partition.options import partition_from
+from loader.partition.wiring import PartitionedCache, check_partition_args
 from loader.stats import LoaderStats, StatsBoard
 
 __all__ = ["DataLoader"]
@@ -46,6 +49,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
       coordinate: True, a group name or a ``loader.Coordination``: jobs on this machine that read the same
         data in the same way prepare each batch once and share it (docs/how-to/hyperparameter-search.md);
         ``stats().coordination`` says what this job prepared, consumed and saved.
+      partition_cache: True or a ``loader.Partition``: under torch.distributed with a DistributedSampler,
+        each node caches its share of the records and sends it to the other nodes ahead of need, so N
+        nodes cache N times as much (docs/how-to/multi-node.md); ``stats()`` splits bytes into cache,
+        peers and source.
     With any other dataset it behaves exactly like PyTorch's DataLoader.
     """
 
@@ -74,6 +81,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         on_error: Literal["raise", "skip"] = "raise",
         readahead: int = 4,
         coordinate: bool | str | Coordination = False,
+        partition_cache: bool | Partition = False,
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -82,14 +90,24 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         coordination = coordination_from(coordinate)
         transform, user_collate = getattr(dataset, "transform", None), collate_fn
         board = StatsBoard(num_workers if isinstance(num_workers, int) and num_workers > 0 else 0)
-        cache, self._cache_sizing = None, ""
+        cache, self._cache_sizing, self._partition = None, "", None
         if isinstance(dataset, SourceDataset):
             cache, self._cache_sizing = _open_cache(dataset, cache_bytes, cache_dir)
-            dataset = dataset.bind(cache=cache, board=board, on_error=on_error, readahead=readahead)
+            depth = (num_workers or 1) * (prefetch_factor or 2) + 2  # batches a rank may hold received
+            ahead = depth * (batch_size or 1)
+            self._partition = _open_partition(
+                partition_cache, dataset, cache, cache_dir, (sampler, batch_sampler), ahead
+            )
+            peers = self._partition.peers if self._partition is not None else None
+            dataset = dataset.bind(
+                cache=cache, board=board, on_error=on_error, readahead=readahead, peers=peers
+            )
             batched = batch_sampler is not None or batch_size is not None
             collate_fn = TimedCollate(
                 collate_fn or (default_collate if batched else default_convert), board, batched
             )
+        elif partition_from(partition_cache) is not None:
+            raise ValueError(f"partition_cache needs a source-backed dataset, not {type(dataset).__name__}")
         elif cache_bytes is not None:
             warnings.warn(
                 f"cache_bytes is ignored: {type(dataset).__name__} is not a source-backed dataset "
@@ -146,6 +164,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._board.ensure_workers(self.num_workers)
         if self.num_workers == 0:
             self._board.start_storage_count()
+        if self._partition is not None:
+            self._partition.start_epoch(self.sampler, self.batch_size, self.drop_last)
         if self._coordinated is not None:
             return self._coordinated.epoch(self._plain_iter)
         return self._plain_iter()
@@ -173,6 +193,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         )
         if self._coordinated is not None:
             totals = dataclasses.replace(totals, coordination=self._coordinated.member.stats())
+        if self._partition is not None:
+            totals = dataclasses.replace(totals, partition=self._partition.stats())
         return totals
 
     def state_dict(self) -> dict[str, Any]:
@@ -234,6 +256,17 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     def _generators(self) -> dict[str, Any]:
         return {"loader": self.generator, "sampler": getattr(self.sampler, "generator", None)}
+
+
+def _open_partition(
+    value: Any, dataset: SourceDataset, cache: MinIOCache | None, cache_dir: Any, samplers: tuple, ahead: int
+) -> PartitionedCache | None:
+    """The partitioned cache's part of this rank (``partition_cache=``), or None."""
+    options = partition_from(value)
+    if options is None:
+        return None
+    check_partition_args(cache, *samplers)
+    return PartitionedCache(options, dataset, cache, cache_dir, ahead)
 
 
 def _open_cache(

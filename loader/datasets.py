@@ -18,6 +18,7 @@ from loader._readahead import ReadAhead
 from loader.cache import CorruptRecordError, MinIOCache
 from loader.decode import make_transform
 from loader.errors import BadRecordError
+from loader.partition.peers import PeerRecords
 from loader.sources import ArrowSource, ImageFolderSource, LMDBSource, Source
 from loader.stats import StatsBoard
 
@@ -49,6 +50,7 @@ class _Fetched(NamedTuple):
     seconds: float
     corrupt: bool = False  # the cache held it but failed its check: read from the source instead
     memory_pause: bool = False  # the cache began a pause in admission because memory was short
+    peer: bool = False  # sent by the node that caches it (partitioned cache)
 
 
 class _BatchCost:
@@ -71,6 +73,7 @@ class SourceDataset(Dataset):
         self._board: StatsBoard | None = None
         self._on_error: OnError = "raise"
         self._readahead: ReadAhead | None = None
+        self._peers: PeerRecords | None = None
         self._spent = _BatchCost()
 
     def __len__(self) -> int:
@@ -100,13 +103,21 @@ class SourceDataset(Dataset):
         return samples
 
     def bind(
-        self, *, cache: MinIOCache | None, board: StatsBoard, on_error: OnError, readahead: int = 0
+        self,
+        *,
+        cache: MinIOCache | None,
+        board: StatsBoard,
+        on_error: OnError,
+        readahead: int = 0,
+        peers: PeerRecords | None = None,
     ) -> SourceDataset:
         """A copy that reads through ``cache``, reports into ``board``, treats bad records per on_error,
-        and fetches ``readahead`` records at a time on threads (0: one by one, as torch does)."""
+        fetches ``readahead`` records at a time on threads (0: one by one, as torch does), and takes the
+        records other nodes cache from ``peers`` (a partitioned cache)."""
         bound = copy.copy(self)
         bound._cache, bound._board, bound._on_error = cache, board, on_error
         bound._readahead = ReadAhead(readahead) if readahead else None
+        bound._peers = peers
         return bound
 
     def _sample(self, index: int, fetched: Callable[[], _Fetched]) -> Any:
@@ -124,6 +135,12 @@ class SourceDataset(Dataset):
     def _fetch(self, index: int) -> _Fetched:
         """Thread-safe: reads and admits, counts nothing."""
         start = time.perf_counter()
+        peers = self._peers
+        if peers is not None and not peers.local(index):  # another node caches it: it sends it ahead
+            raw = peers.take(index)
+            if raw is not None:
+                return _Fetched(raw, False, False, time.perf_counter() - start, peer=True)
+            return _Fetched(self.source.read(index), False, False, time.perf_counter() - start)
         cache, corrupt = self._cache, False
         try:
             raw = cache.get(index) if cache is not None else None
@@ -143,6 +160,9 @@ class SourceDataset(Dataset):
         if got.hit:
             self._count("hits", 1)
             self._count("bytes_from_cache", size)
+        elif got.peer:
+            self._count("peer_hits", 1)
+            self._count("bytes_from_peers", size)
         else:
             self._count("misses", 1)
             self._count("bytes_from_source", size)

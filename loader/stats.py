@@ -24,6 +24,8 @@ FIELDS = (
     "bytes_from_cache",
     "bytes_from_source",
     "bytes_from_storage",
+    "bytes_from_peers",
+    "peer_hits",
     "records_admitted",
     "records_skipped",
     "records_corrupt",
@@ -58,7 +60,10 @@ class LoaderStats:
     ``records_cached`` is what the shared cache holds, from any job. ``records_corrupt`` counts cached records
     that failed their bounds or checksum check: each was read from the source instead, never served.
     ``memory_pauses`` counts the times a process stopped admitting for a while because memory was short.
-    ``cache_sizing`` says how ``cache_bytes="auto"`` chose the capacity (empty for an explicit size).
+    With ``partition_cache``, ``bytes_from_peers`` / ``peer_hits`` are the records other nodes' caches sent
+    (the three sources of bytes: ``bytes_from_cache``, ``bytes_from_peers``, ``bytes_from_source``), and
+    ``partition`` has the exchange's own counts. ``cache_sizing`` says how ``cache_bytes="auto"`` chose
+    the capacity (empty for an explicit size).
     """
 
     hits: int = 0
@@ -66,6 +71,8 @@ class LoaderStats:
     bytes_from_cache: int = 0
     bytes_from_source: int = 0
     bytes_from_storage: int = 0
+    bytes_from_peers: int = 0
+    peer_hits: int = 0
     records_admitted: int = 0
     records_skipped: int = 0
     records_corrupt: int = 0
@@ -80,6 +87,7 @@ class LoaderStats:
     cache_capacity: int = 0
     cache_sizing: str = ""
     coordination: CoordinationStats | None = None
+    partition: dict[str, int] | None = None
 
     @property
     def hit_rate(self) -> float:

@@ -1,0 +1,125 @@
+"""The exchange between nodes, on ``torch.distributed`` (its own gloo group), in the ranks' main processes.
+
+Driven by the epoch's order, which every rank knows in advance (``plan``): a node's leader runs one sender
+thread per rank of another node, and walks that rank's batches in order, sending for each batch the records
+its node owns (from its cache, or from storage, admitting them); each rank runs one receiver thread per other
+node, and stages what arrives in its inbox for its workers, at most ``ahead`` records at a time, so the
+exchange runs ahead of need while the training step runs. A message is the records' sizes (int64), then
+their bytes (uint8). A send or receive that fails or passes the group's timeout marks that peer gone: the
+receiver says so to the workers (``Inbox.mark_gone``), who then read its records from storage.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from loader.partition.inbox import Inbox
+from loader.partition.plan import Layout
+
+__all__ = ["Exchange", "Plan"]
+
+
+class Plan:
+    """One epoch's chunks between one pair of ranks; ``abandoned`` once the receiving loop left the epoch."""
+
+    def __init__(self, chunks: list[list[int]]) -> None:
+        self.chunks = chunks
+        self.abandoned = False
+
+
+class Exchange:
+    """The threads of this rank; ``start_epoch`` hands each its part of an epoch."""
+
+    def __init__(
+        self, group: Any, layout: Layout, inbox: Inbox, read_owned: Callable[[int], bytes], ahead: int
+    ) -> None:
+        self.group, self.layout, self.inbox, self.ahead = group, layout, inbox, ahead
+        self.read_owned = read_owned
+        self.gone: set[int] = set()  # nodes (receiving side) and ranks (sending side) found gone
+        self.counts = {"bytes_received": 0, "records_received": 0, "bytes_sent": 0, "records_sent": 0}
+        self._lock = threading.Lock()
+        self._senders = {q: queue.Queue() for q in self._clients()}
+        self._receivers = {n: queue.Queue() for n in range(layout.nodes) if n != layout.node}
+        self._current: list[Plan] = []
+        for q, plans in self._senders.items():
+            threading.Thread(target=self._send_loop, args=(q, plans), daemon=True, name=f"send-r{q}").start()
+        for n, plans in self._receivers.items():
+            threading.Thread(
+                target=self._receive_loop, args=(n, plans), daemon=True, name=f"recv-n{n}"
+            ).start()
+
+    def _clients(self) -> list[int]:
+        """Ranks this rank serves: every rank of another node, if this rank leads its node."""
+        lay = self.layout
+        return [q for q in range(len(lay.node_of)) if lay.node_of[q] != lay.node] if lay.leads else []
+
+    def start_epoch(self, batches_of_rank: Callable[[int], list[list[int]]]) -> None:
+        """Queue an epoch: ``batches_of_rank(r)`` is rank r's batches, the same on every rank."""
+        for plan in self._current:
+            plan.abandoned = True  # a loop that left its epoch early: what is still sent is dropped
+        lay = self.layout
+        for q, plans in self._senders.items():
+            plans.put(Plan([[i for i in b if lay.owner(i) == lay.node] for b in batches_of_rank(q)]))
+        mine = batches_of_rank(lay.rank)
+        self._current = [Plan([[i for i in b if lay.owner(i) == n] for b in mine]) for n in self._receivers]
+        for plan, plans in zip(self._current, self._receivers.values(), strict=True):
+            plans.put(plan)
+
+    def _send_loop(self, q: int, plans: queue.Queue) -> None:
+        try:
+            while True:
+                for chunk in plans.get().chunks:
+                    if chunk:
+                        self._send(q, [self.read_owned(i) for i in chunk])
+        except Exception:  # the peer is gone or timed out: it reads our records from storage
+            self.gone.add(q)
+
+    def _send(self, q: int, records: list[bytes]) -> None:
+        sizes = torch.tensor([len(r) for r in records], dtype=torch.int64)
+        payload = torch.frombuffer(bytearray(b"".join(records)), dtype=torch.uint8)
+        dist.send(sizes, dst=q, group=self.group)
+        if len(payload):
+            dist.send(payload, dst=q, group=self.group)
+        self._add(bytes_sent=len(payload), records_sent=len(records))
+
+    def _receive_loop(self, node: int, plans: queue.Queue) -> None:
+        leader = self.layout.leader(node)
+        try:
+            while True:
+                plan = plans.get()
+                for chunk in plan.chunks:
+                    if chunk:
+                        self._wait_for_room(plan)
+                        self._receive(leader, chunk, plan)
+        except Exception:
+            self.gone.add(node)
+            self.inbox.mark_gone(node)
+
+    def _wait_for_room(self, plan: Plan) -> None:
+        while not plan.abandoned and self.inbox.waiting() >= self.ahead:
+            threading.Event().wait(0.002)
+
+    def _receive(self, leader: int, chunk: list[int], plan: Plan) -> None:
+        sizes = torch.empty(len(chunk), dtype=torch.int64)
+        dist.recv(sizes, src=leader, group=self.group)
+        payload = torch.empty(int(sizes.sum()), dtype=torch.uint8)
+        if len(payload):
+            dist.recv(payload, src=leader, group=self.group)
+        if plan.abandoned:
+            return
+        view, at = memoryview(payload.numpy()), 0
+        for index, size in zip(chunk, sizes.tolist(), strict=True):
+            self.inbox.put(index, view[at : at + size])
+            at += size
+        self._add(bytes_received=at, records_received=len(chunk))
+
+    def _add(self, **amounts: int) -> None:
+        with self._lock:
+            for key, amount in amounts.items():
+                self.counts[key] += amount

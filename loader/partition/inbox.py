@@ -1,0 +1,100 @@
+"""A rank's inbox: records its node's peers sent ahead of need, one file each, for its workers to take.
+
+The exchange thread of the rank's main process writes record ``i`` as ``p-<i>-<k>`` (``k``: the first
+free number, as a batch may hold ``i`` twice), made whole under a temporary name and linked into place. A
+worker that needs ``i`` takes any ``p-<i>-*`` by renaming it to a name of its own, so no two workers take
+the same file. Each file is an xxh3-64 of the record then the record; a file that fails it is not used.
+A peer found gone leaves ``gone-<node>``: workers stop waiting for its records and read them from storage.
+The folder is private to this user and removed with the loader.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import struct
+import tempfile
+import time
+from pathlib import Path
+
+import xxhash
+
+from loader.cache._private import open_private
+
+__all__ = ["Inbox"]
+
+_DIGEST = struct.Struct("<Q")
+_MAX_COPIES = 8  # a record sent to one rank at most this many times before its worker takes it
+_DAMAGED = object()
+
+
+class Inbox:
+    """The folder at ``path``; ``Inbox.make(parent, rank)`` creates a fresh one."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def make(cls, parent: Path, rank: int) -> Inbox:
+        return cls(Path(tempfile.mkdtemp(prefix=f"peers-r{rank}-", dir=parent)))
+
+    def put(self, index: int, record: bytes | memoryview) -> None:
+        """Stage ``record`` for a worker (called by the exchange thread)."""
+        tmp = self.path / f".t-{index}-{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(_DIGEST.pack(xxhash.xxh3_64_intdigest(record)))
+            f.write(record)
+        try:
+            for k in range(_MAX_COPIES):
+                with contextlib.suppress(FileExistsError):
+                    os.link(tmp, self.path / f"p-{index}-{k}")
+                    return
+        finally:
+            os.unlink(tmp)
+
+    def take(self, index: int, owner: int, timeout: float) -> bytes | None:
+        """Record ``index`` once it is here; None when its node is gone, ``timeout`` seconds pass, or the
+        file fails its check (the caller reads the record from storage)."""
+        deadline, pause = time.monotonic() + timeout, 0.0002
+        while True:
+            record = self._take_now(index)
+            if record is _DAMAGED:
+                return None
+            if record is not None:
+                return record
+            if self.gone(owner) or time.monotonic() > deadline:
+                return None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
+
+    def _take_now(self, index: int) -> bytes | object | None:
+        mine = f".w-{os.getpid()}-{index}"
+        for k in range(_MAX_COPIES):
+            try:
+                os.rename(self.path / f"p-{index}-{k}", self.path / mine)
+            except FileNotFoundError:
+                continue
+            fd = open_private(self.path, mine, os.O_RDONLY)
+            with os.fdopen(fd, "rb") as f:
+                raw = f.read()
+            os.unlink(self.path / mine)
+            if len(raw) >= _DIGEST.size and _DIGEST.unpack_from(raw)[0] == xxhash.xxh3_64_intdigest(raw[8:]):
+                return raw[_DIGEST.size :]
+            return _DAMAGED
+        return None
+
+    def waiting(self) -> int:
+        """Records staged and not yet taken."""
+        with os.scandir(self.path) as entries:
+            return sum(1 for e in entries if e.name.startswith("p-"))
+
+    def mark_gone(self, node: int) -> None:
+        (self.path / f"gone-{node}").touch(mode=0o600)
+
+    def gone(self, node: int) -> bool:
+        return os.path.lexists(self.path / f"gone-{node}")
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)

@@ -1,0 +1,103 @@
+"""A DataLoader's partitioned cache, in its main process: the group, the nodes, the inbox, the exchange."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import threading
+import warnings
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from torch.utils.data import DistributedSampler
+
+from loader.cache import CorruptRecordError, MinIOCache
+from loader.cache._private import private_dir
+from loader.partition.exchange import Exchange
+from loader.partition.inbox import Inbox
+from loader.partition.options import Partition
+from loader.partition.peers import PeerRecords
+from loader.partition.plan import Layout, batches_of
+
+__all__ = ["PartitionedCache", "check_partition_args"]
+
+
+def check_partition_args(cache: MinIOCache | None, sampler: Any, batch_sampler: Any) -> None:
+    """What ``partition_cache`` needs, checked before anything is made."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            "partition_cache needs torch.distributed: start the job with torchrun and call "
+            "torch.distributed.init_process_group() before making the DataLoader"
+        )
+    if cache is None:
+        raise ValueError("partition_cache needs a cache: set cache_bytes (each node caches its share)")
+    if batch_sampler is not None or not isinstance(sampler, DistributedSampler):
+        raise ValueError(
+            "partition_cache needs sampler=DistributedSampler(...) (and no batch_sampler): every node "
+            "computes the others' order from it, ahead of need"
+        )
+
+
+class PartitionedCache:
+    """This rank's part: ``peers`` goes to the workers; ``start_epoch`` before each epoch."""
+
+    def __init__(
+        self, options: Partition, dataset: Any, cache: MinIOCache, cache_dir: str | os.PathLike, ahead: int
+    ) -> None:
+        self.source, self.cache = dataset.source, cache
+        self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=options.timeout))
+        places: list[Any] = [None] * dist.get_world_size(self.group)
+        place = (socket.gethostname(), os.path.realpath(cache_dir))
+        dist.all_gather_object(places, place, group=self.group)
+        self.layout = Layout.from_places(places, dist.get_rank(self.group))
+        parent = private_dir(Path(cache_dir), f"stallbench-{os.geteuid()}")
+        self.inbox = Inbox.make(parent, self.layout.rank)
+        self.peers = PeerRecords(self.layout, self.inbox, options.timeout)
+        self.read_to_serve = 0  # bytes this rank read from storage to send to other nodes
+        self._lock = threading.Lock()
+        ahead = options.ahead or ahead  # per other node
+        self.exchange = Exchange(
+            self.group, self.layout, self.inbox, self._read_owned, ahead * (self.layout.nodes - 1)
+        )
+        self._said_gone: set[int] = set()
+        weakref.finalize(self, self.inbox.remove)
+
+    def start_epoch(self, sampler: DistributedSampler, batch_size: int, drop_last: bool) -> None:
+        self._say_gone()
+        self.exchange.start_epoch(lambda rank: batches_of(sampler, rank, batch_size, drop_last))
+
+    def _read_owned(self, index: int) -> bytes:
+        """A record this node owns, for another node: from the cache, or from storage (then admitted)."""
+        try:
+            raw = self.cache.get(index)
+        except CorruptRecordError:
+            raw = None
+        if raw is None:
+            raw, _ = self.source.read_admitting(index, lambda r: self.cache.admit(index, r))
+            with self._lock:
+                self.read_to_serve += len(raw)
+        return raw
+
+    def _say_gone(self) -> None:
+        for peer in sorted(self.exchange.gone - self._said_gone):
+            self._said_gone.add(peer)
+            warnings.warn(
+                f"partition_cache: peer {peer} is gone; its records are read from storage",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    def stats(self) -> dict[str, int]:
+        """The exchange's counts for this rank, with the nodes it sees."""
+        with self._lock:
+            read = self.read_to_serve
+        return {
+            "nodes": self.layout.nodes,
+            "node": self.layout.node,
+            **self.exchange.counts,
+            "bytes_read_to_serve": read,
+            "peers_gone": len(self.exchange.gone),
+        }

@@ -1,0 +1,62 @@
+"""One rank of a partitioned-cache job, as a DDP script runs it: ``python _partition_job.py CONFIG.json``.
+
+Started by torchrun (or with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set). Each rank reads an image
+folder as raw bytes through ``loader.DataLoader(partition_cache=...)`` with its own cache folder (its own
+"node"), and prints ``batch <epoch> <k>`` per batch (tests time kills by it), then one JSON line per epoch:
+the SHA-256 of every record it got, in order, and the change of its stats over the epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+from torch.utils.data import DistributedSampler
+
+import loader
+
+COUNTS = ("bytes_from_cache", "bytes_from_peers", "bytes_from_source", "hits", "peer_hits", "misses")
+
+
+def main(config: dict) -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    dataset = loader.ImageFolder(config["data"], transform=None)
+    sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+    dl = loader.DataLoader(
+        dataset,
+        batch_size=config.get("batch", 8),
+        sampler=sampler,
+        num_workers=config.get("workers", 1),
+        cache_bytes=config["cache_bytes"],
+        cache_dir=f"{config['cache_root']}/node{rank}",
+        partition_cache=loader.Partition(timeout=config.get("timeout", 20.0)),
+    )
+    before = dl.stats()
+    for epoch in range(config["epochs"]):
+        sampler.set_epoch(epoch)
+        digests = []
+        for k, (raw, _) in enumerate(dl):
+            print(f"batch {epoch} {k}", flush=True)
+            digests += [hashlib.sha256(r).hexdigest() for r in raw]
+            time.sleep(config.get("step", 0.0))
+        after = dl.stats()
+        delta = {key: getattr(after, key) - getattr(before, key) for key in COUNTS}
+        delta.update({f"partition_{k}": v for k, v in after.partition.items()})
+        print(json.dumps({"rank": rank, "epoch": epoch, "digests": digests, "stats": delta}), flush=True)
+        before = after
+    info = dataclasses.asdict(dl.cache.info())
+    print(json.dumps({"rank": rank, "cache": {k: v for k, v in info.items() if k != "path"}}), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main(json.loads(Path(sys.argv[1]).read_text()))

@@ -1,0 +1,128 @@
+"""The partitioned cache's parts in one process: who owns what, each rank's order, the inbox, the refusals.
+(Several ranks on loopback: test_partition_jobs.py.)"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+import loader
+from loader.partition.inbox import Inbox
+from loader.partition.plan import Layout, batches_of, chunks_for
+from tests.helpers import make_jpeg_folder
+
+
+def test_ranks_at_one_place_are_one_node_and_records_are_dealt_round_robin():
+    layout = Layout.from_places([("a", "/c"), ("a", "/c"), ("b", "/c"), ("a", "/d")], rank=1)
+    assert layout.node_of == (0, 0, 1, 2) and layout.nodes == 3 and layout.node == 0
+    assert [layout.owner(i) for i in range(6)] == [0, 1, 2, 0, 1, 2]
+    assert layout.leader(0) == 0 and not layout.leads and Layout.from_places(["x", "y"], 1).leads
+    assert [layout.local(i) for i in range(4)] == [True, False, False, True]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_every_rank_computes_each_ranks_batches_as_that_rank_draws_them(drop_last):
+    dataset = list(range(50))
+    mine = DistributedSampler(dataset, num_replicas=3, rank=0, shuffle=True, seed=7)
+    mine.set_epoch(4)
+    for rank in range(3):
+        theirs = DistributedSampler(dataset, num_replicas=3, rank=rank, shuffle=True, seed=7)
+        theirs.set_epoch(4)
+        expected = [list(b) for b in torch.utils.data.BatchSampler(theirs, 4, drop_last)]
+        assert batches_of(mine, rank, 4, drop_last) == expected
+    assert mine.rank == 0  # its own sampler is left as it was
+
+
+def test_a_server_sends_each_batch_the_records_its_node_owns():
+    layout = Layout.from_places(["a", "b"], rank=0)
+    assert chunks_for([[0, 1, 2], [3, 5], [4]], layout, server_node=1) == [[1], [3, 5], []]
+
+
+def test_the_inbox_hands_each_record_to_one_taker_whole(tmp_path):
+    inbox = Inbox.make(tmp_path, rank=0)
+    inbox.put(7, b"seven")
+    inbox.put(7, memoryview(b"seven"))  # a batch that holds record 7 twice gets it twice
+    assert inbox.waiting() == 2
+    assert inbox.take(7, owner=1, timeout=1) == b"seven" and inbox.take(7, owner=1, timeout=1) == b"seven"
+    assert inbox.waiting() == 0
+    inbox.remove()
+    assert not inbox.path.exists()
+
+
+def test_the_inbox_refuses_a_damaged_record(tmp_path):
+    inbox = Inbox.make(tmp_path, rank=0)
+    inbox.put(3, b"three")
+    path = inbox.path / "p-3-0"
+    path.write_bytes(path.read_bytes()[:-1] + b"E")
+    assert inbox.take(3, owner=1, timeout=5) is None
+
+
+def test_the_inbox_stops_waiting_when_the_owner_is_gone_or_at_the_timeout(tmp_path):
+    inbox = Inbox.make(tmp_path, rank=0)
+    start = time.monotonic()
+    assert inbox.take(1, owner=1, timeout=0.2) is None
+    assert 0.2 <= time.monotonic() - start < 5
+    inbox.mark_gone(1)
+    start = time.monotonic()
+    assert inbox.take(1, owner=1, timeout=60) is None and time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [(dict(timeout=0), "timeout"), (dict(timeout=True), "timeout"), (dict(ahead=0), "ahead")],
+)
+def test_bad_partition_options_are_named(options, message):
+    with pytest.raises(ValueError, match=message):
+        loader.Partition(**options)
+
+
+def test_partition_cache_outside_torch_distributed_says_what_it_needs(tmp_path, shm_dir):
+    dataset = loader.ImageFolder(str(make_jpeg_folder(tmp_path / "images")), transform=None)
+    with pytest.raises(ValueError, match="torchrun"):
+        loader.DataLoader(dataset, cache_bytes=1 << 20, cache_dir=shm_dir, partition_cache=True)
+    with pytest.raises(ValueError, match="partition_cache must be"):
+        loader.DataLoader(dataset, cache_bytes=1 << 20, cache_dir=shm_dir, partition_cache="yes")
+    with pytest.raises(ValueError, match="source-backed"):
+        loader.DataLoader(list(range(4)), partition_cache=True)
+
+
+@pytest.fixture
+def one_rank():
+    """torch.distributed with this process as its only rank (gloo on loopback)."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_under_torch_distributed_it_needs_a_distributed_sampler_and_a_cache(
+    tmp_path, shm_dir, one_rank
+):
+    dataset = loader.ImageFolder(str(make_jpeg_folder(tmp_path / "images")), transform=None)
+    with pytest.raises(ValueError, match="DistributedSampler"):
+        loader.DataLoader(dataset, cache_bytes=1 << 20, cache_dir=shm_dir, partition_cache=True)
+    with pytest.raises(ValueError, match="cache_bytes"):
+        loader.DataLoader(dataset, sampler=DistributedSampler(dataset), partition_cache=True)
+
+
+def test_one_node_alone_reads_through_its_cache_as_without_partitioning(tmp_path, shm_dir, one_rank):
+    root = make_jpeg_folder(tmp_path / "images")
+    dataset = loader.ImageFolder(str(root), transform=None)
+    sampler = DistributedSampler(dataset, shuffle=True, seed=3)
+    dl = loader.DataLoader(dataset, batch_size=2, sampler=sampler, cache_bytes=1 << 20, cache_dir=shm_dir,
+                           partition_cache=True)  # fmt: skip
+    files = sorted(p.read_bytes() for p in root.rglob("*.jpg"))
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        assert sorted(r for raw, _ in dl for r in raw) == files
+    stats = dl.stats()
+    assert stats.hits == len(files) and stats.bytes_from_peers == 0 and stats.partition["nodes"] == 1
