@@ -29,13 +29,15 @@ def main(config: dict) -> None:
     rank = dist.get_rank()
     dataset = loader.ImageFolder(config["data"], transform=None)
     sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+    cache_dir = Path(config["cache_root"]) / f"node{rank}"
+    cache_dir.mkdir(mode=0o700, exist_ok=True)
     dl = loader.DataLoader(
         dataset,
         batch_size=config.get("batch", 8),
         sampler=sampler,
         num_workers=config.get("workers", 1),
         cache_bytes=config["cache_bytes"],
-        cache_dir=f"{config['cache_root']}/node{rank}",
+        cache_dir=cache_dir,
         partition_cache=loader.Partition(timeout=config.get("timeout", 20.0)),
     )
     before = dl.stats()
@@ -53,6 +55,9 @@ def main(config: dict) -> None:
         before = after
     info = dataclasses.asdict(dl.cache.info())
     print(json.dumps({"rank": rank, "cache": {k: v for k, v in info.items() if k != "path"}}), flush=True)
+    if config.get("end") == "exit":  # a node was killed: no barrier with it, and no goodbye
+        sys.stdout.flush()
+        os._exit(0)
     dist.barrier()
     dist.destroy_process_group()
 

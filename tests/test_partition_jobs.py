@@ -1,0 +1,154 @@
+"""The partitioned cache across processes on loopback, each with its own cache folder as a node has: ranks of
+one torchrun, two torchrun agents (``--nnodes 2``), and a node killed mid-epoch."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from torch.utils.data import DistributedSampler
+
+import loader
+from loader.cache._layout import index_bytes
+from tests.helpers import make_jpeg_folder
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
+
+JOB = Path(__file__).with_name("_partition_job.py")
+REPO = JOB.parent.parent
+RECORDS = 200
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> tuple[Path, list[bytes]]:
+    root = make_jpeg_folder(tmp_path_factory.mktemp("data") / "images", per_class=RECORDS // 2, classes=2)
+    source = loader.ImageFolder(str(root), transform=None).source
+    return root, [source.read(i) for i in range(len(source))]
+
+
+def config_file(tmp_path: Path, **config) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *args]
+
+
+def results(out: str) -> tuple[dict[tuple[int, int], dict], dict[int, dict]]:
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    epochs = {(r["rank"], r["epoch"]): r for r in lines if "epoch" in r}
+    return epochs, {r["rank"]: r["cache"] for r in lines if "cache" in r}
+
+
+def expected(records: list[bytes], world: int, rank: int, epoch: int) -> list[str]:
+    sampler = DistributedSampler(records, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    sampler.set_epoch(epoch)
+    return [hashlib.sha256(records[i]).hexdigest() for i in sampler]
+
+
+def test_two_nodes_cache_twice_as_much_and_send_each_other_their_records(tmp_path, data, shm_dir):
+    root, records = data
+    dataset_bytes = sum(map(len, records))
+    share = dataset_bytes // 4  # each node caches a quarter: the two hold half the dataset
+    cfg = config_file(tmp_path, data=str(root), cache_root=str(shm_dir), epochs=3, workers=1,
+                      cache_bytes=index_bytes(RECORDS) + share)  # fmt: skip
+    argv = torchrun("--nproc-per-node", "2", "--master-port", str(free_port()), str(JOB), str(cfg))
+    done = subprocess.run(argv, env=env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    epochs, caches = results(done.stdout)
+    for (rank, epoch), r in epochs.items():
+        assert r["digests"] == expected(records, 2, rank, epoch)  # every record whole, in the rank's order
+        theirs = [i for i in sampler_order(records, rank, epoch) if i % 2 != rank]
+        assert r["stats"]["bytes_from_peers"] == sum(len(records[i]) for i in theirs)
+    for rank in (0, 1):
+        received = [epochs[rank, e]["stats"]["partition_bytes_received"] for e in range(3)]
+        assert received[-1] == sum(epochs[rank, e]["stats"]["bytes_from_peers"] for e in range(3))
+    floor = max(0, dataset_bytes - 2 * share)
+    for epoch in (1, 2):
+        storage = sum(storage_bytes(epochs, rank, epoch) for rank in (0, 1))
+        assert abs(storage - floor) <= 0.02 * dataset_bytes, (storage, floor)
+    assert all(c["full"] for c in caches.values())
+    assert not [p for p in shm_dir.rglob("peers-*")]  # each rank's inbox goes with it
+
+
+def sampler_order(records: list[bytes], rank: int, epoch: int) -> list[int]:
+    sampler = DistributedSampler(records, num_replicas=2, rank=rank, shuffle=True, seed=0)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def storage_bytes(epochs: dict, rank: int, epoch: int) -> int:
+    """What rank read from storage in ``epoch``: for its own batches, and to send to the other node."""
+    stats = epochs[rank, epoch]["stats"]
+    served = (
+        stats["partition_bytes_read_to_serve"]
+        - epochs[rank, epoch - 1]["stats"]["partition_bytes_read_to_serve"]
+    )
+    return stats["bytes_from_source"] + served
+
+
+def test_two_torchrun_agents_rendezvous_on_localhost_as_two_nodes(tmp_path, data, shm_dir):
+    root, records = data
+    cfg = config_file(tmp_path, data=str(root), cache_root=str(shm_dir), epochs=2, workers=1,
+                      cache_bytes=index_bytes(RECORDS) + sum(map(len, records)))  # fmt: skip
+    rdzv = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "partition-test"]  # fmt: skip
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv = torchrun(*rdzv, str(JOB), str(cfg))
+    agents = [subprocess.Popen(argv, env=env(), cwd=tmp_path, **pipes) for _ in range(2)]
+    outs = [agent.communicate(timeout=300) for agent in agents]
+    assert all(agent.returncode == 0 for agent in agents), [err[-2000:] for _, err in outs]
+    epochs, _ = results("\n".join(out for out, _ in outs))
+    assert set(epochs) == {(r, e) for r in (0, 1) for e in (0, 1)}
+    for (rank, epoch), r in epochs.items():
+        assert r["digests"] == expected(records, 2, rank, epoch)
+        assert r["stats"]["bytes_from_peers"] > 0 and r["stats"]["partition_nodes"] == 2
+    assert epochs[0, 1]["stats"]["bytes_from_source"] == epochs[1, 1]["stats"]["bytes_from_source"] == 0
+
+
+def test_a_node_killed_mid_epoch_the_others_finish_from_storage_within_the_timeout(tmp_path, data, shm_dir):
+    root, records = data
+    whole = index_bytes(RECORDS) + sum(map(len, records))
+    cfg = config_file(tmp_path, data=str(root), cache_root=str(shm_dir), epochs=2, workers=1, timeout=5,
+                      step=0.05, cache_bytes=whole, end="exit")  # fmt: skip
+    port = free_port()
+    ranks = []
+    for rank in range(3):
+        rank_env = {**env(), "RANK": str(rank), "WORLD_SIZE": "3", "LOCAL_RANK": "0",
+                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+        ranks.append(subprocess.Popen([sys.executable, str(JOB), str(cfg)], env=rank_env, cwd=tmp_path,
+                                      text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))  # fmt: skip
+    victim = ranks[2]
+    while victim.stdout.readline().strip() != "batch 0 1":
+        pass
+    victim.send_signal(signal.SIGKILL)
+    victim.communicate()
+    start = time.monotonic()
+    outs = [proc.communicate(timeout=120) for proc in ranks[:2]]
+    assert all(proc.returncode == 0 for proc in ranks[:2]), [err[-2000:] for _, err in outs]
+    assert time.monotonic() - start < 60
+    epochs, _ = results("\n".join(out for out, _ in outs))
+    for rank in (0, 1):  # the second epoch needs the dead node's records: they come from storage
+        for epoch in (0, 1):
+            assert epochs[rank, epoch]["digests"] == expected(records, 3, rank, epoch)  # none lost or damaged
+    assert any("read from storage" in err for _, err in outs)
