@@ -82,7 +82,11 @@ class Exchange:
 
     def _send(self, q: int, records: list[bytes]) -> None:
         sizes = torch.tensor([len(r) for r in records], dtype=torch.int64)
-        payload = torch.frombuffer(bytearray(b"".join(records)), dtype=torch.uint8)
+        payload = torch.empty(int(sizes.sum()), dtype=torch.uint8)
+        view, at = payload.numpy(), 0
+        for record in records:  # one copy into the message
+            view[at : at + len(record)] = memoryview(record)
+            at += len(record)
         dist.send(sizes, dst=q, group=self.group)
         if len(payload):
             dist.send(payload, dst=q, group=self.group)

@@ -1,0 +1,108 @@
+"""Partitioned cache: two emulated nodes each cache half the dataset; together they cache all of it.
+
+3,000 JPEG records of 112 KiB (0.34 GB), read as raw bytes (``ImageFolder(transform=None)``: the loader is
+fetch-bound), batch 32, 2 persistent workers per rank. One torchrun of 2 ranks, each rank with its own cache
+folder (its own node) and a cache of half the dataset, the whole run in one cgroup whose reads from the disk
+are throttled to 200 MB/s (shared storage, as a network filesystem is). Before each epoch the dataset's pages
+are dropped from the page cache (a dataset far larger than memory). Two runs: ``partition_cache=True`` and
+independent caches (``False``), alternating. Storage bytes: what the kernel read from the disk for the ranks
+and their workers. Targets, over the epochs after the first: partitioned storage bytes per epoch <= 2% of the
+dataset (independent caches read about half of it); epoch time reported against independent caches.
+
+    python -m pytest benchmarks/bench_partition.py -p no:cacheprovider --benchmark-enable -s
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from loader.cache._layout import index_bytes
+from stallbench.conditions.cgroup import StorageLimits
+from stallbench.conditions.storage import data_size, probe_storage_conditions
+from stallbench.demo import format_table
+from stallbench.jobs.run import child_env, job_tmpdir, scratch_cache_dir
+from stallbench.workloads import make_jpeg_folder
+
+SCRIPT = Path(__file__).with_name("_partition_job.py")
+RECORDS, RECORD_BYTES, EPOCHS, ROUNDS = 3000, 114688, 4, 3
+READ_BPS = 200_000_000
+MAX_STORAGE_SHARE = 0.02
+
+
+@pytest.fixture(scope="module")
+def data(bench_data_root: Path) -> Path:
+    path = make_jpeg_folder(bench_data_root / f"jpeg-{RECORDS}x{RECORD_BYTES}", num_images=RECORDS,
+                            record_bytes=RECORD_BYTES)  # fmt: skip
+    problems = {k: v for k, v in probe_storage_conditions(path).items() if v is not None}
+    if problems:
+        pytest.fail(f"the storage conditions cannot be set up here: {problems}", pytrace=False)
+    return path
+
+
+def run(data: Path, partition: bool) -> list[dict]:
+    """One torchrun of two ranks inside the throttled cgroup; every rank's epochs."""
+    dataset_bytes = data_size(data.glob("*/*.jpg")).record_bytes
+    cache_root, tmp = scratch_cache_dir(), job_tmpdir()
+    config = {"data": str(data), "cache_root": str(cache_root), "epochs": EPOCHS, "partition": partition,
+              "cache_bytes": index_bytes(RECORDS) + dataset_bytes // 2}  # fmt: skip
+    (Path(tmp) / "config.json").write_text(json.dumps(config))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    argv = [*torchrun, "--master-port", str(port), str(SCRIPT), str(Path(tmp) / "config.json")]
+    try:
+        with StorageLimits(read_bps=READ_BPS, device_path=data) as limits:
+            done = limits.run(argv, capture_output=True, text=True, timeout=900, env=child_env(tmp))
+    finally:
+        shutil.rmtree(cache_root, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    if done.returncode != 0:
+        pytest.fail(f"the torchrun exited {done.returncode}:\n{done.stderr[-3000:]}", pytrace=False)
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def per_epoch(lines: list[dict], field: str, combine) -> list[float]:
+    return [combine(r[field] for r in lines if r["epoch"] == e) for e in range(EPOCHS)]
+
+
+def test_partitioned_cache_two_nodes(benchmark, data: Path) -> None:
+    dataset_bytes = data_size(data.glob("*/*.jpg")).record_bytes
+    runs: dict[bool, list[list[dict]]] = {True: [], False: []}
+
+    def one_round() -> None:
+        for partition in (True, False) if len(runs[True]) % 2 == 0 else (False, True):
+            runs[partition].append(run(data, partition))
+
+    benchmark.pedantic(one_round, rounds=ROUNDS)
+    while len(runs[True]) < ROUNDS:  # benchmarks disabled: pedantic ran one round
+        one_round()
+    rows, shares, ratios = [], {True: [], False: []}, []
+    for k in range(ROUNDS):
+        epoch_s = {p: per_epoch(runs[p][k], "seconds", max) for p in runs}
+        for p in (True, False):
+            storage = per_epoch(runs[p][k], "storage_bytes", sum)
+            shares[p] += [b / dataset_bytes for b in storage[1:]]
+            for e in range(EPOCHS):
+                rows.append([k, "partitioned" if p else "independent", e + 1, f"{epoch_s[p][e]:.2f}",
+                             f"{storage[e] / 1e6:.1f}", f"{storage[e] / dataset_bytes:.1%}"])  # fmt: skip
+        ratios.append(statistics.median(epoch_s[False][1:]) / statistics.median(epoch_s[True][1:]))
+    worst = max(shares[True])
+    benchmark.extra_info.update(
+        partitioned_share=shares[True], independent_share=shares[False], speedup=ratios
+    )
+    print(f"\ntwo nodes, cache 50% each, storage 200 MB/s, D = {dataset_bytes / 1e6:.0f} MB")
+    print(format_table(["round", "caches", "epoch", "seconds", "storage MB", "of D"], rows))
+    independent = f"{min(shares[False]):.1%}-{max(shares[False]):.1%}"
+    print(f"storage per epoch after the first: partitioned at most {worst:.2%} of D "
+          f"(target <= {MAX_STORAGE_SHARE:.0%}), independent {independent}")  # fmt: skip
+    print(f"epoch time, independent / partitioned (median of epochs 2-{EPOCHS}), per round: "
+          + ", ".join(f"{r:.2f}" for r in ratios))  # fmt: skip
+    assert worst <= MAX_STORAGE_SHARE, f"partitioned caches read {worst:.2%} of the dataset in an epoch"
