@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -25,6 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
 JOB = Path(__file__).with_name("_partition_job.py")
 REPO = JOB.parent.parent
 RECORDS = 200
+PIPES = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def free_port() -> int:
@@ -152,3 +155,34 @@ def test_a_node_killed_mid_epoch_the_others_finish_from_storage_within_the_timeo
         for epoch in (0, 1):
             assert epochs[rank, epoch]["digests"] == expected(records, 3, rank, epoch)  # none lost or damaged
     assert any("read from storage" in err for _, err in outs)
+
+
+def doc_commands() -> list[str]:
+    doc = (REPO / "docs" / "how-to" / "multi-node.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", doc, flags=re.S)
+    return [line for block in blocks for line in block.splitlines()]
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_the_multi_node_how_to_commands_train_with_shared_caches(tmp_path, data, shm_dir, which):
+    root, _ = data
+    command = doc_commands()[which].replace("DIR", str(root)).replace("200M", "300K")
+    command = command.replace("HOST:29400", f"127.0.0.1:{free_port()}").removeprefix("torchrun ")
+
+    def start(cache_dir: Path, *port: str) -> subprocess.Popen:
+        argv = torchrun(*port, *shlex.split(command), "--cache-dir", str(cache_dir), "--epochs", "2")
+        return subprocess.Popen(argv, env=env(), cwd=REPO, **PIPES)
+
+    if which == 0:  # one machine, a cache folder per rank
+        runs = [start(shm_dir, "--master-port", str(free_port()))]
+    else:  # two agents, as two machines run it, each with its own cache folder
+        folders = [shm_dir / "a", shm_dir / "b"]
+        for folder in folders:
+            folder.mkdir(mode=0o700)
+        runs = [start(folder) for folder in folders]
+    outs = [run.communicate(timeout=300) for run in runs]
+    assert all(run.returncode == 0 for run in runs), [err[-2000:] for _, err in outs]
+    lines = [json.loads(line) for out, _ in outs for line in out.splitlines() if line.startswith("{")]
+    assert sorted((r["rank"], r["epoch"]) for r in lines) == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    assert all(r["bytes_from_peers"] > 0 for r in lines)
+    assert sum(r["bytes_from_cache"] for r in lines if r["epoch"] == 2) > 0
