@@ -165,7 +165,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if self.num_workers == 0:
             self._board.start_storage_count()
         if self._partition is not None:
-            self._partition.start_epoch(self.sampler, self.batch_size, self.drop_last)
+            self._partition.start_epoch(self.sampler)
         if self._coordinated is not None:
             return self._coordinated.epoch(self._plain_iter)
         return self._plain_iter()

@@ -6,12 +6,11 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 from torch.utils.data import DistributedSampler
 
 import loader
 from loader.partition.inbox import Inbox
-from loader.partition.plan import Layout, batches_of, chunks_for
+from loader.partition.plan import CHUNK, Layout, chunks_for, order_of
 from tests.helpers import make_jpeg_folder
 
 
@@ -23,22 +22,23 @@ def test_ranks_at_one_place_are_one_node_and_records_are_dealt_round_robin():
     assert [layout.local(i) for i in range(4)] == [True, False, False, True]
 
 
-@pytest.mark.parametrize("drop_last", [False, True])
-def test_every_rank_computes_each_ranks_batches_as_that_rank_draws_them(drop_last):
+def test_every_rank_computes_each_ranks_order_as_that_rank_draws_it():
     dataset = list(range(50))
     mine = DistributedSampler(dataset, num_replicas=3, rank=0, shuffle=True, seed=7)
     mine.set_epoch(4)
     for rank in range(3):
         theirs = DistributedSampler(dataset, num_replicas=3, rank=rank, shuffle=True, seed=7)
         theirs.set_epoch(4)
-        expected = [list(b) for b in torch.utils.data.BatchSampler(theirs, 4, drop_last)]
-        assert batches_of(mine, rank, 4, drop_last) == expected
+        assert order_of(mine, rank) == list(theirs)
     assert mine.rank == 0  # its own sampler is left as it was
 
 
-def test_a_server_sends_each_batch_the_records_its_node_owns():
+def test_a_server_sends_a_rank_the_records_its_node_owns_in_steps_of_its_order():
     layout = Layout.from_places(["a", "b"], rank=0)
-    assert chunks_for([[0, 1, 2], [3, 5], [4]], layout, server_node=1) == [[1], [3, 5], []]
+    order = list(range(CHUNK * 2 + 3))
+    chunks = chunks_for(order, layout, server_node=1)
+    assert [len(c) for c in chunks] == [CHUNK // 2, CHUNK // 2, 1]
+    assert [i for c in chunks for i in c] == [i for i in order if i % 2 == 1]
 
 
 def test_the_inbox_hands_each_record_to_one_taker_whole(tmp_path):
@@ -47,6 +47,9 @@ def test_the_inbox_hands_each_record_to_one_taker_whole(tmp_path):
     inbox.put(7, memoryview(b"seven"))  # a batch that holds record 7 twice gets it twice
     assert inbox.waiting() == 2
     assert inbox.take(7, owner=1, timeout=1) == b"seven" and inbox.take(7, owner=1, timeout=1) == b"seven"
+    assert inbox.waiting() == 0
+    inbox.put(8, b"eight")
+    inbox.clear()
     assert inbox.waiting() == 0
     inbox.remove()
     assert not inbox.path.exists()
@@ -104,9 +107,7 @@ def one_rank():
     dist.destroy_process_group()
 
 
-def test_under_torch_distributed_it_needs_a_distributed_sampler_and_a_cache(
-    tmp_path, shm_dir, one_rank
-):
+def test_under_torch_distributed_it_needs_a_distributed_sampler_and_a_cache(tmp_path, shm_dir, one_rank):
     dataset = loader.ImageFolder(str(make_jpeg_folder(tmp_path / "images")), transform=None)
     with pytest.raises(ValueError, match="DistributedSampler"):
         loader.DataLoader(dataset, cache_bytes=1 << 20, cache_dir=shm_dir, partition_cache=True)

@@ -22,7 +22,7 @@ from typing import Literal
 
 import numpy as np
 
-__all__ = ["ALGORITHMS", "Algorithm", "check_lengths", "pack"]
+__all__ = ["ALGORITHMS", "KEEPS_ORDER", "Algorithm", "algorithm_named", "check_lengths", "pack"]
 
 Algorithm = Literal["ffd", "spfhp", "nextfit"]
 Packs = list[list[int]]
@@ -47,7 +47,7 @@ def algorithm_named(algorithm: str) -> Callable[[np.ndarray, int], Packs]:
 
 
 def check_lengths(lengths: Sequence[int] | np.ndarray, max_len: int) -> np.ndarray:
-    """``lengths`` as a 1-D int64 array, each in ``1..max_len``; ``ValueError`` naming the first that is not."""
+    """``lengths`` as a 1-D int64 array, each in ``1..max_len``; ``ValueError`` naming the first not."""
     if isinstance(max_len, bool) or not isinstance(max_len, int | np.integer) or max_len < 1:
         raise ValueError(f"max_len must be a positive number of tokens, got {max_len!r}")
     array = np.asarray(lengths)
@@ -119,11 +119,11 @@ def _histogram_shapes(histogram: np.ndarray, max_len: int) -> list[tuple[int, tu
     """
     open_shapes: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
     roomiest: list[int] = []  # free-space keys, negated, for a max-heap; stale keys are skipped
-    full: list[tuple[int, tuple[int, ...]]] = []
+    closed: list[tuple[int, tuple[int, ...]]] = []
 
     def add(count: int, shape: tuple[int, ...], space: int) -> None:
         if space == 0:
-            full.append((count, shape))
+            closed.append((count, shape))
             return
         if not open_shapes.get(space):
             heapq.heappush(roomiest, -space)
@@ -135,8 +135,13 @@ def _histogram_shapes(histogram: np.ndarray, max_len: int) -> list[tuple[int, tu
             while roomiest and not open_shapes.get(-roomiest[0]):
                 heapq.heappop(roomiest)
             space = -roomiest[0] if roomiest else 0
-            if space < length:
-                add(left, (length,), max_len - length)
+            if space < length:  # no room left: new packs, each with as many of this length as fit
+                per_pack = max_len // length
+                whole, rest = divmod(left, per_pack)
+                if whole:
+                    add(whole, (length,) * per_pack, max_len - per_pack * length)
+                if rest:
+                    add(1, (length,) * rest, max_len - rest * length)
                 break
             count, shape = open_shapes[space].pop()
             taken = min(count, left)
@@ -144,7 +149,7 @@ def _histogram_shapes(histogram: np.ndarray, max_len: int) -> list[tuple[int, tu
                 open_shapes[space].append((count - taken, shape))
             add(taken, (*shape, length), space - length)
             left -= taken
-    return full + [entry for space in sorted(open_shapes) for entry in open_shapes[space]]
+    return closed + [entry for space in sorted(open_shapes) for entry in open_shapes[space]]
 
 
 def next_fit(lengths: np.ndarray, max_len: int) -> Packs:
@@ -165,3 +170,4 @@ ALGORITHMS: dict[str, Callable[[np.ndarray, int], Packs]] = {
     "spfhp": shortest_pack_first,
     "nextfit": next_fit,
 }
+KEEPS_ORDER = frozenset({"nextfit"})  # packs follow the examples' order, so a new order means new packs

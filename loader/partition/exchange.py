@@ -1,7 +1,7 @@
 """The exchange between nodes, on ``torch.distributed`` (its own gloo group), in the ranks' main processes.
 
 Driven by the epoch's order, which every rank knows in advance (``plan``): a node's leader runs one sender
-thread per rank of another node, and walks that rank's batches in order, sending for each batch the records
+thread per rank of another node, and walks that rank's order, sending for each chunk of it the records
 its node owns (from its cache, or from storage, admitting them); each rank runs one receiver thread per other
 node, and stages what arrives in its inbox for its workers, at most ``ahead`` records at a time, so the
 exchange runs ahead of need while the training step runs. A message is the records' sizes (int64), then
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from loader.partition.inbox import Inbox
-from loader.partition.plan import Layout
+from loader.partition.plan import Layout, chunks_for
 
 __all__ = ["Exchange", "Plan"]
 
@@ -59,15 +59,16 @@ class Exchange:
         lay = self.layout
         return [q for q in range(len(lay.node_of)) if lay.node_of[q] != lay.node] if lay.leads else []
 
-    def start_epoch(self, batches_of_rank: Callable[[int], list[list[int]]]) -> None:
-        """Queue an epoch: ``batches_of_rank(r)`` is rank r's batches, the same on every rank."""
+    def start_epoch(self, order_of_rank: Callable[[int], list[int]]) -> None:
+        """Queue an epoch: ``order_of_rank(r)`` is rank r's order, the same on every rank."""
         for plan in self._current:
             plan.abandoned = True  # a loop that left its epoch early: what is still sent is dropped
+        self.inbox.clear()  # records of the last epoch that no worker took (a loop left early, drop_last)
         lay = self.layout
         for q, plans in self._senders.items():
-            plans.put(Plan([[i for i in b if lay.owner(i) == lay.node] for b in batches_of_rank(q)]))
-        mine = batches_of_rank(lay.rank)
-        self._current = [Plan([[i for i in b if lay.owner(i) == n] for b in mine]) for n in self._receivers]
+            plans.put(Plan(chunks_for(order_of_rank(q), lay, lay.node)))
+        mine = order_of_rank(lay.rank)
+        self._current = [Plan(chunks_for(mine, lay, n)) for n in self._receivers]
         for plan, plans in zip(self._current, self._receivers.values(), strict=True):
             plans.put(plan)
 

@@ -90,6 +90,14 @@ class Inbox:
         with os.scandir(self.path) as entries:
             return sum(1 for e in entries if e.name.startswith("p-"))
 
+    def clear(self) -> None:
+        """Remove the records staged and not taken."""
+        with os.scandir(self.path) as entries:
+            for entry in entries:
+                if entry.name.startswith("p-"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+
     def mark_gone(self, node: int) -> None:
         (self.path / f"gone-{node}").touch(mode=0o600)
 

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 
 from torch.utils.data import DistributedSampler
 
-__all__ = ["Layout", "batches_of", "chunks_for"]
+__all__ = ["CHUNK", "Layout", "chunks_for", "order_of"]
+
+CHUNK = 32  # records of a rank's order per message: the exchange's step, whatever the batch size
 
 
 @dataclass(frozen=True)
@@ -58,16 +60,16 @@ class Layout:
         return self.leader(self.node) == self.rank
 
 
-def batches_of(sampler: DistributedSampler, rank: int, batch_size: int, drop_last: bool) -> list[list[int]]:
-    """Rank ``rank``'s batches of the sampler's current epoch, as that rank's loader will draw them."""
+def order_of(sampler: DistributedSampler, rank: int) -> list[int]:
+    """Rank ``rank``'s order of the sampler's current epoch, as that rank's sampler will draw it."""
     theirs = copy.copy(sampler)
     theirs.rank = rank
-    order = list(theirs)
-    cut = len(order) - len(order) % batch_size if drop_last else len(order)
-    return [order[k : k + batch_size] for k in range(0, cut, batch_size)]
+    return list(theirs)
 
 
-def chunks_for(batches: list[list[int]], layout: Layout, server_node: int) -> list[list[int]]:
-    """The records of each batch that ``server_node`` serves to a rank on another node (empty lists kept:
-    both sides walk the same list, one message per non-empty chunk)."""
-    return [[i for i in batch if layout.owner(i) == server_node] for batch in batches]
+def chunks_for(order: list[int], layout: Layout, server_node: int) -> list[list[int]]:
+    """The records ``server_node`` serves to a rank on another node, in that rank's order, ``CHUNK``
+    records of the order at a time (both sides walk the same list; an empty chunk is no message). The
+    whole order goes, whatever the loader's batch size or drop_last: what is left over is cleared."""
+    steps = [order[k : k + CHUNK] for k in range(0, len(order), CHUNK)]
+    return [[i for i in step if layout.owner(i) == server_node] for step in steps]

@@ -20,7 +20,7 @@ from loader.partition.exchange import Exchange
 from loader.partition.inbox import Inbox
 from loader.partition.options import Partition
 from loader.partition.peers import PeerRecords
-from loader.partition.plan import Layout, batches_of
+from loader.partition.plan import Layout, order_of
 
 __all__ = ["PartitionedCache", "check_partition_args"]
 
@@ -65,9 +65,9 @@ class PartitionedCache:
         self._said_gone: set[int] = set()
         weakref.finalize(self, self.inbox.remove)
 
-    def start_epoch(self, sampler: DistributedSampler, batch_size: int, drop_last: bool) -> None:
+    def start_epoch(self, sampler: DistributedSampler) -> None:
         self._say_gone()
-        self.exchange.start_epoch(lambda rank: batches_of(sampler, rank, batch_size, drop_last))
+        self.exchange.start_epoch(lambda rank: order_of(sampler, rank))
 
     def _read_owned(self, index: int) -> bytes:
         """A record this node owns, for another node: from the cache, or from storage (then admitted)."""

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from loader.errors import BadRecordError, SourceError
 from loader.sources._arrow_files import IpcFile, ParquetFile, binary_value, open_file, token_value
@@ -124,6 +125,15 @@ class ArrowSource(Source):
         if self._chunk[0] != k:
             self._chunk = (k, io.chunk(k, self.column))
         return self._chunk[1]
+
+    def token_lengths(self) -> np.ndarray:
+        """Every record's token count (int64; a null counts 0), from the lists' offsets: what
+        ``loader.packing`` packs by. IPC files are not read past the offsets; Parquet decodes the column."""
+        if self.kind != "tokens":
+            raise SourceError(f"{self.path!r}: column {self.column!r} is binary, not token lists")
+        chunks = (self._io().chunk(k, self.column) for k in range(len(self._starts)))
+        counts = [pc.list_value_length(chunk).fill_null(0).to_numpy() for chunk in chunks]
+        return np.concatenate([np.zeros(0, np.int64), *counts]).astype(np.int64)
 
     def label(self, index: int) -> Any:
         """The label column's value (loaded whole once per process), or None without a label column."""
