@@ -3,9 +3,13 @@ job's WorkloadJob goes to it as JSON; the counters keep what exited children use
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -130,3 +134,22 @@ def test_the_cpu_counter_keeps_a_child_that_has_exited():
     before = cpu_seconds()
     subprocess.run([sys.executable, "-c", burn], check=True)  # reaped here: no longer in the process tree
     assert cpu_seconds() - before >= 0.3
+
+
+@pytest.mark.multiproc
+def test_ctrl_c_at_any_moment_of_a_jobs_start_leaves_nothing_running() -> None:
+    """SIGINT lands at 20 moments spread over the start of a job (before, during and after its Popen)."""
+    for k in range(20):
+        timer = threading.Timer(0.002 * k, os.kill, (os.getpid(), signal.SIGINT))
+        with contextlib.suppress(KeyboardInterrupt, subprocess.TimeoutExpired):
+            timer.start()
+            run_job([sys.executable, "-c", _LEAVES_WORKER, "60"], timeout=5)
+            timer.join()  # a signal after the job's end lands here
+            time.sleep(0.01)
+        timer.join()
+        deadline = time.monotonic() + 1.0
+        while (left := _live_workers()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for proc in left:
+            proc.kill()
+        assert not left, f"a worker outlived an interrupt at {0.002 * k:.3f} s"
