@@ -195,14 +195,27 @@ def _setup_lines(first: SimulationResult) -> list[str]:
         f"{first.cache_bytes // size:,} records packed (minio), {first.cache_bytes // device:,} "
         "in pages (lru)",
         "each epoch reads every record once in a fresh random order; epoch 1 starts with empty caches",
-        "storage: device bytes (whole pages); network: the records' bytes",
+        f"storage: device bytes (whole pages){', all nodes together' if nodes > 1 else ''}; "
+        "network: the records' bytes",
     ]
     if first.scale > 1:
         lines.append(f"simulated at reduced scale: {first.simulated_records:,} records, same cache/dataset "
                      f"ratio; byte figures scaled up {first.scale:,.4g}x")  # fmt: skip
     where = " with the cache partitioned across nodes" if nodes > 1 else ""
-    lines.append(f"storage floor per epoch after the first (MinIO bound{where}): {_fmt_bytes(_floor(first))}")
+    floor = _floor(first)
+    per_node = f" ({_fmt_bytes(floor / nodes)} per node)" if nodes > 1 else ""
+    lines.append(
+        f"storage floor per epoch after the first (MinIO bound{where}): {_fmt_bytes(floor)}{per_node}"
+    )
     return lines
+
+
+def _row(r: SimulationResult, e: EpochResult) -> tuple[str, ...]:
+    """One epoch of one policy; with several nodes, its storage bytes per node beside all nodes' together."""
+    per_node = (_fmt_bytes(e.storage_bytes / r.nodes),) if r.nodes > 1 else ()
+    rates = (f"{e.hit_rate:.3f}", f"{e.local_hit_rate:.3f}", f"{e.remote_hit_rate:.3f}")
+    storage = (_fmt_bytes(e.storage_bytes), *per_node)
+    return (r.policy, str(e.epoch), *rates, *storage, _fmt_bytes(e.network_bytes))
 
 
 def format_simulation(results: SimulationResult | tuple[SimulationResult, ...]) -> str:
@@ -213,12 +226,9 @@ def format_simulation(results: SimulationResult | tuple[SimulationResult, ...]) 
     }
     if len(setups) != 1:
         raise ValueError(f"results must describe one setup, got {len(setups)}")
-    rows = [("policy", "epoch", "hit rate", "local", "remote", "storage", "network")]
-    rows += [
-        (r.policy, str(e.epoch), f"{e.hit_rate:.3f}", f"{e.local_hit_rate:.3f}", f"{e.remote_hit_rate:.3f}",
-         _fmt_bytes(e.storage_bytes), _fmt_bytes(e.network_bytes))
-        for r in results for e in r.epochs
-    ]  # fmt: skip
+    per_node = ("per node",) if results[0].nodes > 1 else ()
+    rows = [("policy", "epoch", "hit rate", "local", "remote", "storage", *per_node, "network")]
+    rows += [_row(r, e) for r in results for e in r.epochs]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     table = [
         "  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)])

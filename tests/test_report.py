@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from stallbench.analysis.nodes import nodes_what_if
 from stallbench.analysis.results import (
     SCHEMA,
     Breakdown,
@@ -79,7 +80,8 @@ def make_report(loader: str, epoch: float, fetch: float, storage: int, **changes
 
 @pytest.fixture
 def pair() -> tuple[LoaderReport, LoaderReport]:
-    return make_report("torch", 15.25, 8.0, 3 * GB // 2), make_report("cached", 9.25, 2.0, GB)
+    cached = make_report("cached", 9.25, 2.0, GB, nodes_predictions=nodes_what_if(WORKLOAD, "cached"))
+    return make_report("torch", 15.25, 8.0, 3 * GB // 2), cached
 
 
 def test_single_table_holds_the_numbers():
@@ -123,6 +125,23 @@ def test_compare_table_side_by_side_with_ratios(pair):
     assert "-33%" in text  # storage 1.5 GB -> 1 GB
     assert "advice (torch)" in text and "advice (cached)" in text
     assert max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_nodes_what_if_lines_are_the_cached_loaders_only(pair):
+    text = format_report(pair)
+    torch_part, cached_part = text.split("advice (torch)")
+    assert "nodes what-if" not in torch_part  # torch's loader has no partitioned cache
+    lines = cached_part.splitlines()
+    head = lines.index(
+        "nodes what-if (cached): predicted storage read per steady epoch, N nodes with 1.00 GB of cache each"
+    )
+    # D = 2 GB on the device, 1.5 GB of records, C = 1 GB: partitioned max(0, 1 - N C / 1.5 GB) of 2 GB,
+    # independent (1 - 1 / 1.5) of 2 GB = 666.67 MB whatever N
+    assert lines[head + 1].split() == ["nodes", "partitioned,", "all", "nodes", "per", "node", "independent,",
+                                       "all", "nodes", "per", "node"]  # fmt: skip
+    assert lines[head + 2].split() == ["1", "666.67", "MB", "666.67", "MB", "666.67", "MB", "666.67", "MB"]
+    assert lines[head + 3].split() == ["2", "0", "B", "0", "B", "666.67", "MB", "333.33", "MB"]
+    assert lines[head + 5].split() == ["8", "0", "B", "0", "B", "666.67", "MB", "83.33", "MB"]
 
 
 def test_prep_stall_row_says_level_or_the_difference(pair):
@@ -193,6 +212,15 @@ def test_json_round_trip_holds_the_schema(pair):
     assert [run["phase"] for run in cached["runs"]] == ["ingestion", "prep", "cold"]
     assert cached["runs"][2]["stage_seconds"] == {"fetch": 9.25, "decode": 18.5, "collate": 0.1}
     assert len(cached["runs"][2]["epochs"]) == 3 and len(cached["predictions"]) == 9
+    assert torch["nodes_predictions"] == []
+    assert [n["nodes"] for n in cached["nodes_predictions"]] == [1, 2, 4, 8]
+    assert cached["nodes_predictions"][1] == {
+        "nodes": 2,
+        "partitioned_storage_bytes": 0,
+        "partitioned_storage_bytes_per_node": 0,
+        "independent_storage_bytes": 666_666_667,
+        "independent_storage_bytes_per_node": 333_333_334,
+    }
     ratios = obj["ratios_to_baseline"]
     assert set(ratios) == {"cached"}
     assert ratios["cached"]["epoch_seconds"] == pytest.approx(9.25 / 15.25)

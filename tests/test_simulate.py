@@ -290,3 +290,22 @@ def test_table_refuses_mixed_setups() -> None:
     assert "minio" in format_simulation(one)
     with pytest.raises(ValueError, match="one setup"):
         format_simulation((one, other))
+
+
+def test_table_gives_storage_of_all_nodes_together_and_per_node() -> None:
+    # 4,000 records, 2 nodes of 1,000 each: partitioned, the steady epochs read the 2,000 records none holds
+    results = simulate_all(dataset_bytes=4000 * RB, cache_bytes=1000 * RB, record_bytes=RB, nodes=2, epochs=2)
+    lines = format_simulation(results).splitlines()
+    assert "storage: device bytes (whole pages), all nodes together; network: the records' bytes" in lines
+    floor = next(line for line in lines if line.startswith("storage floor"))
+    assert floor.endswith(f"across nodes): {2000 * RB / 1e6:.2f} MB ({1000 * RB / 1e6:.2f} MB per node)")
+    assert lines[lines.index("") + 1].split()[6:] == ["storage", "per", "node", "network"]
+    steady = next(line.split() for line in lines if line.startswith("minio-partitioned") and " 2 " in line)
+    assert steady[5:9] == [f"{2000 * RB / 1e6:.2f}", "MB", f"{1000 * RB / 1e6:.2f}", "MB"]
+
+
+def test_table_of_one_node_has_no_per_node_column() -> None:
+    results = simulate_all(dataset_bytes=4000 * RB, cache_bytes=1000 * RB, record_bytes=RB)
+    lines = format_simulation(results).splitlines()
+    assert "storage: device bytes (whole pages); network: the records' bytes" in lines
+    assert lines[lines.index("") + 1].split()[6:] == ["storage", "network"]

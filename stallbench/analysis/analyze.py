@@ -14,6 +14,7 @@ from statistics import fmean
 
 from stallbench.analysis import whatif
 from stallbench.analysis.measure import measure_machine
+from stallbench.analysis.nodes import nodes_what_if
 from stallbench.analysis.phases import RunPlan, breakdown, run_phases, storage_limits
 from stallbench.analysis.request import AnalysisRequest, CacheSpec, named_workload
 from stallbench.analysis.results import LoaderReport, RunRecord, Workload, steady
@@ -111,6 +112,7 @@ def _report(kind: str, w: Workload, runs: dict[str, RunRecord], machine) -> Load
         predictions=predictions,
         advice=whatif.advise(measured, predictions),
         prefetch_predictions=whatif.prefetch_what_if(measured),
+        nodes_predictions=nodes_what_if(w, kind),
     )
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "EpochRecord",
     "LoaderReport",
     "Machine",
+    "NodesPrediction",
     "OtherLoader",
     "PrefetchPrediction",
     "Prediction",
@@ -122,6 +123,18 @@ class PrefetchPrediction:
 
 
 @dataclass(frozen=True)
+class NodesPrediction:
+    """Storage bytes per steady epoch on ``nodes`` nodes, each with the measured cache: partitioned across
+    them (``partition_cache=True``) or independent; device bytes, all nodes together and per node."""
+
+    nodes: int
+    partitioned_storage_bytes: int
+    partitioned_storage_bytes_per_node: int
+    independent_storage_bytes: int
+    independent_storage_bytes_per_node: int
+
+
+@dataclass(frozen=True)
 class Roofline:
     """The data roofline: the epoch can be no faster than the slowest of these three."""
 
@@ -173,6 +186,7 @@ class LoaderReport:
     slowest_rank: int | None = None
     other_loaders: tuple[OtherLoader, ...] = ()
     prefetch_predictions: tuple[PrefetchPrediction, ...] = ()
+    nodes_predictions: tuple[NodesPrediction, ...] = ()  # the cached loader only
 
 
 def steady(epochs: list) -> list:

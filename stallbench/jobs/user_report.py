@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from statistics import fmean
 from typing import TYPE_CHECKING
 
-from stallbench.analysis import whatif
+from stallbench.analysis import nodes, whatif
 from stallbench.analysis.phases import breakdown
 from stallbench.analysis.results import (
     EpochRecord,
@@ -151,6 +151,7 @@ def user_report(
         roofline=whatif.roofline(measured), predictions=predictions, advice=advice,
         ranks=ranks, slowest_rank=slowest.rank, other_loaders=_others(runs["cold"], slowest.rank),
         prefetch_predictions=whatif.prefetch_what_if(measured) if predictions else (),
+        nodes_predictions=nodes.nodes_what_if(workload, loader) if predictions else (),
     )  # fmt: skip
 
 

@@ -135,6 +135,7 @@ def _loader_json(r: LoaderReport) -> dict[str, Any]:
         "slowest_rank": r.slowest_rank,
         "other_loaders": [dataclasses.asdict(o) for o in r.other_loaders],
         "prefetch_predictions": [dataclasses.asdict(p) for p in r.prefetch_predictions],
+        "nodes_predictions": [dataclasses.asdict(p) for p in r.nodes_predictions],
     }
 
 

@@ -192,6 +192,24 @@ def _prefetch_lines(r: LoaderReport) -> list[str]:
     )
 
 
+def _nodes_lines(r: LoaderReport, label: str) -> list[str]:
+    """The nodes what-if: storage per steady epoch of N nodes, each with the cache as run, the cache
+    partitioned across them or independent; all nodes together and per node."""
+    if not r.nodes_predictions:
+        return []
+    cache = _bytes(r.workload.cache_bytes)
+    head = (
+        f"nodes what-if{label}: predicted storage read per steady epoch, N nodes with {cache} of cache each"
+    )
+    header = ["partitioned, all nodes", "per node", "independent, all nodes", "per node"]
+    rows: list[Row] = [
+        (f"  {p.nodes}", [_bytes(p.partitioned_storage_bytes), _bytes(p.partitioned_storage_bytes_per_node),
+                          _bytes(p.independent_storage_bytes), _bytes(p.independent_storage_bytes_per_node)])
+        for p in r.nodes_predictions
+    ]  # fmt: skip
+    return [*textwrap.wrap(head, WIDTH, subsequent_indent="  "), *_render("  nodes", header, rows), ""]
+
+
 def _chunks(first: int, widths: list[int]) -> list[range]:
     """Consecutive value columns that fit ``WIDTH`` after a label column ``first`` wide."""
     chunks, start, used = [], 0, first
@@ -271,6 +289,7 @@ def _loader_lines(r: LoaderReport, label: str) -> list[str]:
         lines += _render("  cache", *_whatif_rows(r))
         lines += _prefetch_lines(r)
         lines.append("")
+    lines += _nodes_lines(r, label)
     lines += textwrap.wrap(
         f"advice{label}: {r.advice}", WIDTH, subsequent_indent="  ", break_on_hyphens=False
     )
