@@ -16,12 +16,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from stallbench.conditions.cgroup import StorageLimits
+from stallbench.jobs._session import hold_sigint, release_sigint, session
 from stallbench.jobs.spec import WorkloadJob
 
 __all__ = [
@@ -100,18 +100,18 @@ class StartedJob:
     def __init__(self, job: WorkloadJob) -> None:
         self.job, self.tmp = job, Path(job_tmpdir())
         argv = [sys.executable, "-m", "stallbench.jobs.workload", str(job.write(self.tmp / "workload.json"))]
-        held = _hold_sigint()  # as in ``session``: a Ctrl-C during the start must not leave the job unkilled
+        held = hold_sigint()  # as in ``session``: a Ctrl-C during the start must not leave the job unkilled
         try:
             with open(self.tmp / "stdout", "wb") as out, open(self.tmp / "stderr", "wb") as err:
                 self.proc = subprocess.Popen(
                     argv, stdout=out, stderr=err, start_new_session=True, env=child_env(self.tmp)
                 )
         except BaseException:
-            _release(held)
+            release_sigint(held)
             shutil.rmtree(self.tmp, ignore_errors=True)
             raise
         try:
-            _release(held)
+            release_sigint(held)
         except BaseException:
             self.stop()
             raise
@@ -146,47 +146,6 @@ def _run_in_session(
     with session(argv, **options) as proc:
         out, err = proc.communicate(timeout=timeout)
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
-
-
-@contextlib.contextmanager
-def session(argv: Sequence[str], **options: Any) -> Iterator[subprocess.Popen]:
-    """``argv`` started in a session of its own, which is killed whole (the process and all it started)
-    when the block ends, however it ends. Ctrl-C is held back while the process starts: landing between its
-    start and this block, it would leave the process running, unkilled."""
-    held = _hold_sigint()
-    try:
-        proc = subprocess.Popen(list(argv), start_new_session=True, **options)
-    except BaseException:
-        _release(held)
-        raise
-    with proc:
-        try:
-            _release(held)  # a Ctrl-C held back is raised here, where the kill below is armed
-            yield proc
-        finally:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()  # killed: at once
-
-
-def _hold_sigint() -> tuple[Any, list[int]] | None:
-    """Ctrl-C noted, not raised, until ``_release`` (Python runs signal handlers in the main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    noted: list[int] = []
-    return signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum)), noted
-
-
-def _release(held: tuple[Any, list[int]] | None) -> None:
-    """Put the Ctrl-C handler back, and act on a Ctrl-C noted meanwhile as it would have."""
-    if held is None:
-        return
-    handler, noted = held
-    signal.signal(signal.SIGINT, handler)
-    if noted and callable(handler):
-        handler(signal.SIGINT, None)
-    elif noted and handler == signal.SIG_DFL:
-        raise KeyboardInterrupt
 
 
 def job_tmpdir() -> str:
