@@ -48,6 +48,7 @@ class PackedBatchSampler:
 
     @property
     def epoch(self) -> int:
+        """The epoch of the last pass begun, or of the next one where ``set_epoch`` pinned it."""
         return self._epoch
 
     def __len__(self) -> int:
@@ -60,7 +61,7 @@ class PackedBatchSampler:
         if self._resuming:
             self._resuming = False
         else:
-            self._epoch += self._begun
+            self._epoch += 1 if self._begun else 0
             self._position = 0
         self._begun = True
         packs = self._packs()
