@@ -1,6 +1,10 @@
 """Training-step models: what the loop does with each batch while the loader prepares the next.
 
 - ``emulated:<ms>``: sleeps ``ms`` per batch, leaving the CPU free, as a GPU step would.
+- ``emulated-tokens:<ms>``: sleeps ``ms`` per 1,000 token slots of a token batch (padded or packed, see
+  ``stallbench.batches``), as a transformer step's cost follows the tokens it computes on, padding included:
+  the model under which packing's gain shows. Linear in the slots (a model whose MLPs dominate; attention's
+  quadratic term is left out).
 - ``cpu``: a small real torch model (conv + pool + linear, forward, backward, SGD) on the CPU.
 - ``cuda``: the same model on a CUDA device, timed with synchronisation.
 
@@ -15,6 +19,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from stallbench.batches import batch_tokens
 
 __all__ = ["COMPUTE_MODELS", "ComputeStep", "parse_compute"]
 
@@ -35,6 +41,20 @@ class EmulatedStep(ComputeStep):
 
     def __call__(self, batch: Any) -> None:
         time.sleep(self.seconds)
+
+
+class TokenStep(ComputeStep):
+    """Sleeps ``seconds_per_slot`` for each token slot of the batch, padding included."""
+
+    def __init__(self, ms_per_1k: float) -> None:
+        self.seconds_per_slot = ms_per_1k / 1e6
+        self.name = f"emulated-tokens:{ms_per_1k:g}"
+
+    def __call__(self, batch: Any) -> None:
+        tokens = batch_tokens(batch)
+        if tokens is None:
+            raise ValueError(f"compute model {self.name!r} needs token batches (padded or packed)")
+        time.sleep(tokens.slots * self.seconds_per_slot)
 
 
 class TorchModelStep(ComputeStep):
@@ -72,14 +92,22 @@ def _images_and_labels(batch: Any, model: str) -> tuple[torch.Tensor, torch.Tens
     raise ValueError(f"compute model {model!r} needs (images NCHW with 3 channels, labels) batches")
 
 
-def _emulated(arg: str) -> ComputeStep:
+def _milliseconds(arg: str, example: str) -> float:
     try:
         ms = float(arg)
     except ValueError:
         ms = -1.0
-    if not ms >= 0:
-        raise ValueError(f"emulated compute needs milliseconds per batch, as in 'emulated:20'; got {arg!r}")
-    return EmulatedStep(ms / 1000)
+    if not 0 <= ms < float("inf"):
+        raise ValueError(f"emulated compute needs milliseconds, as in {example!r}; got {arg!r}")
+    return ms
+
+
+def _emulated(arg: str) -> ComputeStep:
+    return EmulatedStep(_milliseconds(arg, "emulated:20") / 1000)
+
+
+def _emulated_tokens(arg: str) -> ComputeStep:
+    return TokenStep(_milliseconds(arg, "emulated-tokens:0.5"))
 
 
 def _cuda(arg: str) -> ComputeStep:
@@ -90,14 +118,18 @@ def _cuda(arg: str) -> ComputeStep:
 
 COMPUTE_MODELS: dict[str, Callable[[str], ComputeStep]] = {
     "emulated": _emulated,
+    "emulated-tokens": _emulated_tokens,
     "cpu": lambda arg: TorchModelStep("cpu"),
     "cuda": _cuda,
 }
 
 
 def parse_compute(text: str) -> ComputeStep:
-    """``"emulated:20"``, ``"cpu"`` or ``"cuda"`` -> a step; anything else -> ValueError naming choices."""
+    """``"emulated:20"``, ``"emulated-tokens:0.5"``, ``"cpu"`` or ``"cuda"`` -> a step; anything else ->
+    ValueError naming the choices."""
     name, _, arg = text.partition(":")
     if name not in COMPUTE_MODELS:
-        raise ValueError(f"unknown compute model {text!r}; choose one of: emulated:<ms>, cpu, cuda")
+        raise ValueError(
+            f"unknown compute model {text!r}; choose one of: emulated:<ms>, emulated-tokens:<ms>, cpu, cuda"
+        )
     return COMPUTE_MODELS[name](arg)

@@ -15,7 +15,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("loader", "stallbench")
 # Import names that are not their distribution's name; any other import is its own distribution's name.
-DISTRIBUTIONS = {"PIL": "pillow", "yaml": "pyyaml", "cv2": "opencv-python", "sklearn": "scikit-learn"}
+DISTRIBUTIONS = {
+    "PIL": "pillow",
+    "yaml": "pyyaml",
+    "cv2": "opencv-python",
+    "sklearn": "scikit-learn",
+    "pynvml": "nvidia-ml-py",
+}
 NOT_PINNED = {"pillow"}  # scripts/install.sh builds pillow-simd in its place
 
 
@@ -82,16 +88,23 @@ def declared_dependencies() -> set[str]:
     return {normalise(re.match(r"[A-Za-z0-9._-]+", req)[0]) for req in project["dependencies"]}
 
 
+def optional_dependencies() -> set[str]:
+    """Distributions of the optional extras (``pip install .[gpu]``): imported only where installed."""
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    return {normalise(re.match(r"[A-Za-z0-9._-]+", req)[0]) for reqs in extras.values() for req in reqs}
+
+
 def test_every_third_party_import_is_a_declared_dependency() -> None:
     imports = third_party_imports()
     assert {"torch", "PIL", "tqdm", "matplotlib"} <= set(imports)  # the scan sees the imports
-    declared = declared_dependencies()
+    declared = declared_dependencies() | optional_dependencies()
     missing = {
         name: sorted(files)
         for name, files in imports.items()
         if normalise(DISTRIBUTIONS.get(name, name)) not in declared and files != LOADED_BY.get(name)
     }
-    assert not missing, f"imported but not in pyproject.toml [project] dependencies: {missing}"
+    assert not missing, f"imported but not in pyproject.toml dependencies or extras: {missing}"
 
 
 def test_every_dependency_is_pinned_for_ci() -> None:

@@ -26,6 +26,7 @@ from stallbench.analysis.results import (
     RunRecord,
     Workload,
 )
+from stallbench.analysis.work import useful_work
 from stallbench.report import format_report, report_to_json, validate_report_json, write_json, write_plot
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "stallbench-json.md"
@@ -74,6 +75,7 @@ def make_report(loader: str, epoch: float, fetch: float, storage: int, **changes
         roofline=Roofline(6.25, 2.1, storage / 200e6, "compute", min(1.0, 6.25 / epoch), 6.25 / epoch),
         predictions=predictions,
         advice=f"{loader}: fetch-bound; a cache of 1.5 GB would make the epoch compute-bound.",
+        useful=useful_work(runs[-1].epochs[1:]),
     )
     return dataclasses.replace(report, **changes)
 

@@ -7,10 +7,12 @@ hit rate of the page cache and the roofline's fetch time are ratios of like to l
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from statistics import fmean
+from typing import Any
 
 from stallbench.analysis import whatif
 from stallbench.analysis.measure import measure_machine
@@ -18,6 +20,7 @@ from stallbench.analysis.nodes import nodes_what_if
 from stallbench.analysis.phases import RunPlan, breakdown, run_phases, storage_limits
 from stallbench.analysis.request import AnalysisRequest, CacheSpec, named_workload
 from stallbench.analysis.results import LoaderReport, RunRecord, Workload, steady
+from stallbench.analysis.work import useful_work
 from stallbench.conditions.cgroup import StorageConditionUnavailable
 from stallbench.conditions.memory import measure_overhead, memory_limit, probe_cache_bytes
 from stallbench.conditions.storage import DataSize, data_size, probe_storage_conditions
@@ -55,7 +58,7 @@ def prepare(
         memory_bytes=req.memory if isinstance(req.memory, int) else None,
         prefetch_factor=_PREFETCH if req.workers > 0 else None,
     )
-    plan = RunPlan(workload=workload, transform=req.transform, seed=req.seed)
+    plan = RunPlan(workload=workload, transform=req.transform, seed=req.seed, **_packing(req, data))
     if req.memory == "auto":
         plan = replace(plan, workload=replace(workload, memory_bytes=_auto_memory(plan, kinds)))
     return plan
@@ -64,7 +67,8 @@ def prepare(
 def analyze(
     plan: RunPlan, kinds: Sequence[str], on_step: Callable[[str], None] | None = None
 ) -> Iterator[LoaderReport]:
-    """One report per loader kind, yielded as each is done: an interrupted compare keeps the finished ones."""
+    """One report per loader kind (with ``plan.packing``, two: padded, then packed), yielded as each is done:
+    an interrupted compare keeps the finished ones."""
     from stallbench.jobs.data import make_dataset
 
     w = plan.workload
@@ -73,15 +77,16 @@ def analyze(
     dataset, limits = make_dataset(w.data, transform), storage_limits(w)
     machine = measure_machine(dataset, [w.data], limits=limits, readers=max(1, w.workers))
     step("machine measured")
-    for kind in kinds:
+    batching = [(None, None), (plan.packing, plan.max_len)] if plan.packing else [(None, None)]
+    for kind, packing in itertools.product(kinds, batching):
         runs = {}
-        for run in run_phases(plan, kind):
+        for run in run_phases(plan, kind, packed=packing[0] is not None):
             runs[run.phase] = run
-            step(f"{kind}: {run.phase} done")
-        yield _report(kind, w, runs, machine)
+            step(f"{kind}{'+' if packing[0] else ''}{packing[0] or ''}: {run.phase} done")
+        yield _report(kind, w, runs, machine, packing)
 
 
-def _report(kind: str, w: Workload, runs: dict[str, RunRecord], machine) -> LoaderReport:
+def _report(kind: str, w: Workload, runs: dict[str, RunRecord], machine, packing: tuple) -> LoaderReport:
     b = breakdown(runs)
     cold = steady(list(runs["cold"].epochs))
     storage = fmean(e.storage_bytes for e in cold)
@@ -113,7 +118,27 @@ def _report(kind: str, w: Workload, runs: dict[str, RunRecord], machine) -> Load
         advice=whatif.advise(measured, predictions),
         prefetch_predictions=whatif.prefetch_what_if(measured),
         nodes_predictions=nodes_what_if(w, kind),
+        useful=useful_work(cold, *packing),
     )
+
+
+def _packing(req: AnalysisRequest, data: Path) -> dict[str, Any]:
+    """The plan's packing and pack length: ValueError where the data holds no token sequences to pack, or
+    one longer than ``max_len``; the longest sequence when no ``max_len`` is given."""
+    if req.packing is None:
+        return {}
+    from stallbench.jobs.data import token_lengths
+
+    lengths = token_lengths(data)
+    if lengths is None:
+        raise ValueError(
+            f"--packing needs token sequences (tokens[:N] or an Arrow file of them); {data} has none"
+        )
+    longest = int(lengths.max(initial=0))
+    max_len = longest if req.max_len is None else req.max_len
+    if max_len < longest:
+        raise ValueError(f"--max-len {max_len} is shorter than the longest sequence ({longest} tokens)")
+    return {"packing": req.packing, "max_len": max_len}
 
 
 def _materialise(req: AnalysisRequest, progress: Progress | None) -> Path:

@@ -18,6 +18,7 @@ import shutil
 from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from statistics import fmean
 
 from stallbench.analysis.results import Breakdown, EpochRecord, RunRecord, Workload, steady
@@ -42,17 +43,21 @@ class RunPlan:
     seed: int = 0
     max_batches: int | None = None
     job_script: str | None = None  # a script that calls ``stallbench.jobs.workload.main`` with its transform
+    packing: str | None = None  # token data: each loader also runs packed with this algorithm
+    max_len: int | None = None  # with packing: tokens per pack at most
 
 
-def run_phases(plan: RunPlan, kind: str) -> Iterator[RunRecord]:
-    """The three runs of ``kind`` ("torch" or "cached"), in order; each yielded as soon as it is done."""
+def run_phases(plan: RunPlan, kind: str, packed: bool = False) -> Iterator[RunRecord]:
+    """The three runs of ``kind`` ("torch" or "cached"), in order; each yielded as soon as it is done.
+    ``packed``: its token batches packed with ``plan.packing`` (else padded)."""
     w = plan.workload
-    yield _run(plan, kind, "ingestion", "batches in memory, only the step", mode="ingestion")
+    run = partial(_run, plan, kind, packing=plan.packing if packed else None)
+    yield run("ingestion", "batches in memory, only the step", mode="ingestion")
     warm_page_cache(w.data)
     full = int(w.dataset_bytes * 1.01) + (64 << 20)  # every record (device bytes: more), its index, a margin
-    yield _run(plan, kind, "prep", "every record in memory (warm)", cache_bytes=full)
+    yield run("prep", "every record in memory (warm)", cache_bytes=full)
     evict_page_cache(w.data)
-    yield _run(plan, kind, "cold", _condition(w), cache_bytes=w.cache_bytes, limits=storage_limits(w))
+    yield run("cold", _condition(w), cache_bytes=w.cache_bytes, limits=storage_limits(w))
 
 
 def _run(
@@ -64,13 +69,15 @@ def _run(
     mode: str = "pipeline",
     cache_bytes: int | None = None,
     limits: StorageLimits | None = None,
+    packing: str | None = None,
 ) -> RunRecord:
     w = plan.workload
     cache_dir = scratch_cache_dir()
     ours = dict(cache_bytes=cache_bytes or w.dataset_bytes, cache_dir=cache_dir) if KINDS[kind].cached else {}
     job = WorkloadJob(
         kind, w.data, epochs=w.epochs, workers=w.workers, batch_size=w.batch_size, transform=plan.transform,
-        compute=w.compute, mode=mode, seed=plan.seed, max_batches=plan.max_batches, **ours,
+        compute=w.compute, mode=mode, seed=plan.seed, max_batches=plan.max_batches, packing=packing,
+        max_len=plan.max_len if packing else None, **ours,
     )  # fmt: skip
     try:
         with limits if limits is not None else nullcontext():

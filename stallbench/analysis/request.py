@@ -50,3 +50,5 @@ class AnalysisRequest:
     epochs: int = 3
     transform: str = "train"
     seed: int = 0
+    packing: str | None = None  # token data: each loader also runs with its batches packed so
+    max_len: int | None = None  # tokens per pack at most; None: the longest sequence

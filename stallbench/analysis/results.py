@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from stallbench.analysis.work import UsefulWork
+
 __all__ = [
     "steady",
     "SCHEMA",
@@ -63,9 +65,12 @@ class EpochRecord:
     hits: int = 0
     misses: int = 0
     cpu_seconds: float = 0.0  # user + system over the job and its workers
-    cuda_sync_seconds: float = (
-        0.0  # your own command on CUDA: synchronising at step boundaries (in the steps)
-    )
+    cuda_sync_seconds: float = 0.0  # your own command on CUDA: synchronising at step boundaries
+    valid_tokens: int | None = None  # token batches (``stallbench.batches``): the examples' own tokens
+    token_slots: int | None = None  # and the token positions the batches carried, padding included
+    unique_samples: int | None = None  # distinct example indices the epoch's order handed out
+    energy_joules: float | None = None  # read from a counter (RAPL, NVML); None where none was readable
+    energy_source: str | None = None  # which: "rapl", "nvml", "rapl+nvml"
 
 
 @dataclass(frozen=True)
@@ -187,6 +192,7 @@ class LoaderReport:
     other_loaders: tuple[OtherLoader, ...] = ()
     prefetch_predictions: tuple[PrefetchPrediction, ...] = ()
     nodes_predictions: tuple[NodesPrediction, ...] = ()  # the cached loader only
+    useful: UsefulWork | None = None  # what a steady epoch bought: updates, tokens, energy
 
 
 def steady(epochs: list) -> list:

@@ -16,6 +16,7 @@ from stallbench.cli.commands import interrupted, run_analysis, run_demo, run_sim
 from stallbench.cli.user import run_user_analysis, split_command
 from stallbench.conditions.storage import PAGE
 from stallbench.jobs.kinds import CACHED, NAMES
+from stallbench.jobs.spec import PACKINGS
 
 __all__ = ["main", "make_parser"]
 
@@ -53,6 +54,12 @@ def _workload(p: argparse.ArgumentParser, data_required: bool = True) -> None:
     p.add_argument("--memory-limit", type=types.memory_spec, help="kernel memory limit per job: SIZE or auto")
     p.add_argument("--epochs", type=types.positive_int, default=3)
     p.add_argument("--transform", choices=("train", "eval", "none"), default="train")
+    p.add_argument(
+        "--packing", choices=PACKINGS, help="token data: each loader also runs packed (a pack a step)"
+    )
+    p.add_argument(
+        "--max-len", type=types.positive_int, help="tokens per pack; default: the longest sequence"
+    )
     _outputs(p)
 
 
@@ -169,6 +176,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _check_outputs(parser, args)
     if command and args.command not in ("analyze", "compare"):
         parser.error(f"{args.command} takes no command after --")
+    if getattr(args, "max_len", None) is not None and args.packing is None:
+        parser.error("--max-len is the pack length of --packing: give --packing too")
+    if command and getattr(args, "packing", None) is not None:
+        parser.error("--packing packs a generated workload's batches and takes no command after --")
     if _concurrent(parser, args, command):
         from stallbench.cli.jobs import run_concurrent_compare
 

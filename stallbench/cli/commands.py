@@ -35,7 +35,8 @@ def request_from(args: argparse.Namespace) -> AnalysisRequest:
     return AnalysisRequest(
         data=args.data, data_dir=args.data_dir, workers=args.workers, batch_size=args.batch_size,
         compute=args.compute, cache=args.cache, storage_bytes_per_s=args.storage_bandwidth,
-        memory=args.memory_limit, epochs=args.epochs, transform=args.transform,
+        memory=args.memory_limit, epochs=args.epochs, transform=args.transform, packing=args.packing,
+        max_len=args.max_len,
     )  # fmt: skip
 
 
@@ -57,7 +58,8 @@ def analyse_and_report(
         return interrupted(args)
     reports: list[LoaderReport] = []
     try:
-        with Progress(args, "runs", unit="step", total=1 + RUNS_PER_LOADER * len(kinds)) as bar:
+        runs = RUNS_PER_LOADER * len(kinds) * (2 if plan.packing else 1)  # packed runs beside the padded
+        with Progress(args, "runs", unit="step", total=1 + runs) as bar:
             for report in analyze(plan, kinds, on_step=bar.step):
                 reports.append(report)
     except KeyboardInterrupt:

@@ -18,7 +18,12 @@ from stallbench.conditions.cgroup import StorageConditionUnavailable
 __all__ = ["UNSUPPORTED", "run_concurrent_compare"]
 
 # options the concurrent comparison cannot honour yet: it runs warm, without cgroups, and draws nothing
-UNSUPPORTED = {"storage_bandwidth": "--storage-bandwidth", "memory_limit": "--memory-limit", "plot": "--plot"}
+UNSUPPORTED = {
+    "storage_bandwidth": "--storage-bandwidth",
+    "memory_limit": "--memory-limit",
+    "plot": "--plot",
+    "packing": "--packing",
+}
 
 
 def run_concurrent_compare(args: argparse.Namespace) -> int:

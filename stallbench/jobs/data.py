@@ -1,5 +1,6 @@
 """A generated job's dataset and loader: any format the loader reads, every loader kind instrumented alike
-(the kind builds it: ``stallbench.jobs.kinds``)."""
+(the kind builds it: ``stallbench.jobs.kinds``); token data batched padded or packed
+(``stallbench.jobs.batching``)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import default_collate
 
+from stallbench.jobs.batching import LengthsOnly, token_batching
 from stallbench.jobs.kinds import KINDS
 from stallbench.jobs.spec import WorkloadJob
 
-__all__ = ["make_dataset", "make_loader", "pad_tokens"]
+__all__ = ["make_dataset", "make_loader", "shapes_loader", "token_lengths"]
 
 ARROW_SUFFIXES = (".arrow", ".feather", ".ipc", ".parquet")
 
@@ -33,24 +36,42 @@ def make_dataset(data: str | Path, transform: Any) -> Any:
     return loader.ImageFolder(str(path), transform=transform)
 
 
-def pad_tokens(batch: list[tuple[torch.Tensor, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token sequences of different lengths -> (right-padded int64 [B, longest], lengths)."""
-    lengths = torch.tensor([len(t) for t, _ in batch])
-    padded = torch.zeros(len(batch), int(lengths.max(initial=0)), dtype=torch.int64)
-    for row, (tokens, _) in enumerate(batch):
-        padded[row, : len(tokens)] = tokens
-    return padded, lengths
+def token_lengths(data: str | Path) -> np.ndarray | None:
+    """Each example's token count where ``data`` is an Arrow/Parquet file of token sequences, else None."""
+    import loader
+
+    path = Path(data)
+    if path.suffix.lower() not in ARROW_SUFFIXES:
+        return None
+    source = loader.ArrowSource(path)
+    return source.token_lengths() if source.kind == "tokens" else None
 
 
 def make_loader(job: WorkloadJob, transform: Any) -> tuple[Any, Callable[[], Any]]:
     """The job's loader and a function giving its cumulative stats (LoaderStats)."""
     dataset = make_dataset(job.data, transform)
-    collate = pad_tokens if getattr(dataset.source, "kind", "binary") == "tokens" else default_collate
     generator = torch.Generator().manual_seed(job.seed)
+    common = dict(num_workers=job.workers, persistent_workers=job.workers > 0, generator=generator)
+    if getattr(dataset.source, "kind", "binary") == "tokens":
+        options = token_batching(dataset.source.token_lengths(), job, generator)
+        return KINDS[job.loader].build(dataset, options.pop("collate_fn"), job, **options, **common)
+    if job.packing is not None:
+        raise ValueError(f"packing needs token sequences; {job.data} holds none")
     order = _cut_order(dataset, job, generator)
     return KINDS[job.loader].build(
-        dataset, collate, job, batch_size=job.batch_size, shuffle=order is None, sampler=order,
-        num_workers=job.workers, persistent_workers=job.workers > 0, generator=generator,
+        dataset, default_collate, job, batch_size=job.batch_size, shuffle=order is None, sampler=order,
+        **common,
+    )  # fmt: skip
+
+
+def shapes_loader(lengths: np.ndarray, job: WorkloadJob) -> torch.utils.data.DataLoader:
+    """The ingestion run's loader for token data: the epoch's batches, in their real shapes, made of zeros
+    (``LengthsOnly``) by as many workers as the job has: the step costs what it costs on the real batches."""
+    generator = torch.Generator().manual_seed(job.seed)
+    options = token_batching(lengths, job, generator)
+    return torch.utils.data.DataLoader(
+        LengthsOnly(lengths), num_workers=job.workers, persistent_workers=job.workers > 0,
+        generator=generator, **options,
     )  # fmt: skip
 
 

@@ -36,6 +36,7 @@ JOB_ENV = "STALLBENCH_JOB"  # the path of the JobSpec's JSON file
 RECORDS_GLOB = "records-*.jsonl"
 AS_IS = "as-is"  # a run of the user's command that leaves its loader classes alone
 TRANSFORMS = ("train", "eval", "none")
+PACKINGS = ("ffd", "spfhp", "nextfit")  # loader.packing's algorithms, named here without importing torch
 
 Mode = Literal["pipeline", "ingestion"]
 _MODES = ("pipeline", "ingestion")
@@ -132,6 +133,8 @@ class WorkloadJob(_JsonFile):
     each epoch after that many. ``coordinate`` names a group for a kind that can share prepared batches with
     the other jobs of the group (``compare --jobs``); its first epoch waits for ``group_size`` of them to
     join, so jobs started together share from the first batch. A kind that cannot share ignores both.
+    ``packing`` (token data only) names a ``loader.packing`` algorithm: each step is then one pack of at most
+    ``max_len`` tokens instead of ``batch_size`` padded sequences.
     """
 
     loader: str
@@ -148,6 +151,8 @@ class WorkloadJob(_JsonFile):
     seed: int = 0
     coordinate: str | None = None
     group_size: int = 1
+    packing: str | None = None
+    max_len: int | None = None
 
     def __post_init__(self) -> None:
         check_kind(self.loader)
@@ -161,6 +166,10 @@ class WorkloadJob(_JsonFile):
             raise ValueError(f"coordinate must be a group name or None, got {self.coordinate!r}")
         if not (_is_int(self.group_size) and self.group_size >= 1):
             raise ValueError(f"group_size must be a positive int, got {self.group_size!r}")
+        if self.packing is not None:
+            _check_choice("packing", self.packing, PACKINGS)
+            if not (_is_int(self.max_len) and self.max_len >= 1):
+                raise ValueError(f"packing needs max_len, a positive int of tokens, got {self.max_len!r}")
 
 
 def _is_int(value: object) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from statistics import fmean
 from typing import TYPE_CHECKING
 
-from stallbench.analysis import nodes, whatif
+from stallbench.analysis import nodes, whatif, work
 from stallbench.analysis.phases import breakdown
 from stallbench.analysis.results import (
     EpochRecord,
@@ -152,6 +152,7 @@ def user_report(
         ranks=ranks, slowest_rank=slowest.rank, other_loaders=_others(runs["cold"], slowest.rank),
         prefetch_predictions=whatif.prefetch_what_if(measured) if predictions else (),
         nodes_predictions=nodes.nodes_what_if(workload, loader) if predictions else (),
+        useful=work.useful_work(cold),  # updates and energy (a CPU estimate); no token counts
     )  # fmt: skip
 
 

@@ -4,11 +4,13 @@ Run as ``python -m stallbench.jobs.workload JOB.json`` (the demo and the analysi
 they can: ``stallbench.jobs.run.run_workload``) or as a script that calls ``main(transform=...)`` with a
 transform of its own; ``JOB.json`` holds a :class:`~stallbench.jobs.spec.WorkloadJob`. Each batch goes
 through the compute model (``compute``); ``mode="ingestion"`` takes one batch and then only runs the step,
-the differential method's first run. Storage bytes and CPU seconds are the process tree's
-(``stallbench.jobs.counters``: the job and its workers); every loader kind is instrumented the same way
-(stage times come from the dataset and a timed collate in either loader). Each epoch's ``start_time`` and
-``end_time`` are read from ``time.monotonic()``, one clock for every process of the machine, so jobs run at
-once can be lined up (``compare --jobs``); a loader in a group adds its ``coordination`` figures.
+the differential method's first run (token data: every batch in its real shape, made of zeros, so that a
+step whose cost follows the tokens costs what it does on the real ones). Storage bytes and CPU seconds are
+the process tree's (``stallbench.jobs.counters``: the job and its workers); every loader kind is
+instrumented the same way (stage times come from the dataset and a timed collate in either loader). Each
+epoch's ``start_time`` and ``end_time`` are read from ``time.monotonic()``, one clock for every process of
+the machine, so jobs run at once can be lined up (``compare --jobs``); a loader in a group adds its
+``coordination`` figures.
 
 The step is measured the same way in every run: it runs from a batch's arrival to the next ``__next__``, and
 that includes freeing the previous batch (the loop variable lets go of it), which for a batch a worker sent
@@ -28,10 +30,13 @@ from typing import Any
 
 import torch
 
+from stallbench.batches import batch_samples, batch_tokens
 from stallbench.compute import ComputeStep, parse_compute
+from stallbench.energy import open_meter
 from stallbench.jobs._fresh import fresh_copy
+from stallbench.jobs.batching import SeenIndices
 from stallbench.jobs.counters import cpu_seconds, storage_read_bytes
-from stallbench.jobs.data import make_loader
+from stallbench.jobs.data import make_loader, shapes_loader, token_lengths
 from stallbench.jobs.spec import WorkloadJob
 from stallbench.profile import profile
 
@@ -64,10 +69,19 @@ def ingestion_loader(dl: Any, workers: int, max_batches: int | None = None) -> t
     )
 
 
-def _samples(batch: Any) -> int:
-    if isinstance(batch, (list, tuple)) and len(batch) == 2 and hasattr(batch[1], "__len__"):
-        return len(batch[1])
-    return 1
+def _loop(prof: Any, step: ComputeStep | None, max_batches: int | None) -> dict[str, Any]:
+    """One epoch of ``prof``: its batches, samples, and a token batch's valid tokens and token slots."""
+    batches, samples, valid, slots = 0, 0, 0, 0
+    for batch in prof:
+        if step is not None:
+            step(batch)
+        tokens = batch_tokens(batch)
+        batches, samples = batches + 1, samples + batch_samples(batch)
+        valid, slots = valid + (tokens.valid if tokens else 0), slots + (tokens.slots if tokens else 0)
+        if batches == max_batches:
+            break
+    tokens = {"valid_tokens": valid or None, "token_slots": slots or None}  # None: no token batch
+    return {"batches": batches, "samples": samples, **tokens}
 
 
 def run_epochs(
@@ -77,23 +91,23 @@ def run_epochs(
     step: ComputeStep | None = None,
     stats: Callable[[], Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """Iterate ``dl`` for ``epochs`` epochs, ``step`` on each batch; per epoch: times, bytes, stats deltas."""
-    prof = profile(dl)
+    """Iterate ``dl`` for ``epochs`` epochs, ``step`` on each batch; per epoch: times, bytes, stats deltas,
+    the useful work (``stallbench.batches``; unique examples where the loader counts them) and the energy
+    where a counter is readable (``stallbench.energy``)."""
+    prof, meter = profile(dl), open_meter()
     for epoch in range(1, epochs + 1):
-        before = (_stat_values(stats), storage_read_bytes(), cpu_seconds())
-        start_time, start, batches, samples = time.monotonic(), time.perf_counter(), 0, 0
-        for batch in prof:
-            if step is not None:
-                step(batch)
-            batches, samples = batches + 1, samples + _samples(batch)
-            if batches == max_batches:
-                break
-        seconds = time.perf_counter() - start
-        record = {"epoch": epoch, "seconds": seconds, "batches": batches, "samples": samples}
+        before = (_stat_values(stats), storage_read_bytes(), cpu_seconds(), meter.joules() if meter else None)
+        start_time, start = time.monotonic(), time.perf_counter()
+        counts = _loop(prof, step, max_batches)
+        record = {"epoch": epoch, "seconds": time.perf_counter() - start, **counts}
         record.update(start_time=start_time, end_time=time.monotonic())
         record.update(_profile_fields(prof, last=epoch == epochs))
         record["storage_bytes"] = storage_read_bytes() - before[1]
         record["cpu_seconds"] = cpu_seconds() - before[2]
+        seen = getattr(dl, "batch_sampler", None)
+        record["unique_samples"] = seen.unique if isinstance(seen, SeenIndices) else None
+        record["energy_joules"] = meter.joules() - before[3] if meter else None
+        record["energy_source"] = meter.source if meter else None
         after = _stat_values(stats)
         record.update({k: after[k] - before[0][k] for k in _STAT_DELTAS if k in after})
         if after.get("coordination") is not None:
@@ -129,6 +143,18 @@ def _stat_values(stats: Callable[[], Any] | None) -> dict[str, float]:
     return asdict(stats()) if stats is not None else {}
 
 
+def _loader(job: WorkloadJob, transform: Callable[[bytes], Any] | None) -> tuple[Any, Any]:
+    """The job's loader and its stats; in the ingestion run, batches that need no data: token batches of
+    the real shapes made of zeros (their step cost follows their shapes), any other the first one replayed."""
+    if job.mode != "ingestion":
+        return make_loader(job, transform)
+    lengths = token_lengths(job.data)
+    if lengths is not None:
+        return shapes_loader(lengths, job), None
+    dl, _ = make_loader(job, transform)
+    return ingestion_loader(dl, job.workers, job.max_batches), None
+
+
 def main(
     argv: Sequence[str] | None = None,
     transform: Callable[[bytes], Any] | None = None,
@@ -143,11 +169,9 @@ def main(
     if transform is None and job.transform != "none":
         transform = job.transform
     torch.manual_seed(job.seed)
-    dl, stats = make_loader(job, transform)
     if step is None and job.compute:
         step = parse_compute(job.compute)
-    if job.mode == "ingestion":
-        dl, stats = ingestion_loader(dl, job.workers, job.max_batches), None
+    dl, stats = _loader(job, transform)
     for record in run_epochs(dl, job.epochs, job.max_batches, step, stats):
         print(json.dumps({"loader": job.loader, **record}), flush=True)
     return 0

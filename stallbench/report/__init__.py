@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from stallbench._files import write_atomic
-from stallbench.analysis import results
+from stallbench.analysis import results, work
 from stallbench.analysis.results import SCHEMA, LoaderReport, RunRecord
 from stallbench.report import plot, table
+from stallbench.report.work import column_name
 
 __all__ = ["format_report", "report_to_json", "validate_report_json", "write_json", "write_plot"]
 
@@ -34,6 +35,13 @@ class _Map:
     """An object whose keys are free (loader or stage names), each value of one kind."""
 
     values: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class _OrNull:
+    """An object, or null where nothing was measured."""
+
+    spec: Any
 
 
 def _fields(cls: type) -> dict[str, str]:
@@ -53,6 +61,7 @@ _LOADER: dict[str, Any] = {
     "roofline": _fields(results.Roofline),
     "predictions": [_fields(results.Prediction)],
     "advice": "string",
+    "useful": _OrNull(_fields(work.UsefulWork)),
     "runs": [
         {
             "phase": "string",
@@ -79,12 +88,12 @@ _KINDS = {
 def _check_reports(reports: Sequence[LoaderReport]) -> None:
     if not reports:
         raise ValueError("reports must hold at least one LoaderReport, got none")
-    names = [r.loader for r in reports]
+    names = [column_name(r) for r in reports]  # the loader, and "+<algorithm>" for packed batches
     if len(set(names)) != len(names):
         raise ValueError(f"loader names must differ, got {names!r}")
     for r in reports[1:]:
         if r.workload != reports[0].workload:
-            raise ValueError(f"loader {r.loader!r} ran another workload than {reports[0].loader!r}")
+            raise ValueError(f"loader {column_name(r)!r} ran another workload than {names[0]!r}")
 
 
 def format_report(reports: Sequence[LoaderReport]) -> str:
@@ -116,7 +125,7 @@ def _run_json(run: RunRecord) -> dict[str, Any]:
 def _loader_json(r: LoaderReport) -> dict[str, Any]:
     b = r.breakdown
     return {
-        "loader": r.loader,
+        "loader": column_name(r),
         **dataclasses.asdict(b),
         "prep_stall_percent": b.percent(b.prep_stall_seconds),
         "fetch_stall_percent": b.percent(b.fetch_stall_seconds),
@@ -130,6 +139,7 @@ def _loader_json(r: LoaderReport) -> dict[str, Any]:
         "roofline": dataclasses.asdict(r.roofline),
         "predictions": [dataclasses.asdict(p) for p in r.predictions],
         "advice": r.advice,
+        "useful": dataclasses.asdict(r.useful) if r.useful is not None else None,
         "runs": [_run_json(run) for run in r.runs],
         "ranks": [{"rank": rb.rank, **dataclasses.asdict(rb.breakdown)} for rb in r.ranks],
         "slowest_rank": r.slowest_rank,
@@ -176,6 +186,10 @@ def write_plot(reports: Sequence[LoaderReport], path: str | os.PathLike[str]) ->
 
 
 def _check(value: Any, spec: Any, where: str) -> None:
+    if isinstance(spec, _OrNull):
+        if value is not None:
+            _check(value, spec.spec, where)
+        return
     if isinstance(spec, str):
         if not any(_KINDS[kind](value) for kind in spec.split("|")):
             raise ValueError(f"report JSON: {where} must be {spec}, got {type(value).__name__} {value!r:.40}")

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stallbench.analysis.results import LoaderReport
+from stallbench.report.work import column_name
 
 __all__ = ["png_bytes", "simulation_png_bytes"]
 
@@ -27,7 +28,7 @@ def _nonneg(x: float) -> float:
 
 
 def _breakdown_panel(ax: Any, reports: Sequence[LoaderReport]) -> None:
-    names = [r.loader for r in reports]
+    names = [column_name(r) for r in reports]
     bottoms = [0.0] * len(reports)
     for label, colour, seconds in _PARTS:
         heights = [_nonneg(seconds(r.breakdown)) for r in reports]
@@ -56,7 +57,7 @@ def _cold_waits(r: LoaderReport) -> list[float]:
 
 def _timeline_panel(ax: Any, reports: Sequence[LoaderReport]) -> None:
     """Scaled to the steady iterations; a first batch (worker start-up) off that scale is in the legend."""
-    waits = {r.loader: _cold_waits(r) for r in reports}
+    waits = {column_name(r): _cold_waits(r) for r in reports}
     top = 1.3 * max((x for s in waits.values() for x in s[1:] if math.isfinite(x)), default=0.0)
     for name, series in waits.items():
         if series:

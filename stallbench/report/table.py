@@ -10,6 +10,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 
 from stallbench.analysis.results import LoaderReport, Workload, steady
+from stallbench.report.work import column_name, work_rows
 
 __all__ = ["table_text"]
 
@@ -150,9 +151,9 @@ def _stage_spec(reports: Sequence[LoaderReport]) -> Spec:
 
 def _main_rows(reports: Sequence[LoaderReport]) -> tuple[list[str], list[Row]]:
     base, others = reports[0], reports[1:]
-    header = [r.loader for r in reports] + [f"{r.loader} vs {base.loader}" for r in others]
+    header = [column_name(r) for r in reports] + [f"{column_name(r)} vs {column_name(base)}" for r in others]
     rows: list[Row] = []
-    for label, cell, ratio in _EPOCH_ROWS + _stage_spec(reports) + _MACHINE_ROWS:
+    for label, cell, ratio in _EPOCH_ROWS + work_rows(reports) + _stage_spec(reports) + _MACHINE_ROWS:
         if cell is None:
             rows.append((label, []))
         else:
@@ -301,5 +302,5 @@ def table_text(reports: Sequence[LoaderReport]) -> str:
     lines = [*_workload_lines(reports[0].workload), ""]
     lines += _render("", *_main_rows(reports))
     for r in reports:
-        lines += _loader_lines(r, f" ({r.loader})" if len(reports) > 1 else "")
+        lines += _loader_lines(r, f" ({column_name(r)})" if len(reports) > 1 else "")
     return "\n".join(lines) + "\n"

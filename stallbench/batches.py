@@ -1,0 +1,59 @@
+"""What a batch holds, counted the same way by the compute model, the generated job and the reports.
+
+Two shapes of token batch are known, so their useful work can be told from their padding:
+
+* padded, as ``stallbench.jobs.batching.pad_tokens`` makes it: ``(ids [B, L], lengths [B])``; its token slots
+  are ``B * L``, its valid tokens ``lengths.sum()``;
+* packed, as ``loader.packing.PackingCollator`` makes it: a mapping with ``input_ids`` (1, T) and
+  ``cu_seqlens``; every slot holds a token of an example (the collator's default, ``pad_to_max=False``).
+
+Any other batch has samples but no token counts: its useful work is not guessed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import torch
+
+__all__ = ["TokenCount", "batch_samples", "batch_tokens"]
+
+
+class TokenCount(NamedTuple):
+    """Tokens of real examples, and the token slots the batch carried (what a model computes on)."""
+
+    valid: int
+    slots: int
+
+
+def _padded(batch: Any) -> bool:
+    if not (isinstance(batch, (list, tuple)) and len(batch) == 2):
+        return False
+    ids, lengths = batch
+    return isinstance(ids, torch.Tensor) and ids.dim() == 2 and isinstance(lengths, torch.Tensor) and (
+        lengths.dim() == 1 and len(lengths) == len(ids) and not lengths.is_floating_point()
+    )  # fmt: skip
+
+
+def _packed(batch: Any) -> bool:
+    return isinstance(batch, Mapping) and "input_ids" in batch and "cu_seqlens" in batch
+
+
+def batch_tokens(batch: Any) -> TokenCount | None:
+    """The valid tokens and token slots of a padded or packed token batch; None for any other batch."""
+    if _padded(batch):
+        return TokenCount(int(batch[1].sum()), batch[0].numel())
+    if _packed(batch):
+        slots = batch["input_ids"].numel()
+        return TokenCount(slots, slots)
+    return None
+
+
+def batch_samples(batch: Any) -> int:
+    """Examples in the batch: a pack's examples, the labels of an ``(inputs, labels)`` pair, else 1."""
+    if _packed(batch):
+        return len(batch["cu_seqlens"]) - 1
+    if isinstance(batch, (list, tuple)) and len(batch) == 2 and hasattr(batch[1], "__len__"):
+        return len(batch[1])
+    return 1

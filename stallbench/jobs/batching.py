@@ -1,0 +1,100 @@
+"""How a generated job batches token sequences: padded (``batch_size`` sequences, padded to the longest) or
+packed (one pack of at most ``max_len`` tokens per step, ``loader.packing``), and what it counts of them.
+
+The epoch's order is drawn in the job's main process, so the indices it hands out are counted there
+(:class:`SeenIndices`): the unique examples of an epoch. A job in a group (``coordinate``) is not counted:
+the group's first member draws the order for all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from stallbench.jobs.spec import WorkloadJob
+
+__all__ = ["LengthsOnly", "SeenIndices", "pad_tokens", "token_batching"]
+
+
+class SeenIndices:
+    """A sampler or batch sampler, unchanged, that remembers the distinct indices of its latest pass."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self._seen: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self) -> Iterator[Any]:
+        # a generator: a pass torch begins and drops unread does not reset the count
+        self._seen = seen = set()
+        for item in self.inner:
+            seen.update(item if isinstance(item, list) else (item,))
+            yield item
+
+    @property
+    def unique(self) -> int:
+        """Distinct example indices handed out in the latest pass (so far)."""
+        return len(self._seen)
+
+
+class LengthsOnly(torch.utils.data.Dataset):
+    """Examples of the given lengths, all zeros, read from nowhere: batches of the real ones' shapes, for the
+    ingestion run, whose step cost follows the shapes (``emulated-tokens``) but must not wait on data."""
+
+    def __init__(self, lengths: np.ndarray) -> None:
+        self.lengths = lengths
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, None]:
+        return torch.zeros(int(self.lengths[index]), dtype=torch.int64), None
+
+
+def pad_tokens(batch: list[tuple[torch.Tensor, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token sequences of different lengths -> (right-padded int64 [B, longest], lengths)."""
+    lengths = torch.tensor([len(t) for t, _ in batch])
+    padded = torch.zeros(len(batch), int(lengths.max()) if len(batch) else 0, dtype=torch.int64)
+    for row, (tokens, _) in enumerate(batch):
+        padded[row, : len(tokens)] = tokens
+    return padded, lengths
+
+
+def token_batching(lengths: np.ndarray, job: WorkloadJob, generator: torch.Generator) -> dict[str, Any]:
+    """DataLoader options for the job's token batches: ``collate_fn`` and a ``batch_sampler`` that counts
+    the indices it hands out (a :class:`SeenIndices`, except in a group). With ``max_batches`` an epoch is
+    that many batches, drawn by the sampler, never cut by a ``break`` (persistent workers would read on into
+    the next epoch's count)."""
+    if job.packing is not None:
+        from loader.packing import PackedBatchSampler, PackingCollator
+
+        packs = PackedBatchSampler(lengths, job.max_len, algorithm=job.packing, seed=job.seed)
+        order: Any = _first(packs, job.max_batches) if job.max_batches else packs
+        collate: Any = PackingCollator(job.max_len, block_mask=False)  # attention takes cu_seqlens
+    else:
+        samples = min(len(lengths), (job.max_batches or len(lengths)) * job.batch_size)
+        drawn = torch.utils.data.RandomSampler(range(len(lengths)), num_samples=samples, generator=generator)
+        order, collate = torch.utils.data.BatchSampler(drawn, job.batch_size, drop_last=False), pad_tokens
+    counted = SeenIndices(order) if job.coordinate is None else order
+    return {"batch_sampler": counted, "collate_fn": collate}
+
+
+class _first:
+    """The first ``count`` batches of each pass of ``batches``."""
+
+    def __init__(self, batches: Any, count: int) -> None:
+        self.batches, self.count = batches, count
+
+    def __len__(self) -> int:
+        return min(self.count, len(self.batches))
+
+    def __iter__(self) -> Iterator[Any]:
+        for k, batch in enumerate(self.batches):
+            if k == self.count:
+                return
+            yield batch
