@@ -2,14 +2,20 @@
 first evaluation that reaches the target, the evaluations' own time included (the clock never stops).
 
 A faster loader is only useful if it gets the model to the same quality sooner; packing, for one, changes the
-updates per epoch and what each sees. ``time_to_target`` runs your epochs and evaluations and says when.
+updates per epoch and what each sees. ``time_to_target`` runs your epochs and evaluations and says when; run
+under ``stallbench analyze|compare -- COMMAND``, it also tells the report, which shows it per loader.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from stallbench.jobs.spec import JobSpec, target_path
 
 __all__ = ["TargetResult", "time_to_target"]
 
@@ -67,4 +73,15 @@ def time_to_target(
         if _reached(value, target, higher_is_better) or epoch == max_epochs:
             break
     reached = _reached(value, target, higher_is_better)
-    return TargetResult(target, reached, history[-1][0], epoch, updates, value, tuple(history))
+    result = TargetResult(target, reached, history[-1][0], epoch, updates, value, tuple(history))
+    _tell_stallbench(result)
+    return result
+
+
+def _tell_stallbench(result: TargetResult) -> None:
+    """Under ``stallbench analyze|compare -- COMMAND``, leave the result for the report (one JSON line in
+    the run's folder); elsewhere nothing."""
+    spec = JobSpec.from_env()
+    if spec is not None and spec.out_dir:
+        with open(target_path(spec.out_dir, int(os.environ.get("RANK", "0")), os.getpid()), "a") as out:
+            out.write(json.dumps(dataclasses.asdict(result)) + "\n")

@@ -197,3 +197,26 @@ def test_the_how_to_example_runs_as_written(tmp_path):
         outputs.append(done.stdout)
     assert "prep stall" in outputs[-1] and "other loader 1:ImageFolderDataset" in outputs[-1]
     assert "epoch 1: train loss" in outputs[-1]
+
+
+def test_a_time_to_target_the_script_measures_shows_per_loader(images, tmp_path):
+    out = tmp_path / "compare.json"
+    script = [
+        "--",
+        sys.executable,
+        str(SCRIPTS / "train_to_target.py"),
+        "--data",
+        str(images),
+        "--epochs",
+        "3",
+    ]
+    done = stallbench(
+        "compare", "--data", str(images), "--epochs", "3", "--no-progress", "--json", str(out), *script
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "time to target" in done.stdout
+    for report in json.loads(out.read_text())["loaders"]:
+        got = report["useful"]["time_to_target"]
+        assert got["target"] == 0.05 and got["reached"] == (got["value"] <= 0.05)
+        assert 1 <= got["epochs"] <= 3 and got["updates"] == got["epochs"] * 25  # 400 files, batches of 16
+        assert got["seconds"] > 0

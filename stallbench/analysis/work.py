@@ -20,7 +20,19 @@ from stallbench.energy import ESTIMATE, estimate_joules
 if TYPE_CHECKING:
     from stallbench.analysis.results import EpochRecord
 
-__all__ = ["UsefulWork", "useful_work"]
+__all__ = ["TimeToTarget", "UsefulWork", "useful_work"]
+
+
+@dataclass(frozen=True)
+class TimeToTarget:
+    """What the user's command's ``stallbench.time_to_target`` said (``stallbench.target.TargetResult``)."""
+
+    target: float
+    reached: bool
+    seconds: float  # from the start of training to the evaluation that reached it, evaluations included
+    epochs: int
+    updates: int
+    value: float  # that evaluation's result
 
 
 @dataclass(frozen=True)
@@ -41,6 +53,9 @@ class UsefulWork:
     energy_source: str  # "rapl", "nvml", "rapl+nvml", or "estimate" (from CPU seconds)
     joules_per_1k_tokens: float | None  # per 1,000 valid tokens
     joules_per_sample: float
+    time_to_target: TimeToTarget | None = (
+        None  # the cold run's ``stallbench.time_to_target``, if it called it
+    )
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -59,10 +74,20 @@ def _energy(epochs: Sequence[EpochRecord]) -> tuple[float, str]:
     return estimate_joules(fmean(e.cpu_seconds for e in epochs)), ESTIMATE
 
 
+def _time_to_target(reported: dict | None) -> TimeToTarget | None:
+    if not reported:
+        return None
+    return TimeToTarget(**{f: reported[f] for f in TimeToTarget.__dataclass_fields__})
+
+
 def useful_work(
-    epochs: Sequence[EpochRecord], packing: str | None = None, pack_len: int | None = None
+    epochs: Sequence[EpochRecord],
+    packing: str | None = None,
+    pack_len: int | None = None,
+    target: dict | None = None,
 ) -> UsefulWork:
-    """The useful work of ``epochs``, a cold run's steady ones."""
+    """The useful work of ``epochs``, a cold run's steady ones; ``target``: what the run's own
+    ``stallbench.time_to_target`` said (the user's command only)."""
     kept = list(epochs)
     seconds = fmean(e.seconds for e in kept)
     valid, slots = _mean([e.valid_tokens for e in kept]), _mean([e.token_slots for e in kept])
@@ -83,4 +108,5 @@ def useful_work(
         energy_source=source,
         joules_per_1k_tokens=_per(joules, valid, 1000),
         joules_per_sample=_per(joules, fmean(e.samples for e in kept)) or float("nan"),
+        time_to_target=_time_to_target(target),
     )

@@ -26,7 +26,7 @@ from typing import IO
 
 from stallbench.conditions.cgroup import StorageConditionUnavailable, StorageLimits
 from stallbench.jobs.run import child_env
-from stallbench.jobs.spec import JOB_ENV, JobSpec, LoaderEpoch, read_records
+from stallbench.jobs.spec import JOB_ENV, JobSpec, LoaderEpoch, read_records, read_targets
 
 __all__ = ["BOOTSTRAP_DIR", "CommandFailed", "CommandRun", "run_command"]
 
@@ -54,6 +54,7 @@ class CommandRun:
     seconds: float
     timed_out: bool
     memory_peak: int | None  # bytes charged to the run's cgroup at most (page cache included), if counted
+    targets: tuple[dict, ...] = ()  # what ``stallbench.time_to_target`` reported in the run, rank 0's first
 
 
 def run_command(
@@ -78,7 +79,7 @@ def run_command(
             peak = _peak(active)
         if returncode != 0 and not timed_out:
             raise CommandFailed(argv, returncode, tail)
-        return CommandRun(tuple(read_records(out)), seconds, timed_out, peak)
+        return CommandRun(tuple(read_records(out)), seconds, timed_out, peak, tuple(read_targets(out)))
     finally:
         shutil.rmtree(out, ignore_errors=True)
 

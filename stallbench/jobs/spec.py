@@ -29,7 +29,9 @@ __all__ = [
     "LoaderEpoch",
     "WorkloadJob",
     "read_records",
+    "read_targets",
     "records_path",
+    "target_path",
 ]
 
 JOB_ENV = "STALLBENCH_JOB"  # the path of the JobSpec's JSON file
@@ -216,6 +218,23 @@ class LoaderEpoch:
 
 def records_path(out_dir: str | os.PathLike, rank: int, pid: int) -> Path:
     return Path(out_dir) / f"records-{rank}-{pid}.jsonl"
+
+
+def target_path(out_dir: str | os.PathLike, rank: int, pid: int) -> Path:
+    """Where a process of the user's command leaves its ``stallbench.time_to_target`` results."""
+    return Path(out_dir) / f"target-{rank}-{pid}.jsonl"
+
+
+def read_targets(out_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The time-to-target results the run's processes left, rank 0's first; a line cut short is left out."""
+    found = []
+    for path in sorted(Path(out_dir).glob("target-*.jsonl"), key=lambda p: int(p.name.split("-")[1])):
+        for line in path.read_text().splitlines():
+            try:
+                found.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return found
 
 
 def read_records(out_dir: str | os.PathLike) -> list[LoaderEpoch]:

@@ -152,7 +152,7 @@ def user_report(
         ranks=ranks, slowest_rank=slowest.rank, other_loaders=_others(runs["cold"], slowest.rank),
         prefetch_predictions=whatif.prefetch_what_if(measured) if predictions else (),
         nodes_predictions=nodes.nodes_what_if(workload, loader) if predictions else (),
-        useful=work.useful_work(cold),  # updates and energy (a CPU estimate); no token counts
+        useful=work.useful_work(cold, target=next(iter(runs["cold"].targets), None)),
     )  # fmt: skip
 
 

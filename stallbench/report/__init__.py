@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from stallbench._files import write_atomic
-from stallbench.analysis import results, work
+from stallbench.analysis import results
 from stallbench.analysis.results import SCHEMA, LoaderReport, RunRecord
+from stallbench.analysis.work import TimeToTarget, UsefulWork
 from stallbench.report import plot, table
 from stallbench.report.work import column_name
 
@@ -44,9 +45,9 @@ class _OrNull:
     spec: Any
 
 
-def _fields(cls: type) -> dict[str, str]:
-    """A results dataclass of plain fields as a schema object: its JSON is ``dataclasses.asdict``."""
-    return {f.name: _KIND_OF_TYPE[str(f.type)] for f in dataclasses.fields(cls)}
+def _fields(cls: type, but: str = "") -> dict[str, str]:
+    """A results dataclass of plain fields (all ``but`` one) as a schema object: its JSON is ``asdict``."""
+    return {f.name: _KIND_OF_TYPE[str(f.type)] for f in dataclasses.fields(cls) if f.name != but}
 
 
 # The schema as data: a kind ("integer", "number", "string", "|null" allowed), an object (dict), a list of
@@ -61,7 +62,12 @@ _LOADER: dict[str, Any] = {
     "roofline": _fields(results.Roofline),
     "predictions": [_fields(results.Prediction)],
     "advice": "string",
-    "useful": _OrNull(_fields(work.UsefulWork)),
+    "useful": _OrNull(
+        {
+            **_fields(UsefulWork, but="time_to_target"),
+            "time_to_target": _OrNull({**_fields(TimeToTarget, but="reached"), "reached": "boolean"}),
+        }
+    ),
     "runs": [
         {
             "phase": "string",
@@ -82,6 +88,7 @@ _KINDS = {
     "string": lambda v: isinstance(v, str),
     "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
     "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+    "boolean": lambda v: isinstance(v, bool),
 }
 
 

@@ -77,11 +77,31 @@ _ENERGY_PER_TOKEN: Spec = (("J per 1k valid tokens", _energy(lambda u: u.joules_
 _ENERGY_PER_SAMPLE: Spec = (("J per sample", _energy(lambda u: u.joules_per_sample, ".3g"), None),)
 
 
+def _target(r: LoaderReport) -> str:
+    t = r.useful.time_to_target if r.useful is not None else None
+    if t is None:
+        return "-"
+    when = f"{t.seconds:.1f} s, {t.epochs} epochs, {t.updates:,} updates"
+    return f"{when} ({t.value:g})" if t.reached else f"not reached ({t.value:g} after {when})"
+
+
+def _target_ratio(base: LoaderReport, r: LoaderReport) -> str:
+    """The baseline's time to target over ours, where both reached it: how much sooner ours got there."""
+    b, o = (x.useful.time_to_target if x.useful is not None else None for x in (base, r))
+    ok = b is not None and o is not None and b.reached and o.reached and o.seconds > 0
+    return f"{b.seconds / o.seconds:.2f}x sooner" if ok else "-"
+
+
+_TARGET: Spec = (("time to target", _target, _target_ratio),)
+
+
 def work_rows(reports: Sequence[LoaderReport]) -> Spec:
-    """The rows for these reports: a heading, token rows where there are token batches, steps, energy."""
+    """The rows for these reports: a heading, token rows where there are token batches, steps, energy, and
+    the time to a quality target where the command reported one."""
     if all(r.useful is None for r in reports):
         return ()
+    target = _TARGET if any(r.useful is not None and r.useful.time_to_target for r in reports) else ()
     tokens = any(r.useful is not None and r.useful.valid_tokens is not None for r in reports)
     per_unit = _ENERGY_PER_TOKEN if tokens else _ENERGY_PER_SAMPLE
     heading: Spec = (("useful work (steady epoch)", None, None),)
-    return heading + (_TOKENS if tokens else ()) + _STEPS + _ENERGY + per_unit
+    return heading + (_TOKENS if tokens else ()) + _STEPS + _ENERGY + per_unit + target
