@@ -157,6 +157,19 @@ def test_a_node_killed_mid_epoch_the_others_finish_from_storage_within_the_timeo
     assert any("read from storage" in err for _, err in outs)
 
 
+def finish_all(runs: list[subprocess.Popen], timeout: float) -> list[tuple[str, str]]:
+    """Each run's (stdout, stderr); a run still going after ``timeout`` seconds is killed, and its output
+    so far kept for the failure's message."""
+    deadline, outs = time.monotonic() + timeout, []
+    for run in runs:
+        try:
+            outs.append(run.communicate(timeout=max(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            os.killpg(run.pid, signal.SIGKILL)  # the agent and its ranks: a session of their own
+            outs.append(run.communicate())
+    return outs
+
+
 def doc_commands() -> list[str]:
     doc = (REPO / "docs" / "how-to" / "multi-node.md").read_text()
     blocks = re.findall(r"```bash\n(.*?)```", doc, flags=re.S)
@@ -171,7 +184,7 @@ def test_the_multi_node_how_to_commands_train_with_shared_caches(tmp_path, data,
 
     def start(cache_dir: Path, *port: str) -> subprocess.Popen:
         argv = torchrun(*port, *shlex.split(command), "--cache-dir", str(cache_dir), "--epochs", "2")
-        return subprocess.Popen(argv, env=env(), cwd=REPO, **PIPES)
+        return subprocess.Popen(argv, env=env(), cwd=REPO, start_new_session=True, **PIPES)
 
     if which == 0:  # one machine, a cache folder per rank
         runs = [start(shm_dir, "--master-port", str(free_port()))]
@@ -180,8 +193,8 @@ def test_the_multi_node_how_to_commands_train_with_shared_caches(tmp_path, data,
         for folder in folders:
             folder.mkdir(mode=0o700)
         runs = [start(folder) for folder in folders]
-    outs = [run.communicate(timeout=300) for run in runs]
-    assert all(run.returncode == 0 for run in runs), [err[-2000:] for _, err in outs]
+    outs = finish_all(runs, timeout=150)
+    assert all(run.returncode == 0 for run in runs), [err[-3000:] for _, err in outs]
     lines = [json.loads(line) for out, _ in outs for line in out.splitlines() if line.startswith("{")]
     assert sorted((r["rank"], r["epoch"]) for r in lines) == [(0, 1), (0, 2), (1, 1), (1, 2)]
     assert all(r["bytes_from_peers"] > 0 for r in lines)
