@@ -1,7 +1,7 @@
 """DDP training whose nodes share their caches: ``loader.DataLoader(partition_cache=True)``.
 
     torchrun --nproc-per-node 2 examples/partitioned_ddp.py --data DIR --cache-bytes 200M
-    torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint HOST:PORT \\
+    torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id JOB \\
         examples/partitioned_ddp.py --data DIR --cache-bytes 200M
 
 ``DIR`` is in the ImageNet layout. Each rank trains a small CNN (DDP, gloo on the CPU) on its share of the

@@ -180,7 +180,11 @@ def doc_commands() -> list[str]:
 def test_the_multi_node_how_to_commands_train_with_shared_caches(tmp_path, data, shm_dir, which):
     root, _ = data
     command = doc_commands()[which].replace("DIR", str(root)).replace("200M", "300K")
-    command = command.replace("HOST:29400", f"127.0.0.1:{free_port()}").removeprefix("torchrun ")
+    command = (
+        command.replace("HOST:29400", f"127.0.0.1:{free_port()}")
+        .replace("my-job", tmp_path.name)
+        .removeprefix("torchrun ")
+    )
 
     def start(cache_dir: Path, *port: str) -> subprocess.Popen:
         argv = torchrun(*port, *shlex.split(command), "--cache-dir", str(cache_dir), "--epochs", "2")
