@@ -1,104 +1,44 @@
-"""The staging area of one group: a private folder in /dev/shm with the lock, the table and the batch files.
-
-Every process that uses it (each job's main process and its workers) takes a writer id, a byte lock the
-kernel releases when the process dies (see ``loader.cache._locks``): a claim or a membership names its writer,
-so a job killed with SIGKILL is seen as dead by the next process that looks. The folder is made 0700 and
-used only when it is ours and private (``loader.cache._private``); when the last member leaves it goes whole.
+"""The staging area of one group: who is in it, the epoch's order, the claims and the staged batches, all
+changed under the group's lock (the folder, its lock and its table: ``_folder.py``). A member whose process
+died is taken out by the next process that looks, its claims undone; when the last member leaves, the
+folder goes whole.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
-import time
-from collections.abc import Iterator
-from pathlib import Path
+import warnings
+from typing import Any
 
 import numpy as np
 
-from loader.cache._locks import LockTimeout, forget_writer, writer_alive, writer_id
-from loader.cache._private import open_private, private_dir
-from loader.coordinated._order import read_order, write_order
-from loader.coordinated._state import ACTIVE, CLAIMED, EMPTY, FAILED, FREE, READY, UNCLAIMED, State
+from loader.cache._private import open_private
+from loader.coordinated._batchfile import BadBatchFile, read_batch
+from loader.coordinated._folder import Folder, LockTimeout
+from loader.coordinated._order import write_order
+from loader.coordinated._state import (
+    ACTIVE,
+    CLAIMED,
+    DETACHED,
+    EMPTY,
+    FAILED,
+    FREE,
+    PENDING,
+    READY,
+    UNCLAIMED,
+    State,
+)
+from loader.coordinated.options import CoordinationWarning
 
 __all__ = ["DONE", "WAIT", "Area", "LockTimeout"]
 
 DONE, WAIT = -1, -2  # what ``claim`` returns when it has no batch to give
-_LOCK_TIMEOUT = 30.0
 
 
-class Area:
-    """One group's folder ``parent/name``; pickles as its path, so a worker attaches on first use."""
-
-    def __init__(self, parent: str | os.PathLike, name: str, num_batches: int, window: int) -> None:
-        self.parent, self.name = Path(parent), name
-        self.path = self.parent / name
-        self.num_batches, self._window = num_batches, min(window, num_batches)
-        self._open: tuple[int, int, State] | None = None  # (pid, lock fd, state) of this process
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_open": None}
-
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[State]:
-        """The table, with the group's lock held (a ``LockTimeout`` after 30 s of waiting)."""
-        fd, state = self._attach()
-        deadline = time.monotonic() + _LOCK_TIMEOUT
-        pause = 0.0002
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise LockTimeout(f"another process held the lock of {self.path} too long") from None
-                time.sleep(pause)
-                pause = min(pause * 2, 0.01)
-        try:
-            yield state
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-
-    def state(self) -> State:
-        """The table, for a look without the lock."""
-        return self._attach()[1]
-
-    def me(self) -> tuple[int, int]:
-        """This process's writer id in the group."""
-        self._attach()
-        return writer_id(self.path)
-
-    def alive(self, writer: int, gen: int) -> bool:
-        return writer_alive(self.path, (writer, gen))
-
-    def _attach(self) -> tuple[int, State]:
-        if self._open is not None and self._open[0] == os.getpid():
-            return self._open[1], self._open[2]
-        self._open = None  # a forked child: the lock is per open file, so it opens its own
-        folder = private_dir(self.parent, self.name)
-        for name in ("lock", "writers", "state"):
-            with contextlib.suppress(FileExistsError):
-                os.close(os.open(folder / name, os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_RDWR, 0o600))
-        lock_fd = open_private(folder, "lock", os.O_RDWR)
-        state_fd = open_private(folder, "state", os.O_RDWR)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
-            try:
-                state = State(state_fd, self.num_batches, self._window)
-            finally:
-                fcntl.flock(lock_fd, fcntl.LOCK_UN)
-        finally:
-            os.close(state_fd)
-        if state.num_batches != self.num_batches:
-            raise ValueError(
-                f"the staging area {folder} is for {state.num_batches} batches, not {self.num_batches}"
-            )
-        self._open = (os.getpid(), lock_fd, state)
-        return lock_fd, state
-
-    # --- members ---
+class Area(Folder):
+    """The group's operations on its table: members, the epoch's order, claims, staged batches."""
 
     def reap(self, state: State) -> list[int]:
         """Under the lock: rows of dead members freed, claims of dead writers undone. Returns the rows."""
@@ -157,15 +97,6 @@ class Area:
         if last:
             self.close()
 
-    def close(self) -> None:
-        if self._open is not None and self._open[0] == os.getpid():
-            os.close(self._open[1])
-            self._open[2].close()
-            forget_writer(self.path)
-        self._open = None
-
-    # --- epochs and batches ---
-
     def publish_order(self, state: State, epoch: int, batches: list[list[int]]) -> None:
         """Under the lock: epoch ``epoch``'s batches (lists of indices) made the group's order."""
         if len(batches) != self.num_batches:
@@ -181,9 +112,6 @@ class Area:
         state.header["published"] = epoch
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path / f"order-{epoch - 2}")
-
-    def order(self, epoch: int) -> list[list[int]]:
-        return read_order(self.path / f"order-{epoch}", self.num_batches)
 
     def claim(self, m: int, limit: int) -> int:
         """A batch below ``limit`` for member ``m``'s process to prepare, or WAIT (none inside the window
@@ -206,12 +134,6 @@ class Area:
                 slot["state"], slot["member"] = CLAIMED, m
                 return g
             return DONE
-
-    def batch_file(self, g: int) -> Path:
-        return self.path / f"b-{g}"
-
-    def error_file(self, g: int) -> Path:
-        return self.path / f"e-{g}"
 
     def failed_batch(self, g: int, message: str) -> None:
         """Batch ``g`` could not be prepared: every job that reaches it raises ``message``."""
@@ -253,5 +175,34 @@ class Area:
                 row["cpu_saved"] += float(slot["cpu"])
             self.free_consumed(state)
 
-    def window(self) -> int:
-        return self._window
+    def take_staged(self, g: int) -> Any:
+        """The staged batch ``g``, its tensors mapped; None (and it is prepared again) if it fails a check."""
+        name = self.batch_file(g)
+        try:
+            fd = open_private(self.path, name.name, os.O_RDONLY)
+            try:
+                return read_batch(fd, str(name))
+            finally:
+                os.close(fd)
+        except (BadBatchFile, OSError) as exc:
+            warnings.warn(f"coordinate: {exc}; preparing it again", CoordinationWarning, stacklevel=6)
+            with self.locked() as state:
+                slot = state.slot(g)
+                if slot["g"] == g and slot["state"] == READY:
+                    slot["state"] = UNCLAIMED
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name)
+            return None
+
+    def detach_laggards(self, me: int, g: int) -> None:
+        """Member ``me`` has waited on batch ``g`` past its patience: the members the window waits on go."""
+        with self.locked() as state:
+            self.reap(state)
+            floor = state.floor()
+            if g < floor + self.window():
+                return
+            for m in state.live_rows():
+                row = state.members[m]
+                if m != me and row["status"] in (ACTIVE, PENDING) and row["position"] == floor:
+                    row["status"] = DETACHED
+            self.free_consumed(state)

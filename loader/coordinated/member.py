@@ -16,8 +16,6 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from loader.cache._private import open_private
-from loader.coordinated._batchfile import BadBatchFile, read_batch
 from loader.coordinated._state import (
     ACTIVE,
     CLAIMED,
@@ -153,7 +151,7 @@ class Member:
                     f"be prepared, in {self.area.failure(g)}"
                 )
             if slot["g"] == g and slot["state"] == READY:
-                batch = self._read(g)
+                batch = self.area.take_staged(g)
                 if batch is not None:
                     self.area.consumed(self.row, g)
                     if not held_back:
@@ -179,41 +177,10 @@ class Member:
             if g >= floor + self.area.window() and floor >= g - g % self.area.num_batches:
                 held_back, self._held_back_since = True, self._held_back_since or now
                 if now - self._held_back_since > self.options.patience and self.options.on_lag == "detach":
-                    self._detach_laggards(g)
+                    self.area.detach_laggards(self.row, g)
                     self._held_back_since = None
             time.sleep(pause)
             pause = min(pause * 2, 0.005)
-
-    def _read(self, g: int) -> Any:
-        """The staged batch ``g``; None (and it is prepared again) if it fails its checks."""
-        name = self.area.batch_file(g)
-        try:
-            fd = open_private(self.area.path, name.name, os.O_RDONLY)
-            try:
-                return read_batch(fd, str(name))
-            finally:
-                os.close(fd)
-        except (BadBatchFile, OSError) as exc:
-            warnings.warn(f"coordinate: {exc}; preparing it again", CoordinationWarning, stacklevel=5)
-            with self.area.locked() as state:
-                slot = state.slot(g)
-                if slot["g"] == g and slot["state"] == READY:
-                    slot["state"] = UNCLAIMED
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(name)
-            return None
-
-    def _detach_laggards(self, g: int) -> None:
-        with self.area.locked() as state:
-            self.area.reap(state)
-            floor = state.floor()
-            if g < floor + self.area.window():
-                return
-            for m in state.live_rows():
-                row = state.members[m]
-                if m != self.row and row["status"] in (ACTIVE, PENDING) and row["position"] == floor:
-                    row["status"] = DETACHED
-            self.area.free_consumed(state)
 
     def _skip_to(self, end: int) -> None:
         """Past this epoch (finished, or left early by the training loop): the group need not keep its
