@@ -10,7 +10,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-__all__ = ["hold_sigint", "release_sigint", "session"]
+__all__ = ["session"]
 
 
 @contextlib.contextmanager
@@ -18,15 +18,15 @@ def session(argv: Sequence[str], **options: Any) -> Iterator[subprocess.Popen]:
     """``argv`` started in a session of its own, which is killed whole (the process and all it started)
     when the block ends, however it ends. Ctrl-C is held back while the process starts: landing between its
     start and this block, it would leave the process running, unkilled."""
-    held = hold_sigint()
+    held = _hold_sigint()
     try:
         proc = subprocess.Popen(list(argv), start_new_session=True, **options)
     except BaseException:
-        release_sigint(held)
+        _release_sigint(held)
         raise
     with proc:
         try:
-            release_sigint(held)  # a Ctrl-C held back is raised here, where the kill below is armed
+            _release_sigint(held)  # a Ctrl-C held back is raised here, where the kill below is armed
             yield proc
         finally:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -34,15 +34,15 @@ def session(argv: Sequence[str], **options: Any) -> Iterator[subprocess.Popen]:
             proc.wait()  # killed: at once
 
 
-def hold_sigint() -> tuple[Any, list[int]] | None:
-    """Ctrl-C noted, not raised, until ``release_sigint`` (Python runs signal handlers in the main thread)."""
+def _hold_sigint() -> tuple[Any, list[int]] | None:
+    """Ctrl-C noted, not raised, until ``_release_sigint`` (Python runs handlers in the main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         return None
     noted: list[int] = []
     return signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum)), noted
 
 
-def release_sigint(held: tuple[Any, list[int]] | None) -> None:
+def _release_sigint(held: tuple[Any, list[int]] | None) -> None:
     """Put the Ctrl-C handler back, and act on a Ctrl-C noted meanwhile as it would have."""
     if held is None:
         return

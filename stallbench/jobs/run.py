@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from stallbench.conditions.cgroup import StorageLimits
-from stallbench.jobs._session import hold_sigint, release_sigint, session
+from stallbench.jobs._session import session
 from stallbench.jobs.spec import WorkloadJob
 
 __all__ = [
@@ -100,20 +99,13 @@ class StartedJob:
     def __init__(self, job: WorkloadJob) -> None:
         self.job, self.tmp = job, Path(job_tmpdir())
         argv = [sys.executable, "-m", "stallbench.jobs.workload", str(job.write(self.tmp / "workload.json"))]
-        held = hold_sigint()  # as in ``session``: a Ctrl-C during the start must not leave the job unkilled
+        self._session = contextlib.ExitStack()  # closed by ``stop``: the session killed whole and reaped
         try:
             with open(self.tmp / "stdout", "wb") as out, open(self.tmp / "stderr", "wb") as err:
-                self.proc = subprocess.Popen(
-                    argv, stdout=out, stderr=err, start_new_session=True, env=child_env(self.tmp)
-                )
+                started = session(argv, stdout=out, stderr=err, env=child_env(self.tmp))
+                self.proc = self._session.enter_context(started)
         except BaseException:
-            release_sigint(held)
             shutil.rmtree(self.tmp, ignore_errors=True)
-            raise
-        try:
-            release_sigint(held)
-        except BaseException:
-            self.stop()
             raise
 
     def poll(self) -> int | None:
@@ -129,9 +121,7 @@ class StartedJob:
         return _records((self.tmp / "stdout").read_text())
 
     def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        self._session.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
