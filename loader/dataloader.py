@@ -96,12 +96,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             depth = (num_workers or 1) * (prefetch_factor or 2) + 2  # batches a rank may hold received
             ahead = depth * (batch_size or 1)
             self._partition = _open_partition(
-                partition_cache, dataset, cache, cache_dir, (sampler, batch_sampler), ahead
+                partition_cache, cache, cache_dir, (sampler, batch_sampler), ahead
             )
             peers = self._partition.peers if self._partition is not None else None
             dataset = dataset.bind(
                 cache=cache, board=board, on_error=on_error, readahead=readahead, peers=peers
             )
+            if self._partition is not None:
+                self._partition.serve_from(dataset)
             batched = batch_sampler is not None or batch_size is not None
             collate_fn = TimedCollate(
                 collate_fn or (default_collate if batched else default_convert), board, batched
@@ -259,14 +261,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
 
 def _open_partition(
-    value: Any, dataset: SourceDataset, cache: MinIOCache | None, cache_dir: Any, samplers: tuple, ahead: int
+    value: Any, cache: MinIOCache | None, cache_dir: Any, samplers: tuple, ahead: int
 ) -> PartitionedCache | None:
     """The partitioned cache's part of this rank (``partition_cache=``), or None."""
     options = partition_from(value)
     if options is None:
         return None
     check_partition_args(cache, *samplers)
-    return PartitionedCache(options, dataset, cache, cache_dir, ahead)
+    return PartitionedCache(options, cache_dir, ahead)
 
 
 def _open_cache(

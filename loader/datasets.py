@@ -132,6 +132,12 @@ class SourceDataset(Dataset):
             return SKIPPED
         return sample, self.source.label(index)
 
+    def read_record(self, index: int) -> tuple[bytes, bool]:
+        """Record ``index``'s raw bytes through the cache (a miss admitted where there is room), and whether
+        the cache had them; counted nowhere: a partitioned cache serves other nodes with it."""
+        got = self._fetch(self.source.check_index(index))
+        return got.raw, got.hit
+
     def _fetch(self, index: int) -> _Fetched:
         """Thread-safe: reads and admits, counts nothing."""
         start = time.perf_counter()

@@ -14,7 +14,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
-from loader.cache import CorruptRecordError, MinIOCache
+from loader.cache import MinIOCache
 from loader.cache._private import private_dir
 from loader.partition.exchange import Exchange
 from loader.partition.inbox import Inbox
@@ -42,12 +42,11 @@ def check_partition_args(cache: MinIOCache | None, sampler: Any, batch_sampler: 
 
 
 class PartitionedCache:
-    """This rank's part: ``peers`` goes to the workers; ``start_epoch`` before each epoch."""
+    """This rank's part: ``peers`` goes to the workers' dataset, which ``serve_from`` then names (the node
+    serves its records through it, cache first); ``start_epoch`` before each epoch."""
 
-    def __init__(
-        self, options: Partition, dataset: Any, cache: MinIOCache, cache_dir: str | os.PathLike, ahead: int
-    ) -> None:
-        self.source, self.cache = dataset.source, cache
+    def __init__(self, options: Partition, cache_dir: str | os.PathLike, ahead: int) -> None:
+        self._dataset: Any = None
         self.group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=options.timeout))
         places: list[Any] = [None] * dist.get_world_size(self.group)
         place = (socket.gethostname(), os.path.realpath(cache_dir))
@@ -69,14 +68,14 @@ class PartitionedCache:
         self._say_gone()
         self.exchange.start_epoch(lambda rank: order_of(sampler, rank))
 
+    def serve_from(self, dataset: Any) -> None:
+        """The loader's bound dataset: this node's records are read through it for the other nodes."""
+        self._dataset = dataset
+
     def _read_owned(self, index: int) -> bytes:
         """A record this node owns, for another node: from the cache, or from storage (then admitted)."""
-        try:
-            raw = self.cache.get(index)
-        except CorruptRecordError:
-            raw = None
-        if raw is None:
-            raw, _ = self.source.read_admitting(index, lambda r: self.cache.admit(index, r))
+        raw, from_cache = self._dataset.read_record(index)
+        if not from_cache:
             with self._lock:
                 self.read_to_serve += len(raw)
         return raw
