@@ -83,8 +83,12 @@ class State:
 
     def floor(self) -> int:
         """The lowest batch a subscribed (active or pending) member has yet to consume (huge if none)."""
-        rows = self.members[(self.members["status"] == ACTIVE) | (self.members["status"] == PENDING)]
+        rows = self.members[self.subscribed()]
         return int(rows["position"].min()) if len(rows) else 1 << 62
+
+    def subscribed(self) -> np.ndarray:
+        """Which rows the group keeps batches for: its active members and those waiting to join."""
+        return (self.members["status"] == ACTIVE) | (self.members["status"] == PENDING)
 
     def live_rows(self) -> list[int]:
         return [int(m) for m in np.flatnonzero(self.members["status"] != EMPTY)]

@@ -35,6 +35,7 @@ __all__ = ["Member", "PrepFailed"]
 
 _REAP_EVERY = 0.5  # seconds between liveness checks of a job that waits: a dead job is seen this fast
 _UNCLAIMED_WAIT = 1.0  # seconds a needed batch may stay unclaimed before the main process prepares it
+_DETACHED = "the group detached it: it fell behind by more than its staged batches"
 
 
 class PrepFailed(RuntimeError):
@@ -88,7 +89,7 @@ class Member:
                 self.row = self.preparer.row = self._join(state)
             row = state.members[self.row]
             if row["status"] == DETACHED:
-                self._go_alone("the group detached it: it fell behind by more than its staged batches")
+                self._go_alone(_DETACHED)
                 return None
             epoch = -(-int(row["position"]) // B)
             if row["status"] == PENDING:
@@ -113,8 +114,7 @@ class Member:
         """A row for this job: in the group's current epoch if its first batch is still staged, else pending
         (this epoch runs alone; the group keeps its next epoch's first batches for it)."""
         B, last = self.area.num_batches, state.published
-        others = [m for m in state.live_rows() if state.members[m]["status"] in (ACTIVE, PENDING)]
-        if last < 0 or not others:
+        if last < 0 or not state.subscribed().any():
             return self.area.join(state, ACTIVE, (last + 1) * B)
         first = state.slot(last * B)
         if first["g"] == last * B and first["state"] != FREE:
@@ -142,7 +142,7 @@ class Member:
         while True:
             state = self.area.state()
             if state.members[self.row]["status"] != ACTIVE:
-                return self._go_alone("the group detached it: it fell behind by more than its staged batches")
+                return self._go_alone(_DETACHED)
             slot = state.slot(g)
             if slot["g"] == g and slot["state"] == FAILED:
                 epoch, b = divmod(g, self.area.num_batches)
@@ -205,7 +205,7 @@ class Member:
         state = self.area.state()
         row = state.members[self.row]
         status = {ACTIVE: "member", PENDING: "waiting"}.get(int(row["status"]), f"alone: {self.alone_why}")
-        members = int(((state.members["status"] == ACTIVE) | (state.members["status"] == PENDING)).sum())
+        members = int(state.subscribed().sum())
         return CoordinationStats(
             name, status, members, int(row["prepared"]), int(row["consumed"]), float(row["prep_cpu"]),
             float(row["cpu_saved"]),
