@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -108,7 +109,7 @@ class Exchange:
 
     def _wait_for_room(self, plan: Plan) -> None:
         while not plan.abandoned and self.inbox.waiting() >= self.ahead:
-            threading.Event().wait(0.002)
+            time.sleep(0.002)
 
     def _receive(self, leader: int, chunk: list[int], plan: Plan) -> None:
         sizes = torch.empty(len(chunk), dtype=torch.int64)
