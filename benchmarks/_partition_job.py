@@ -45,7 +45,8 @@ def main(config: dict) -> None:
         stats = dl.stats()
         line = {"rank": rank, "epoch": epoch, "seconds": seconds, "storage_bytes": read, "records": records,
                 "peers_bytes": stats.bytes_from_peers, "cache_bytes": stats.bytes_from_cache}  # fmt: skip
-        print(json.dumps(line), flush=True)
+        sys.stdout.write(json.dumps(line) + "\n")  # one write: ranks share stdout (print may write twice)
+        sys.stdout.flush()
         dist.barrier()
     dist.destroy_process_group()
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> None:
         moved = {k: getattr(after, k) - getattr(before, k) for k in ("bytes_from_cache", "bytes_from_peers")}
         moved["bytes_from_source"] = after.bytes_from_source - before.bytes_from_source
         line = {"rank": rank, "epoch": epoch + 1, "seconds": round(time.perf_counter() - start, 3), **moved}
-        print(json.dumps(line), flush=True)
+        sys.stdout.write(json.dumps(line) + "\n")  # one write: ranks share stdout (print may write twice)
+        sys.stdout.flush()
     dist.barrier()
     dist.destroy_process_group()
 

@@ -57,8 +57,10 @@ def torchrun(*args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *args]
 
 
-def results(out: str) -> tuple[dict[tuple[int, int], dict], dict[int, dict]]:
-    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+def results(folder: Path) -> tuple[dict[tuple[int, int], dict], dict[int, dict]]:
+    """What each rank of ``_partition_job.py`` wrote to its own ``rank<R>.jsonl`` in ``folder``."""
+    texts = [path.read_text() for path in folder.glob("rank*.jsonl")]
+    lines = [json.loads(line) for text in texts for line in text.splitlines()]
     epochs = {(r["rank"], r["epoch"]): r for r in lines if "epoch" in r}
     return epochs, {r["rank"]: r["cache"] for r in lines if "cache" in r}
 
@@ -78,7 +80,7 @@ def test_two_nodes_cache_twice_as_much_and_send_each_other_their_records(tmp_pat
     argv = torchrun("--nproc-per-node", "2", "--master-port", str(free_port()), str(JOB), str(cfg))
     done = subprocess.run(argv, env=env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    epochs, caches = results(done.stdout)
+    epochs, caches = results(tmp_path)
     for (rank, epoch), r in epochs.items():
         assert r["digests"] == expected(records, 2, rank, epoch)  # every record whole, in the rank's order
         theirs = [i for i in sampler_order(records, rank, epoch) if i % 2 != rank]
@@ -121,7 +123,7 @@ def test_two_torchrun_agents_rendezvous_on_localhost_as_two_nodes(tmp_path, data
     agents = [subprocess.Popen(argv, env=env(), cwd=tmp_path, **pipes) for _ in range(2)]
     outs = [agent.communicate(timeout=300) for agent in agents]
     assert all(agent.returncode == 0 for agent in agents), [err[-2000:] for _, err in outs]
-    epochs, _ = results("\n".join(out for out, _ in outs))
+    epochs, _ = results(tmp_path)
     assert set(epochs) == {(r, e) for r in (0, 1) for e in (0, 1)}
     for (rank, epoch), r in epochs.items():
         assert r["digests"] == expected(records, 2, rank, epoch)
@@ -150,7 +152,7 @@ def test_a_node_killed_mid_epoch_the_others_finish_from_storage_within_the_timeo
     outs = [proc.communicate(timeout=120) for proc in ranks[:2]]
     assert all(proc.returncode == 0 for proc in ranks[:2]), [err[-2000:] for _, err in outs]
     assert time.monotonic() - start < 60
-    epochs, _ = results("\n".join(out for out, _ in outs))
+    epochs, _ = results(tmp_path)
     for rank in (0, 1):  # the second epoch needs the dead node's records: they come from storage
         for epoch in (0, 1):
             assert epochs[rank, epoch]["digests"] == expected(records, 3, rank, epoch)  # none lost or damaged
