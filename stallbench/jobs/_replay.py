@@ -142,8 +142,7 @@ def cached_maker(spec: JobSpec, torch_class: type) -> Callable[..., Any]:
 
     def make(*args: Any, **kwargs: Any) -> Any:
         try:
-            from loader.dataloader import DataLoader
-            from loader.datasets import SourceDataset
+            from loader import DataLoader, SourceDataset
         except Exception as exc:
             say(f"cannot import loader ({exc!r}); the DataLoaders stay torch's", key="import-loader")
             return torch_class(*args, **kwargs)

@@ -28,8 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from loader import open_private
-from loader.files import CachedFiles
+from loader import CachedFiles, open_private
 from stallbench.jobs.spec import JobSpec
 
 __all__ = ["SERVED_ENV", "ServedFile", "install", "served_counts", "uninstall"]
