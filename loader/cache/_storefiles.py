@@ -1,4 +1,5 @@
-"""Creating a store's files whole: built in a private temporary folder, then renamed into place at once."""
+"""A store's files: created whole (built in a private temporary folder, then renamed into place at once), and
+checked when attached: a header of another version or other data is never used."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ import numpy as np
 
 from loader.cache._layout import HEADER_DTYPE, MAGIC, VERSION, index_bytes
 
-__all__ = ["create_store"]
+__all__ = ["StoreDamaged", "check_capacity", "check_header", "create_store"]
+
+
+class StoreDamaged(ValueError):
+    """The store's own files are not a whole store of this version: it is rebuilt."""
 
 
 def create_store(path: Path, *, fingerprint: str, num_records: int, capacity: int) -> None:
@@ -56,3 +61,24 @@ def _make_file(file: Path, size: int, *, allocate: bool) -> None:
     finally:
         with contextlib.suppress(OSError):
             os.close(fd)
+
+
+def check_capacity(capacity: int, num_records: int) -> None:
+    """ValueError naming ``cache_bytes`` unless it is a size that holds more than the index."""
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+        raise ValueError(f"cache_bytes must be a positive number of bytes, got {capacity!r}")
+    if capacity <= index_bytes(num_records):
+        raise ValueError(
+            f"cache_bytes={capacity} cannot hold even the index of {num_records} records "
+            f"({index_bytes(num_records)} bytes); give it more"
+        )
+
+
+def check_header(header: np.ndarray, path: Path, fingerprint: str, num_records: int) -> None:
+    """StoreDamaged for a header of another version or data; ValueError for another record count."""
+    if header["magic"][0] != MAGIC or header["version"][0] != VERSION:
+        raise StoreDamaged(f"{path} is not a stallbench cache of version {VERSION}")
+    if header["fingerprint"][0].decode(errors="replace") != fingerprint[:64]:
+        raise StoreDamaged(f"the header of {path} names other data")
+    if header["num_records"][0] != num_records:
+        raise ValueError(f"the cache at {path} belongs to other data (fingerprint or record count differ)")
