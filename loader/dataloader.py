@@ -13,26 +13,24 @@ from torch.utils.data._utils.collate import default_collate, default_convert
 from torch.utils.data.dataloader import _DatasetKind
 
 from loader._collate import TimedCollate
-from loader._memory import auto_cache_bytes, format_bytes
-from loader._resume import ReplayableSampler, counting_iterator, generator_states, restore_generators
+from loader._opening import open_cache, open_partition
+from loader._resumable import ResumableEpochs
+from loader._resume import ReplayableSampler, counting_iterator
 from loader.cache import MinIOCache
-from loader.cache._layout import index_bytes
 from loader.coordinated import Coordination
 from loader.coordinated.options import coordination_from
 from loader.coordinated.wiring import CoordinatedEpochs
 from loader.datasets import SKIPPED, SourceDataset
 from loader.partition import Partition
 from loader.partition.options import partition_from
-from loader.partition.wiring import PartitionedCache, check_partition_args
 from loader.stats import LoaderStats, StatsBoard
 
 __all__ = ["DataLoader"]
 
-_STATE_VERSION = 1
 _T_co = TypeVar("_T_co", covariant=True)
 
 
-class DataLoader(torch.utils.data.DataLoader[_T_co]):
+class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
     """A drop-in ``torch.utils.data.DataLoader``; with a source-backed dataset it reads through a MinIO cache.
 
     Keyword-only additions:
@@ -92,10 +90,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         board = StatsBoard(num_workers if isinstance(num_workers, int) and num_workers > 0 else 0)
         cache, self._cache_sizing, self._partition = None, "", None
         if isinstance(dataset, SourceDataset):
-            cache, self._cache_sizing = _open_cache(dataset, cache_bytes, cache_dir)
+            cache, self._cache_sizing = open_cache(dataset, cache_bytes, cache_dir)
             depth = (num_workers or 1) * (prefetch_factor or 2) + 2  # batches a rank may hold received
             ahead = depth * (batch_size or 1)
-            self._partition = _open_partition(
+            self._partition = open_partition(
                 partition_cache, cache, cache_dir, (sampler, batch_sampler), ahead
             )
             peers = self._partition.peers if self._partition is not None else None
@@ -198,121 +196,3 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if self._partition is not None:
             totals = dataclasses.replace(totals, partition=self._partition.stats())
         return totals
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where the current epoch stands: its whole order and how many batches were handed out."""
-        if self._replay is None:
-            raise TypeError(
-                "state_dict() needs a map-style dataset; an IterableDataset keeps its own position"
-            )
-        if self._coordinated is not None:
-            raise TypeError(
-                "state_dict() is not available with coordinate: the group, not the job, has the order"
-            )
-        if not self.in_order and self.num_workers > 0:
-            raise ValueError(
-                "state_dict() needs in_order=True: with in_order=False batches arrive out of order"
-            )
-        started = self._replay.epochs_started > self._started_before  # this iterator's order is drawn
-        return {
-            "version": _STATE_VERSION,
-            "epoch_order": list(self._replay.epoch_order) if started else [],
-            "batches_delivered": self._delivered,
-            "generators": generator_states(self._generators()),
-            # an iterator made whose order is not drawn yet: its base seed is drawn, the order comes next
-            "order_next": self._made_iterator and not started,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Make the next ``iter(loader)`` yield exactly the rest of the saved epoch."""
-        if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-            raise ValueError(f"not a loader.DataLoader state of version {_STATE_VERSION}")
-        order, done = state["epoch_order"], state["batches_delivered"]
-        if not 0 <= done <= len(order):
-            raise ValueError(f"batches_delivered={done} is outside the saved epoch of {len(order)} batches")
-        if self._replay is None:
-            raise TypeError("load_state_dict() needs a map-style dataset")
-        if done < len(order):
-            self._replay.resume(order, done)
-        mid_epoch, order_next = done < len(order), bool(state.get("order_next"))
-        self._resume = (state["generators"], mid_epoch, order_next or self.persistent_workers)
-
-    def _iter_resumed(self) -> Any:
-        """The first iterator after ``load_state_dict``: the generators make the same draws as the saved
-        loader's would have. Torch draws the workers' base seed when an iterator is made, then the order."""
-        states, mid_epoch, order_next = self._resume
-        self._resume = None
-        restore = lambda: restore_generators(self._generators(), states)  # noqa: E731
-        if not mid_epoch and not order_next:
-            restore()  # the next epoch draws a base seed and its order, as the saved loader's next would
-            return super().__iter__()
-        if not mid_epoch:  # the base seed was drawn (or persistent workers keep theirs): the order is next
-            self._replay.before_next_draw(restore)
-            return super().__iter__()
-        inner = super().__iter__()  # the rest of the epoch is replayed and draws nothing
-        restore()
-        return inner
-
-    def _count_delivered(self) -> None:
-        self._delivered += 1
-
-    def _generators(self) -> dict[str, Any]:
-        return {"loader": self.generator, "sampler": getattr(self.sampler, "generator", None)}
-
-
-def _open_partition(
-    value: Any, cache: MinIOCache | None, cache_dir: Any, samplers: tuple, ahead: int
-) -> PartitionedCache | None:
-    """The partitioned cache's part of this rank (``partition_cache=``), or None."""
-    options = partition_from(value)
-    if options is None:
-        return None
-    check_partition_args(cache, *samplers)
-    return PartitionedCache(options, cache_dir, ahead)
-
-
-def _open_cache(
-    dataset: SourceDataset, cache_bytes: int | str | None, cache_dir: str | os.PathLike
-) -> tuple[MinIOCache | None, str]:
-    """The loader's cache (None: none) and, for ``"auto"``, how its capacity was chosen."""
-    if cache_bytes is None:
-        return None, ""
-    sizing = ""
-    if cache_bytes == "auto":
-        cache_bytes, sizing = _auto_capacity(dataset)
-        if cache_bytes is None:
-            warnings.warn(
-                f"cache_bytes='auto' makes no cache ({sizing}); reading from storage",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            return None, sizing
-    elif isinstance(cache_bytes, str):
-        raise ValueError(f"cache_bytes must be a number of bytes, 'auto' or None, got {cache_bytes!r}")
-    try:
-        cache = MinIOCache.open(
-            fingerprint=dataset.source.fingerprint,
-            num_records=len(dataset),
-            capacity=cache_bytes,
-            cache_dir=cache_dir,
-            warn_capacity=not sizing,
-        )
-    except OSError as exc:  # /dev/shm full or not writable: train on without the cache
-        warnings.warn(
-            f"the cache in {cache_dir} cannot be made ({exc}); reading from storage only", stacklevel=3
-        )
-        return None, sizing
-    if sizing and cache.capacity != cache_bytes:
-        sizing += f"; the cache already held this data with {format_bytes(cache.capacity)} and is used as is"
-    return cache, sizing
-
-
-def _auto_capacity(dataset: SourceDataset) -> tuple[int | None, str]:
-    """What ``cache_bytes="auto"`` gives: the memory free to take, up to the records and their index."""
-    index = index_bytes(len(dataset))
-    records = dataset.source.nbytes
-    wanted = index + (records if records is not None else 1 << 62)
-    capacity, why = auto_cache_bytes(wanted)
-    if capacity <= index:
-        return None, why
-    return capacity, why
