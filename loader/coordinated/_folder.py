@@ -18,7 +18,7 @@ from pathlib import Path
 from loader.cache._locks import LockTimeout, forget_writer, writer_alive, writer_id
 from loader.cache._private import open_private, private_dir
 from loader.coordinated._order import read_order
-from loader.coordinated._state import State
+from loader.coordinated._state import ACTIVE, State
 
 __all__ = ["Folder", "LockTimeout"]
 
@@ -60,6 +60,14 @@ class Folder:
     def state(self) -> State:
         """The table, for a look without the lock."""
         return self._attach()[1]
+
+    def wait_for_active(self, members: int, timeout: float) -> None:
+        """Until ``members`` members are active, or ``timeout`` seconds have passed."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if (self.state().members["status"] == ACTIVE).sum() >= members:
+                return
+            time.sleep(0.01)
 
     def me(self) -> tuple[int, int]:
         """This process's writer id in the group."""
@@ -113,6 +121,21 @@ class Folder:
 
     def error_file(self, g: int) -> Path:
         return self.path / f"e-{g}"
+
+    def write_error(self, g: int, message: str) -> None:
+        """Why batch ``g`` could not be prepared, in a file of its own (0600, never through a link)."""
+        path = self.error_file(g)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(message)
+
+    def failure(self, g: int) -> str:
+        """What ``write_error`` left for batch ``g`` (its first 20,000 characters)."""
+        fd = open_private(self.path, self.error_file(g).name, os.O_RDONLY)
+        with os.fdopen(fd) as f:
+            return f.read(20_000)
 
     def window(self) -> int:
         return self._window

@@ -137,21 +137,11 @@ class Area(Folder):
 
     def failed_batch(self, g: int, message: str) -> None:
         """Batch ``g`` could not be prepared: every job that reaches it raises ``message``."""
-        path = self.error_file(g)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(message)
+        self.write_error(g, message)
         with self.locked() as state:
             slot = state.slot(g)
             if slot["g"] == g and slot["state"] == CLAIMED:
                 slot["state"] = FAILED
-
-    def failure(self, g: int) -> str:
-        fd = open_private(self.path, self.error_file(g).name, os.O_RDONLY)
-        with os.fdopen(fd) as f:
-            return f.read(20_000)
 
     def published_batch(self, g: int, m: int, nbytes: int, cpu: float) -> None:
         """Under the lock: batch ``g`` (written to its file) is ready; member ``m``'s process made it."""

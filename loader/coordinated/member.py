@@ -28,18 +28,14 @@ from loader.coordinated._state import (
     UNCLAIMED,
 )
 from loader.coordinated.area import Area
-from loader.coordinated.options import Coordination, CoordinationStats, CoordinationWarning
+from loader.coordinated.options import Coordination, CoordinationStats, CoordinationWarning, PrepFailed
 from loader.coordinated.prep import Preparer
 
-__all__ = ["Member", "PrepFailed"]
+__all__ = ["Member"]
 
 _REAP_EVERY = 0.5  # seconds between liveness checks of a job that waits: a dead job is seen this fast
 _UNCLAIMED_WAIT = 1.0  # seconds a needed batch may stay unclaimed before the main process prepares it
 _DETACHED = "the group detached it: it fell behind by more than its staged batches"
-
-
-class PrepFailed(RuntimeError):
-    """A batch of the group could not be prepared (the message has the preparer's error): no job gets it."""
 
 
 class Member:
@@ -107,7 +103,7 @@ class Member:
             self.area.free_consumed(state)
         self._epochs_begun += 1
         if self._epochs_begun == 1:
-            self._wait_for_members()
+            self.area.wait_for_active(self.options.min_members, self.options.join_timeout)
         return epoch
 
     def _join(self, state) -> int:
@@ -126,14 +122,6 @@ class Member:
             stacklevel=5,
         )
         return self.area.join(state, PENDING, (last + 1) * B)
-
-    def _wait_for_members(self) -> None:
-        deadline = time.monotonic() + self.options.join_timeout
-        while time.monotonic() < deadline:
-            state = self.area.state()
-            if (state.members["status"] == ACTIVE).sum() >= self.options.min_members:
-                return
-            time.sleep(0.01)
 
     def _take(self, g: int, limit: int) -> Any:
         """Batch ``g`` from the staging area, once it is ready."""
@@ -203,13 +191,7 @@ class Member:
         if self.row is None:
             return CoordinationStats(name, "not started", 0, 0, 0, 0.0, 0.0)
         state = self.area.state()
-        row = state.members[self.row]
-        status = {ACTIVE: "member", PENDING: "waiting"}.get(int(row["status"]), f"alone: {self.alone_why}")
-        members = int(state.subscribed().sum())
-        return CoordinationStats(
-            name, status, members, int(row["prepared"]), int(row["consumed"]), float(row["prep_cpu"]),
-            float(row["cpu_saved"]),
-        )  # fmt: skip
+        return CoordinationStats.of_row(name, state.members[self.row], state, self.alone_why)
 
     def leave(self) -> None:
         """Out of the group (the last one out removes the staging area); ``stats()`` keeps its figures."""

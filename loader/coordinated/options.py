@@ -9,6 +9,8 @@ import os
 import re
 from typing import Any, Literal
 
+from loader.coordinated._state import ACTIVE, PENDING
+
 __all__ = ["Coordination", "CoordinationStats", "CoordinationWarning", "coordination_from", "group_key"]
 
 
@@ -64,6 +66,20 @@ class CoordinationStats:
     batches_consumed: int
     prep_cpu_seconds: float
     prep_cpu_saved_seconds: float
+
+    @classmethod
+    def of_row(cls, group: str, row: Any, state: Any, alone_why: str) -> CoordinationStats:
+        """A member's figures from its ``row`` of the group's table (``state``: a ``_state.State``)."""
+        status = {ACTIVE: "member", PENDING: "waiting"}.get(int(row["status"]), f"alone: {alone_why}")
+        members = int(state.subscribed().sum())
+        return cls(
+            group, status, members, int(row["prepared"]), int(row["consumed"]), float(row["prep_cpu"]),
+            float(row["cpu_saved"]),
+        )  # fmt: skip
+
+
+class PrepFailed(RuntimeError):
+    """A batch of the group could not be prepared (the message has the preparer's error): no job gets it."""
 
 
 def coordination_from(value: Any) -> Coordination | None:
