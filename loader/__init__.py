@@ -1,7 +1,7 @@
 """A drop-in PyTorch DataLoader with a shared minimal-miss cache: change one import, add a cache size."""
 
 from loader._collate import TimedCollate
-from loader._memory import reserve_for_limit
+from loader._headroom import reserve_for_limit
 from loader._pil import PilBuild, pil_build
 from loader.cache import CacheInfo, MinIOCache
 from loader.cache._layout import index_bytes

@@ -1,4 +1,4 @@
-"""How much memory the cache may still take, and whether memory is short now.
+"""How much memory the job may still take: the memory view (what the cache makes of it: ``_headroom.py``).
 
 The cache lives in /dev/shm: its pages are shmem, which the kernel cannot reclaim without swap, so a cache
 that outgrows the job's memory gets the job killed. What the cache may take is therefore a limit less the
@@ -20,25 +20,15 @@ import posixpath
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from time import monotonic
 
 import psutil
 
-__all__ = [
-    "MemoryView",
-    "PressureGauge",
-    "auto_cache_bytes",
-    "format_bytes",
-    "memory_view",
-    "reserve_bytes",
-    "reserve_for_limit",
-]
+__all__ = ["MemoryView", "format_bytes", "memory_view"]
 
 _PROC_CGROUP = "/proc/self/cgroup"  # module constants so that tests can point them at fixtures
 _MOUNTINFO = "/proc/self/mountinfo"
 _MEMINFO = "/proc/meminfo"
 _NO_LIMIT = 1 << 62  # v1 writes "no limit" as 2**63 rounded down to a page
-_MIB = 1 << 20
 _MEMINFO_KB = re.compile(rb"^(MemTotal|MemAvailable):\s+(\d+) kB$", re.M)
 
 
@@ -196,21 +186,6 @@ def memory_view() -> MemoryView:
     return tightest
 
 
-def reserve_bytes(view: MemoryView) -> int:
-    """Memory to leave free for the job's own growth: 5% of the limit, at least 128 MiB.
-
-    The growth is mostly copy-on-write: a DataLoader worker shares its parent's pages when forked and copies
-    each one it writes to (a refcount is a write), so a job's charged memory keeps growing through its first
-    epoch. Measured: 2 workers of a 168 MB parent grew the job by 61 MB after the cache stopped admitting at
-    64 MiB free, and the kernel killed it; 128 MiB covers that."""
-    return reserve_for_limit(view.limit)
-
-
-def reserve_for_limit(limit: int) -> int:
-    """What the cache leaves free under a memory limit of ``limit`` bytes (``reserve_bytes``)."""
-    return max(128 * _MIB, limit * 5 // 100)
-
-
 def format_bytes(n: int) -> str:
     """``n`` in binary units, as people read them: "512 B", "64 MiB", "1.2 GiB"."""
     if n < 1024:
@@ -221,57 +196,3 @@ def format_bytes(n: int) -> str:
         if value < 1024 or unit == "TiB":
             break
     return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
-
-
-def auto_cache_bytes(wanted: int, view: MemoryView | None = None) -> tuple[int, str]:
-    """Bytes to give the cache: ``wanted``, within the headroom less the reserve; and a sentence why."""
-    if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 0:
-        raise ValueError(f"wanted must be a non-negative int, got {wanted!r}")
-    view = memory_view() if view is None else view
-    reserve = reserve_bytes(view)
-    chosen = max(0, min(wanted, view.headroom - reserve))
-    free = f"{format_bytes(view.headroom)} free per {view.source}"
-    if chosen == wanted:
-        return chosen, f"{format_bytes(chosen)}: the dataset's size, within {free}"
-    return chosen, f"{format_bytes(chosen)}: {free}, less {format_bytes(reserve)} kept free"
-
-
-class PressureGauge:
-    """Tells whether memory is short; reads the memory view at most every ``interval`` seconds or after
-    ``bytes_between`` bytes were noted, whichever comes first.
-
-    Bytes noted (the ``adding`` of each call that was not short) count as taken until the next read, so a
-    burst of admissions between two reads cannot overrun the reserve. ``bytes_between`` defaults to an
-    eighth of the reserve.
-    """
-
-    def __init__(self, interval: float = 0.05, bytes_between: int | None = None) -> None:
-        if not interval >= 0:
-            raise ValueError(f"interval must be >= 0 seconds, got {interval!r}")
-        if bytes_between is not None and (isinstance(bytes_between, bool) or bytes_between <= 0):
-            raise ValueError(f"bytes_between must be a positive int or None, got {bytes_between!r}")
-        self.interval = interval
-        self.bytes_between = bytes_between
-        self.last: MemoryView | None = None
-        self._read_at = 0.0
-        self._noted = 0
-        self._reserve = 0
-
-    def short(self, adding: int = 0) -> bool:
-        """Whether taking ``adding`` more bytes would leave less than the reserve free."""
-        view = self.last
-        if view is None or self._due(adding):
-            view = self._read()
-        is_short = view.headroom - self._noted - adding < self._reserve
-        if not is_short:
-            self._noted += adding
-        return is_short
-
-    def _due(self, adding: int) -> bool:
-        between = self.bytes_between if self.bytes_between is not None else self._reserve // 8
-        return self._noted + adding >= between or monotonic() - self._read_at >= self.interval
-
-    def _read(self) -> MemoryView:
-        self.last = view = memory_view()
-        self._read_at, self._noted, self._reserve = monotonic(), 0, reserve_bytes(view)
-        return view

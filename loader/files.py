@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
-from loader._memory import auto_cache_bytes
+from loader._headroom import auto_cache_bytes
 from loader._shared_counts import SharedCounts
 from loader.cache import CorruptRecordError, MinIOCache
 from loader.cache._layout import index_bytes

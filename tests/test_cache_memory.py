@@ -14,7 +14,8 @@ from helpers import MemorySource, first_index
 
 import loader._memory
 from loader import DataLoader, SourceDataset
-from loader._memory import MemoryView, reserve_bytes
+from loader._headroom import reserve_bytes
+from loader._memory import MemoryView
 from loader.cache._layout import index_bytes
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.storage import evict_page_cache, probe_storage_conditions, resident_bytes

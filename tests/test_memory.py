@@ -15,8 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from loader import _memory
-from loader._memory import MemoryView, PressureGauge, auto_cache_bytes, memory_view, reserve_bytes
+from loader import _headroom, _memory
+from loader._headroom import PressureGauge, auto_cache_bytes, reserve_bytes
+from loader._memory import MemoryView, memory_view
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.storage import evict_page_cache, probe_storage_conditions
 
@@ -265,7 +266,7 @@ class Views:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, headroom: int) -> None:
         self.headroom, self.reads, self.now = headroom, 0, 1000.0
         monkeypatch.setattr(_memory, "memory_view", self.view)
-        monkeypatch.setattr(_memory, "monotonic", lambda: self.now)
+        monkeypatch.setattr(_headroom, "monotonic", lambda: self.now)
 
     def view(self) -> MemoryView:
         self.reads += 1
