@@ -1,22 +1,19 @@
-"""Ready-made datasets over a Source: raw bytes from the cache or storage, then decode + augment.
-
-The cache holds raw records, never decoded samples, so random augmentation stays random every epoch.
-"""
+"""Ready-made datasets over a Source: raw bytes from the cache or storage, then decode + augment. The cache
+holds raw records, never decoded samples, so random augmentation stays random every epoch."""
 
 from __future__ import annotations
 
 import copy
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
-import numpy as np
-import torch
 from torch.utils.data import Dataset
 
+from loader._fetched import SKIPPED, BatchCost, Fetched
 from loader._readahead import ReadAhead
 from loader.cache import CorruptRecordError, MinIOCache
-from loader.decode import make_transform
+from loader.decode import make_transform, tokens_to_tensor
 from loader.errors import BadRecordError
 from loader.partition.peers import PeerRecords
 from loader.sources import ArrowSource, ImageFolderSource, LMDBSource, Source
@@ -26,41 +23,6 @@ __all__ = ["SKIPPED", "ArrowDataset", "ImageFolder", "LMDBDataset", "SourceDatas
 
 Transform = Literal["train", "eval"] | Callable[[bytes], Any] | None
 OnError = Literal["raise", "skip"]
-
-
-class _Skipped:
-    """Stands in for a bad record under ``on_error="skip"``; the loader's collate drops it."""
-
-    def __reduce__(self) -> str:
-        return "SKIPPED"
-
-    def __repr__(self) -> str:
-        return "SKIPPED"
-
-
-SKIPPED = _Skipped()
-
-
-class _Fetched(NamedTuple):
-    """One record's raw bytes and how they were had; counted by the worker's own thread."""
-
-    raw: bytes
-    hit: bool
-    admitted: bool
-    seconds: float
-    corrupt: bool = False  # the cache held it but failed its check: read from the source instead
-    memory_pause: bool = False  # the cache began a pause in admission because memory was short
-    peer: bool = False  # sent by the node that caches it (partitioned cache)
-
-
-class _BatchCost:
-    """What one batch's records cost, summed by the worker's own thread: what the read-ahead switch weighs."""
-
-    __slots__ = ("decode_seconds", "fetch_seconds", "miss_bytes", "miss_seconds", "misses", "nbytes")
-
-    def __init__(self) -> None:
-        self.fetch_seconds = self.decode_seconds = self.miss_seconds = 0.0
-        self.nbytes = self.misses = self.miss_bytes = 0
 
 
 class SourceDataset(Dataset):
@@ -74,7 +36,7 @@ class SourceDataset(Dataset):
         self._on_error: OnError = "raise"
         self._readahead: ReadAhead | None = None
         self._peers: PeerRecords | None = None
-        self._spent = _BatchCost()
+        self._spent = BatchCost()
 
     def __len__(self) -> int:
         return len(self.source)
@@ -88,7 +50,7 @@ class SourceDataset(Dataset):
         readahead = self._readahead
         if readahead is None or not self.source.thread_safe_reads:
             return [self[i] for i in indices]
-        spent = self._spent = _BatchCost()
+        spent = self._spent = BatchCost()
         start = time.perf_counter()
         if not readahead.wanted():
             samples = [self[i] for i in indices]
@@ -120,7 +82,7 @@ class SourceDataset(Dataset):
         bound._peers = peers
         return bound
 
-    def _sample(self, index: int, fetched: Callable[[], _Fetched]) -> Any:
+    def _sample(self, index: int, fetched: Callable[[], Fetched]) -> Any:
         try:
             got = fetched()
             self._note(got)
@@ -138,30 +100,30 @@ class SourceDataset(Dataset):
         got = self._fetch(self.source.check_index(index))
         return got.raw, got.hit
 
-    def _fetch(self, index: int) -> _Fetched:
+    def _fetch(self, index: int) -> Fetched:
         """Thread-safe: reads and admits, counts nothing."""
         start = time.perf_counter()
         peers = self._peers
         if peers is not None and not peers.local(index):  # another node caches it: it sends it ahead
             raw = peers.take(index)
             if raw is not None:
-                return _Fetched(raw, False, False, time.perf_counter() - start, peer=True)
-            return _Fetched(self.source.read(index), False, False, time.perf_counter() - start)
+                return Fetched(raw, False, False, time.perf_counter() - start, peer=True)
+            return Fetched(self.source.read(index), False, False, time.perf_counter() - start)
         cache, corrupt = self._cache, False
         try:
             raw = cache.get(index) if cache is not None else None
         except CorruptRecordError:
             raw, corrupt = None, True
         if raw is not None:
-            return _Fetched(raw, True, False, time.perf_counter() - start)
+            return Fetched(raw, True, False, time.perf_counter() - start)
         if cache is None or corrupt or not cache.accepting(index):
-            return _Fetched(self.source.read(index), False, False, time.perf_counter() - start, corrupt)
+            return Fetched(self.source.read(index), False, False, time.perf_counter() - start, corrupt)
         pauses = cache.memory_pauses
         raw, admitted = self.source.read_admitting(index, lambda raw: cache.admit(index, raw))
         paused = cache.memory_pauses != pauses
-        return _Fetched(raw, False, admitted, time.perf_counter() - start, memory_pause=paused)
+        return Fetched(raw, False, admitted, time.perf_counter() - start, memory_pause=paused)
 
-    def _note(self, got: _Fetched) -> None:
+    def _note(self, got: Fetched) -> None:
         size = len(got.raw)
         if got.hit:
             self._count("hits", 1)
@@ -217,11 +179,6 @@ class LMDBDataset(SourceDataset):
 
     def __init__(self, path: str, transform: Transform = "train") -> None:
         super().__init__(LMDBSource(path), transform)
-
-
-def tokens_to_tensor(raw: bytes) -> torch.Tensor:
-    """The int64 tensor of a token sequence stored as little-endian int32 (how ArrowSource returns lists)."""
-    return torch.from_numpy(np.frombuffer(raw, dtype="<i4").astype(np.int64))
 
 
 class ArrowDataset(SourceDataset):

@@ -22,7 +22,7 @@ from PIL import Image, JpegImagePlugin
 
 from loader._pil import warn_if_not_simd
 
-__all__ = ["EvalTransform", "TrainTransform", "make_transform"]
+__all__ = ["EvalTransform", "TrainTransform", "make_transform", "tokens_to_tensor"]
 
 Box = tuple[float, float, float, float]  # left, top, right, bottom
 _DECODE_ERRORS = (OSError, SyntaxError, EOFError, ValueError, struct.error, Image.DecompressionBombError)
@@ -172,3 +172,8 @@ def make_transform(transform: str | Callable[[bytes], Any] | None) -> Callable[[
     if transform == "eval":
         return EvalTransform()
     raise ValueError(f'transform must be "train", "eval", a callable or None, got {transform!r}')
+
+
+def tokens_to_tensor(raw: bytes) -> torch.Tensor:
+    """The int64 tensor of a token sequence stored as little-endian int32 (how ArrowSource returns lists)."""
+    return torch.from_numpy(np.frombuffer(raw, dtype="<i4").astype(np.int64))
