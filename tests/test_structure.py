@@ -10,6 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 MODULES = sorted((REPO / "stallbench").rglob("*.py"))
+LOADER_MODULES = sorted((REPO / "loader").rglob("*.py"))
 MAX_LINES = 320
 STYLE_LINES = 200
 # Modules past the style's 200 lines (each still at most 320): a module that grows past 200 is split, or
@@ -21,12 +22,12 @@ LONG = {
     "stallbench/jobs/_timed.py",
     "stallbench/jobs/child.py",
     "stallbench/jobs/spec.py",
-    "stallbench/jobs/served.py",
     "stallbench/pytest_plugin.py",
     "stallbench/report/__init__.py",
     "stallbench/report/table.py",
     "stallbench/simulate.py",
     "stallbench/workloads.py",
+    "loader/coordinated/member.py",
 }
 
 
@@ -106,10 +107,10 @@ def _lines(path: Path) -> int:
 
 
 def test_every_module_is_at_most_320_lines():
-    long = {_name(p): _lines(p) for p in MODULES if _lines(p) > MAX_LINES}
+    long = {_name(p): _lines(p) for p in MODULES + LOADER_MODULES if _lines(p) > MAX_LINES}
     assert not long, f"split these modules (at most {MAX_LINES} lines): {long}"
 
 
 def test_modules_past_200_lines_are_the_known_ones():
-    past = {_name(p): _lines(p) for p in MODULES if _lines(p) > STYLE_LINES}
+    past = {_name(p): _lines(p) for p in MODULES + LOADER_MODULES if _lines(p) > STYLE_LINES}
     assert set(past) == LONG, f"past {STYLE_LINES} lines now: {past}; named in LONG: {sorted(LONG)}"
