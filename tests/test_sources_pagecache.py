@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from loader.sources import ArrowSource, ImageFolderSource, LMDBSource, image_folder_to_lmdb
+from loader.sources import ArrowSource, ImageFolderSource, LMDBSource, _pagecache, image_folder_to_lmdb
 from loader.sources._pagecache import PAGE
 from stallbench.conditions.storage import evict_page_cache, resident_bytes
 
@@ -35,6 +35,15 @@ def disk(tmp_path):
             f"{tmp_path} is on {_fs_type(tmp_path)}, which keeps every page in memory and ignores fadvise"
         )
     return tmp_path
+
+
+@pytest.fixture(params=["mincore", "nowait"])
+def residency(request, monkeypatch) -> str:
+    """How what was resident before a read is learned: ``mincore`` (this user owns the file), or where the
+    kernel would not tell the truth to ``mincore``, the ``RWF_NOWAIT`` probe."""
+    if request.param == "nowait":
+        monkeypatch.setattr(_pagecache, "can_tell", lambda fd: False)
+    return request.param
 
 
 def payload(i: int) -> bytes:
@@ -79,7 +88,7 @@ def test_resident_bytes_and_evict(disk):
     assert resident_bytes(path) == 0
 
 
-def test_image_folder_evicts_only_admitted_records_read_cold(disk):
+def test_image_folder_evicts_only_admitted_records_read_cold(disk, residency):
     files = image_files(disk / "imgs")
     make = partial(ImageFolderSource, disk / "imgs")
     assert residency_after_reads(make, files, admit=True) == 0.0
@@ -87,20 +96,41 @@ def test_image_folder_evicts_only_admitted_records_read_cold(disk):
     assert residency_after_reads(make, files, admit=True, warm=True) == 1.0  # another job's warm pages stay
 
 
-def test_pages_resident_before_the_read_stay(disk):
-    """A file whose first page alone is resident keeps that page; the pages our read brought in go."""
-    path = image_files(disk / "imgs")[0]
+def read_pages(path: str, pages: list[int]) -> None:
+    """Bring exactly these pages of ``path`` into the page cache, and no other."""
     evict_page_cache(path)
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no readahead: exactly one page comes in
-        os.pread(fd, PAGE, 0)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no readahead: exactly one page per read
+        for page in pages:
+            os.pread(fd, PAGE, page * PAGE)
     finally:
         os.close(fd)
-    assert resident_bytes(path) == PAGE
+    assert resident_bytes(path) == len(pages) * PAGE
+
+
+def test_pages_resident_before_the_read_stay(disk, residency):
+    """A file whose first page alone is resident keeps that page; the pages our read brought in go."""
+    path = image_files(disk / "imgs")[0]
+    read_pages(path, [0])
     raw, admitted = ImageFolderSource(disk / "imgs").read_admitting(0, lambda raw: True)
     assert (raw, admitted) == (payload(0), True)
     assert resident_bytes(path) == PAGE
+
+
+def test_pages_resident_anywhere_in_the_file_stay(disk):
+    """mincore tells each page apart: pages resident mid-file before the read stay, the rest go. (The
+    RWF_NOWAIT probe sees only a resident prefix: with it, such pages would go.)"""
+    path = image_files(disk / "imgs")[0]
+    read_pages(path, [5, 6, 100])
+    raw, admitted = ImageFolderSource(disk / "imgs").read_admitting(0, lambda raw: True)
+    assert (raw, admitted) == (payload(0), True)
+    assert resident_bytes(path) == 3 * PAGE
+    assert _pagecache.resident_pages(os.open(path, os.O_RDONLY), RECORD_BYTES).nonzero()[0].tolist() == [
+        5,
+        6,
+        100,
+    ]
 
 
 def test_a_failed_admission_keeps_the_pages_and_a_plain_read_evicts_nothing(disk):

@@ -10,7 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loader.errors import SourceError
-from loader.sources._pagecache import MappedFile, prefetch
+from loader.sources._mapped import MappedFile
+from loader.sources._pagecache import prefetch
 
 __all__ = ["IpcFile", "ParquetFile", "binary_value", "open_file", "token_value"]
 

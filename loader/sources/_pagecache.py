@@ -4,15 +4,18 @@ The loader's cache holds the records it admitted; the page cache should not hold
 only those: a record the cache did not admit keeps its pages, so spare memory serves it as it would serve
 torch's loader, and pages that were resident before our read (another job's warm pages) are never evicted.
 
-What was resident before a read is learned without privileges: a ``preadv2(RWF_NOWAIT)`` copies only what
-the page cache holds and stops at the first page it does not (``resident_prefix``). The pages from there on
-were brought in by our read, and are evicted once the record is admitted:
+What was resident before a read is asked of ``mincore``, which reads nothing (``resident_pages``: a fresh
+mapping of the file, never touched). The kernel answers it truthfully only to the file's owner or a writer;
+for anyone else a ``preadv2(RWF_NOWAIT)`` copies what the page cache holds up to the first page it does not
+(``resident_prefix``). That probe is the second choice: it starts reading ahead the pages it misses, and on
+a fast device some of them arrive before it stops, so they look resident and stay cached twice. The pages
+not resident before the read were brought in by it, and are evicted once the record is admitted:
 
-* a file read whole (image folder): ``posix_fadvise(DONTNEED)`` on that range before the file is closed;
+* a file read whole (image folder): ``posix_fadvise(DONTNEED)`` on those pages before the file is closed;
 * a value copied out of a memory map (Arrow IPC): residency comes from ``mincore`` on the mapping before the
-  copy (a probing read would read ahead into other records), and ``MappedFile.drop_cold`` unmaps the pages
-  that were not resident from this process (madvise DONTNEED) and then evicts them (fadvise DONTNEED),
-  because the kernel keeps mapped pages.
+  copy (a probing read would read ahead into other records), and ``MappedFile.drop_cold`` (``_mapped.py``)
+  unmaps the pages that were not resident from this process (madvise DONTNEED) and then evicts them
+  (fadvise DONTNEED), because the kernel keeps mapped pages.
 
 Where residency cannot be learned (a filesystem without ``RWF_NOWAIT``; ``mincore`` on a file this user
 neither owns nor may write) nothing is evicted unless it is known to be ours. Ranges are widened to whole
@@ -25,14 +28,22 @@ import ctypes
 import errno
 import mmap
 import os
-import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from loader._libc import MAP_FAILED
 from loader._libc import libc as _libc
 
-__all__ = ["PAGE", "MappedFile", "drop_file", "prefetch", "read_admitting", "resident_prefix"]
+__all__ = [
+    "PAGE",
+    "cold_runs",
+    "drop_file",
+    "prefetch",
+    "read_admitting",
+    "resident_pages",
+    "resident_prefix",
+]
 
 PAGE = mmap.PAGESIZE
 _CANNOT_TELL = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
@@ -54,6 +65,43 @@ def resident_prefix(fd: int, offset: int, length: int) -> bytearray | None:
     return buf
 
 
+def can_tell(fd: int) -> bool:
+    """Whether ``mincore`` tells this process the truth about the file's pages: it owns or may write it."""
+    owner = os.fstat(fd).st_uid
+    return os.geteuid() in (0, owner) or os.access(f"/proc/self/fd/{fd}", os.W_OK)
+
+
+def resident_pages(fd: int, size: int) -> np.ndarray | None:
+    """Per page of the file's first ``size`` bytes: resident now, read from a fresh mapping that touches
+    nothing; None where the kernel would not tell the truth (``can_tell``) or the file is empty."""
+    if size == 0 or not can_tell(fd):
+        return None
+    span = -(-size // PAGE) * PAGE
+    address = _libc.mmap(None, span, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if address in (None, MAP_FAILED):
+        return None
+    try:
+        vec = (ctypes.c_ubyte * (span // PAGE))()
+        if _libc.mincore(address, span, vec) != 0:
+            return None
+    finally:
+        _libc.munmap(address, span)
+    return np.frombuffer(vec, np.uint8) & 1 == 1
+
+
+def cold_runs(was_resident: np.ndarray) -> Iterator[tuple[int, int]]:
+    """(first page, pages) of each run of pages that were not resident."""
+    cold = np.flatnonzero(~was_resident)
+    for run in np.split(cold, np.flatnonzero(np.diff(cold) != 1) + 1) if cold.size else ():
+        yield int(run[0]), len(run)
+
+
+def drop_pages(fd: int, was_resident: np.ndarray) -> None:
+    """Evict the file's pages that were not resident (``resident_pages`` before the read), run by run."""
+    for first, pages in cold_runs(was_resident):
+        drop_file(fd, first * PAGE, pages * PAGE)
+
+
 def _cold_start(offset: int, resident: int) -> int:
     """The file offset of the first page our read brought in, after ``resident`` bytes found resident at
     ``offset``: a page holding any resident byte is never counted as ours."""
@@ -67,6 +115,13 @@ def read_admitting(path: str, admit: Callable[[bytes], bool]) -> tuple[bytes, bo
     with open(path, "rb", buffering=0) as f:
         fd = f.fileno()
         size = os.fstat(fd).st_size
+        before = resident_pages(fd, size)
+        if before is not None:
+            raw = f.readall()
+            admitted = admit(raw)
+            if admitted and not before.all():
+                drop_pages(fd, before)
+            return raw, admitted
         head = resident_prefix(fd, 0, size)
         if head is None:  # this filesystem cannot tell what was resident: read, admit, evict nothing
             raw = f.readall()
@@ -88,73 +143,3 @@ def prefetch(address: int, length: int) -> None:
     if length > PAGE:
         start = address - address % PAGE
         _libc.madvise(start, address + length - start, mmap.MADV_WILLNEED)
-
-
-class MappedFile:
-    """Evicts the pages of one file that this process read through a memory map (Arrow IPC).
-
-    What was resident before a read is asked of ``mincore`` on the mapping: a read that faults pages in must
-    not read ahead as a probe would. The kernel answers ``mincore`` truthfully only to the file's owner or a
-    writer (others see just their own mapped pages), so for anyone else nothing is evicted.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = os.path.realpath(path)
-        self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        weakref.finalize(self, os.close, self.fd)
-        st = os.fstat(self.fd)
-        self.inode = st.st_ino
-        self.can_tell = st.st_uid == os.geteuid() or os.geteuid() == 0 or os.access(self.path, os.W_OK)
-        self._maps: list[tuple[int, int, int]] = []
-
-    def resident(self, address: int, length: int) -> np.ndarray | None:
-        """Per page of ``[address, address + length)``: resident now; None where the kernel will not tell."""
-        if not self.can_tell or length == 0 or self.file_offset(address) is None:
-            return None
-        start = address - address % PAGE
-        span = address + length - start
-        vec = (ctypes.c_ubyte * -(-span // PAGE))()
-        if _libc.mincore(start, span, vec) != 0:
-            raise OSError(ctypes.get_errno(), f"mincore failed on a mapping of {self.path}")
-        return np.frombuffer(vec, np.uint8) & 1 == 1
-
-    def drop_cold(self, address: int, was_resident: np.ndarray) -> None:
-        """Evict the pages from ``address`` on that were not resident before the read (``resident``)."""
-        start = address - address % PAGE
-        cold = np.flatnonzero(~was_resident)
-        for run in np.split(cold, np.flatnonzero(np.diff(cold) != 1) + 1) if cold.size else ():
-            self.drop(start + int(run[0]) * PAGE, len(run) * PAGE)
-
-    def file_offset(self, address: int) -> int | None:
-        """Where a mapped address of this file lies in the file; None if it is not in a mapping of it."""
-        for lo, hi, offset in self._maps:
-            if lo <= address < hi:
-                return offset + address - lo
-        found = _mapping_at(address, self.path, self.inode)
-        if found is None:
-            return None
-        self._maps.append(found)
-        return found[2] + address - found[0]
-
-    def drop(self, address: int, length: int) -> None:
-        """Unmap and evict the pages holding ``[address, address + length)`` of a mapping of this file."""
-        start = address - address % PAGE
-        end = -(-(address + length) // PAGE) * PAGE
-        offset = self.file_offset(start)
-        if offset is None:
-            raise ValueError(f"address {address:#x} is not in a mapping of {self.path}")
-        if _libc.madvise(start, end - start, mmap.MADV_DONTNEED) != 0:
-            raise OSError(ctypes.get_errno(), f"madvise failed on a mapping of {self.path}")
-        drop_file(self.fd, offset, end - start)
-
-
-def _mapping_at(address: int, path: str, inode: int) -> tuple[int, int, int] | None:
-    """(start, end, file offset) of the mapping holding ``address`` if it maps the file (path or inode)."""
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.rstrip("\n").split(maxsplit=5)
-            lo, hi = (int(x, 16) for x in fields[0].split("-"))
-            if lo <= address < hi:
-                ours = len(fields) == 6 and (fields[5] == path or int(fields[4]) == inode)
-                return (lo, hi, int(fields[2], 16)) if ours else None
-    return None
