@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from loader import SKIPPED, ImageFolder, TrainTransform
+from loader._fetched import Fetched
 from loader.cache import MinIOCache
 from loader.cache._layout import checksum
-from loader.datasets import _Fetched
 from loader.stats import StatsBoard
 from stallbench.demo import format_table
 from stallbench.jobs.run import scratch_cache_dir
@@ -93,7 +93,7 @@ def test_statistics(benchmark, store, jpeg_root: Path) -> None:
     label, cache = store
     benchmark.group = f"hit-path-{label}"
     dataset = ImageFolder(jpeg_root).bind(cache=cache, board=StatsBoard(0), on_error="skip")
-    got = _Fetched(cache.get(0), hit=True, admitted=False, seconds=1e-5)
+    got = Fetched(cache.get(0), hit=True, admitted=False, seconds=1e-5)
     per_record(benchmark, f"stats {label}", lambda i: dataset._note(got))
 
 
