@@ -165,10 +165,12 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         if self.num_workers == 0:
             self._board.start_storage_count()
         if self._partition is not None:
-            self._partition.start_epoch(self.sampler)
-        if self._coordinated is not None:
-            return self._coordinated.epoch(self._plain_iter)
-        return self._plain_iter()
+            self._partition.end_epoch()
+        coordinated = self._coordinated
+        batches = coordinated.epoch(self._plain_iter) if coordinated is not None else self._plain_iter()
+        if self._partition is not None:  # only once the workers are forked: one forked while the exchange's
+            self._partition.start_epoch(self.sampler)  # threads ran inherited a lock and hung (seen in CI)
+        return batches
 
     def _plain_iter(self) -> Any:
         if self._replay is None:

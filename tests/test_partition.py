@@ -127,3 +127,33 @@ def test_one_node_alone_reads_through_its_cache_as_without_partitioning(tmp_path
         assert sorted(r for raw, _ in dl for r in raw) == files
     stats = dl.stats()
     assert stats.hits == len(files) and stats.bytes_from_peers == 0 and stats.partition["nodes"] == 1
+
+
+def test_an_epochs_exchange_starts_only_once_its_workers_are_forked(tmp_path, shm_dir, one_rank, monkeypatch):
+    """A worker forked while the exchange's threads run can inherit a lock one of them holds and hang for good
+    (seen in CI): the last epoch's exchange ends before the workers fork, the next one starts after."""
+    from torch.utils.data import dataloader as torch_dataloader
+
+    from loader.partition.wiring import PartitionedCache
+
+    events = []
+    real_init = torch_dataloader._MultiProcessingDataLoaderIter.__init__
+    real_end, real_start = PartitionedCache.end_epoch, PartitionedCache.start_epoch
+
+    def forking(self, *args, **kwargs):
+        events.append("fork")
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch_dataloader._MultiProcessingDataLoaderIter, "__init__", forking)
+    monkeypatch.setattr(PartitionedCache, "end_epoch", lambda s: events.append("end") or real_end(s))
+    monkeypatch.setattr(
+        PartitionedCache, "start_epoch", lambda s, sm: events.append("start") or real_start(s, sm)
+    )
+    dataset = loader.ImageFolder(str(make_jpeg_folder(tmp_path / "images")), transform=None)
+    sampler = DistributedSampler(dataset, shuffle=True, seed=3)
+    dl = loader.DataLoader(dataset, batch_size=2, sampler=sampler, num_workers=1, cache_bytes=1 << 20,
+                           cache_dir=shm_dir, partition_cache=True)  # fmt: skip
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        assert len([r for raw, _ in dl for r in raw]) == len(dataset)
+    assert events == ["end", "fork", "start"] * 2

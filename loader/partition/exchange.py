@@ -60,11 +60,16 @@ class Exchange:
         lay = self.layout
         return [q for q in range(len(lay.node_of)) if lay.node_of[q] != lay.node] if lay.leads else []
 
-    def start_epoch(self, order_of_rank: Callable[[int], list[int]]) -> None:
-        """Queue an epoch: ``order_of_rank(r)`` is rank r's order, the same on every rank."""
+    def end_epoch(self) -> None:
+        """Before the next epoch's workers start: what the last epoch still receives is dropped (a loop that
+        left it early), and its records no worker took go (that, or ``drop_last``)."""
         for plan in self._current:
-            plan.abandoned = True  # a loop that left its epoch early: what is still sent is dropped
-        self.inbox.clear()  # records of the last epoch that no worker took (a loop left early, drop_last)
+            plan.abandoned = True
+        self.inbox.clear()
+
+    def start_epoch(self, order_of_rank: Callable[[int], list[int]]) -> None:
+        """Queue an epoch (after ``end_epoch``): ``order_of_rank(r)`` is rank r's order, the same on every
+        rank."""
         lay = self.layout
         for q, plans in self._senders.items():
             plans.put(Plan(chunks_for(order_of_rank(q), lay, lay.node)))

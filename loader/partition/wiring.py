@@ -43,7 +43,8 @@ def check_partition_args(cache: MinIOCache | None, sampler: Any, batch_sampler: 
 
 class PartitionedCache:
     """This rank's part: ``peers`` goes to the workers' dataset, which ``serve_from`` then names (the node
-    serves its records through it, cache first); ``start_epoch`` before each epoch."""
+    serves its records through it, cache first); ``end_epoch`` before each epoch's workers start,
+    ``start_epoch`` once they have."""
 
     def __init__(self, options: Partition, cache_dir: str | os.PathLike, ahead: int) -> None:
         self._dataset: Any = None
@@ -64,7 +65,12 @@ class PartitionedCache:
         self._said_gone: set[int] = set()
         weakref.finalize(self, self.inbox.remove)
 
+    def end_epoch(self) -> None:
+        """The last epoch's exchange is over: call before the next epoch's workers start."""
+        self.exchange.end_epoch()
+
     def start_epoch(self, sampler: DistributedSampler) -> None:
+        """The exchange threads start the epoch: call once its workers exist (see DataLoader.__iter__)."""
         self._say_gone()
         self.exchange.start_epoch(lambda rank: order_of(sampler, rank))
 
