@@ -3,6 +3,7 @@ one torchrun, two torchrun agents (``--nnodes 2``), and a node killed mid-epoch.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from torch.utils.data import DistributedSampler
 
@@ -160,16 +162,25 @@ def test_a_node_killed_mid_epoch_the_others_finish_from_storage_within_the_timeo
 
 
 def finish_all(runs: list[subprocess.Popen], timeout: float) -> list[tuple[str, str]]:
-    """Each run's (stdout, stderr); a run still going after ``timeout`` seconds is killed, and its output
-    so far kept for the failure's message."""
+    """Each run's (stdout, stderr); a run still going after ``timeout`` seconds is killed with every
+    process it started, and its output so far kept for the failure's message."""
     deadline, outs = time.monotonic() + timeout, []
     for run in runs:
         try:
             outs.append(run.communicate(timeout=max(1.0, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
-            os.killpg(run.pid, signal.SIGKILL)  # the agent and its ranks: a session of their own
-            outs.append(run.communicate())
+            kill_tree(run.pid)
+            outs.append(run.communicate(timeout=30))
     return outs
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and all its descendants: torchrun starts each rank in a session of its own, so killing
+    the agent's session would leave the ranks (and the pipes they hold) behind."""
+    agent = psutil.Process(pid)
+    for proc in [*agent.children(recursive=True), agent]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
 
 
 def doc_commands() -> list[str]:
