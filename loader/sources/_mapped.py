@@ -11,7 +11,7 @@ import weakref
 import numpy as np
 
 from loader._libc import libc as _libc
-from loader.sources._pagecache import PAGE, cold_runs, drop_file
+from loader.sources._pagecache import PAGE, can_tell, cold_runs, drop_file
 
 __all__ = ["MappedFile"]
 
@@ -30,7 +30,7 @@ class MappedFile:
         weakref.finalize(self, os.close, self.fd)
         st = os.fstat(self.fd)
         self.inode = st.st_ino
-        self.can_tell = st.st_uid == os.geteuid() or os.geteuid() == 0 or os.access(self.path, os.W_OK)
+        self.can_tell = can_tell(self.fd)
         self._maps: list[tuple[int, int, int]] = []
 
     def resident(self, address: int, length: int) -> np.ndarray | None:
