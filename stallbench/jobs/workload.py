@@ -69,8 +69,9 @@ def ingestion_loader(dl: Any, workers: int, max_batches: int | None = None) -> t
     )
 
 
-def _loop(prof: Any, step: ComputeStep | None, max_batches: int | None) -> dict[str, Any]:
-    """One epoch of ``prof``: its batches, samples, and a token batch's valid tokens and token slots."""
+def _loop(prof: Any, step: ComputeStep | None, max_batches: int | None) -> tuple[dict[str, Any], float]:
+    """One epoch of ``prof``: its batches, samples, and a token batch's valid tokens and token slots; and the
+    clock at its end, read before a ``break`` shuts the workers down (a script's epoch ends there too)."""
     batches, samples, valid, slots = 0, 0, 0, 0
     for batch in prof:
         if step is not None:
@@ -79,9 +80,12 @@ def _loop(prof: Any, step: ComputeStep | None, max_batches: int | None) -> dict[
         batches, samples = batches + 1, samples + batch_samples(batch)
         valid, slots = valid + (tokens.valid if tokens else 0), slots + (tokens.slots if tokens else 0)
         if batches == max_batches:
+            end = time.perf_counter()
             break
+    else:
+        end = time.perf_counter()
     tokens = {"valid_tokens": valid or None, "token_slots": slots or None}  # None: no token batch
-    return {"batches": batches, "samples": samples, **tokens}
+    return {"batches": batches, "samples": samples, **tokens}, end
 
 
 def run_epochs(
@@ -98,8 +102,8 @@ def run_epochs(
     for epoch in range(1, epochs + 1):
         before = (_stat_values(stats), storage_read_bytes(), cpu_seconds(), meter.joules() if meter else None)
         start_time, start = time.monotonic(), time.perf_counter()
-        counts = _loop(prof, step, max_batches)
-        record = {"epoch": epoch, "seconds": time.perf_counter() - start, **counts}
+        counts, end = _loop(prof, step, max_batches)
+        record = {"epoch": epoch, "seconds": end - start, **counts}
         record.update(start_time=start_time, end_time=time.monotonic())
         record.update(_profile_fields(prof, last=epoch == epochs))
         record["storage_bytes"] = storage_read_bytes() - before[1]
