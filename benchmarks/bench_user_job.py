@@ -5,9 +5,11 @@
   >= 0.98 of plain (median of the pairs);
 * agreement: the example script analyzed through the bootstrap, and the same workload as a generated job
   (``_example_job.py``: the example's own transform and CNN step, the same data, batch, workers and steps),
-  18,000 JPEGs of 500x375 (~112 KB, as the demo's; an epoch of 6 batches reads 2% of them, so each reads
-  mostly from storage), storage throttled to 20 MB/s: compute, prep stall and fetch
-  stall each within 10% of the epoch of each other;
+  18,000 JPEGs of 500x375 (~112 KB, as the demo's; an epoch of 12 batches reads 4% of them, so each reads
+  mostly from storage), storage throttled to 20 MB/s, 3 rounds of the two alternating: compute, prep stall
+  and fetch stall (medians of the rounds) each within 10% of the epoch of each other. One analysis of
+  either varies by several points from run to run on this shared machine (prep stall is mostly the step
+  slowed by the workers beside it on 2 cores), so one round alone is a coin toss near the bound;
 * prefetch what-if: the same analysis's prediction for ``prefetch_factor`` 1 and 4 (the model says: the
   measured point's), against the example's cold run measured with each: within 15%;
 * ``--apply``: the example script (``examples/train_cnn.py``, 1 worker, prep-bound by a 3 ms sleep per
@@ -44,7 +46,7 @@ MAX_OVERHEAD = 0.02  # steps/s lost to the bootstrap
 MAX_APPLY_ERROR = 0.15
 MAX_DISAGREEMENT = 10.0  # percentage points of the epoch, per term
 EXAMPLE_JOB = Path(__file__).with_name("_example_job.py")
-STEPS, BANDWIDTH = 6, 20_000_000
+STEPS, BANDWIDTH, ROUNDS = 12, 20_000_000, 3
 
 
 def _small_images(root: Path) -> Path:
@@ -152,13 +154,23 @@ def test_the_example_agrees_with_the_same_generated_job(
     benchmark, bench_data_root: Path, tmp_path: Path
 ) -> None:
     data = make_jpeg_folder(bench_data_root / "jpeg-18000x114688", num_images=18_000, record_bytes=112 << 10)
-    example, generated = benchmark.pedantic(
-        lambda: (_example_split(data, tmp_path), _generated_split(data)), rounds=1, iterations=1
+    rounds = benchmark.pedantic(
+        lambda: [(_example_split(data, tmp_path), _generated_split(data)) for _ in range(ROUNDS)],
+        rounds=1,
+        iterations=1,
     )
-    benchmark.extra_info.update(example=example, generated=generated)
-    print(f"\n% of the epoch, example (bootstrap) vs generated: {example} vs {generated}")
-    for term in example:
-        assert abs(example[term] - generated[term]) <= MAX_DISAGREEMENT, (term, example, generated)
+    benchmark.extra_info.update(rounds=rounds)
+    print("\n% of the epoch (compute / prep stall / fetch stall), example (bootstrap) vs generated:")
+    for example, generated in rounds:
+        print(f"  {_terms(example)}  vs  {_terms(generated)}")
+    for term in rounds[0][0]:
+        example, generated = (statistics.median(r[side][term] for r in rounds) for side in (0, 1))
+        print(f"  {term} medians: {example:.1f} vs {generated:.1f}")
+        assert abs(example - generated) <= MAX_DISAGREEMENT, (term, rounds)
+
+
+def _terms(split: dict[str, float]) -> str:
+    return " / ".join(f"{value:4.1f}" for value in split.values())
 
 
 def _cold_epoch(data: Path, prefetch_factor: int) -> float:
