@@ -1,4 +1,5 @@
-"""stallbench.analysis.whatif on constructed measurements: the model, its calibration, roofline, advice."""
+"""stallbench.analysis.whatif, .hits and .advice on constructed measurements: the model, its calibration,
+roofline, advice."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import dataclasses
 import pytest
 
 from stallbench.analysis import whatif
+from stallbench.analysis.advice import advise
+from stallbench.analysis.hits import hit_rate
 from stallbench.analysis.results import Breakdown, Machine, Workload
-from stallbench.analysis.whatif import Measured, advise, epoch_terms, hit_rate, predict, roofline, what_if
+from stallbench.analysis.whatif import Measured, epoch_terms, predict, roofline, what_if
 
 GB = 10**9
 D = 10 * GB  # 100,000 records of 100 KB

@@ -14,7 +14,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from stallbench.analysis import whatif
+from stallbench.analysis import advice, whatif
 from stallbench.analysis.measure import measure_machine
 from stallbench.analysis.nodes import nodes_what_if
 from stallbench.analysis.phases import RunPlan, breakdown, run_phases, storage_limits
@@ -115,7 +115,7 @@ def _report(kind: str, w: Workload, runs: dict[str, RunRecord], machine, packing
         machine=machine,
         roofline=roof,
         predictions=predictions,
-        advice=whatif.advise(measured, predictions),
+        advice=advice.advise(measured, predictions),
         prefetch_predictions=whatif.prefetch_what_if(measured),
         nodes_predictions=nodes_what_if(w, kind),
         useful=useful_work(cold, *packing),

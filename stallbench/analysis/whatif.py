@@ -1,4 +1,6 @@
-"""Predictions for another cache size or worker count, the data roofline, and one line of advice.
+"""Predictions for another cache size or worker count, and the data roofline.
+
+The advice built on them is in ``stallbench.analysis.advice``, the hit rates in ``stallbench.analysis.hits``.
 
 The model of a steady epoch has three terms, each the time one stage alone would take:
 
@@ -22,33 +24,24 @@ measured point: ``predicted = max(T1, T2 * model(other) / model(measured))``, wh
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
-import psutil
-
+from stallbench.analysis.hits import Loader, cache_budget, hit_rate
 from stallbench.analysis.results import Breakdown, Machine, Prediction, PrefetchPrediction, Roofline, Workload
-from stallbench.jobs.kinds import CACHED, KINDS, check_kind
-from stallbench.simulate import simulate
+from stallbench.jobs.kinds import check_kind
 
 __all__ = [
     "Measured",
-    "advise",
-    "advised",
     "epoch_terms",
-    "hit_rate",
     "predict",
     "prefetch_what_if",
     "roofline",
     "what_if",
 ]
 
-Loader = str  # a kind of ``stallbench.jobs.kinds``
 CACHE_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 WORKER_COUNTS = (1, 2, 4, 8)
 PREFETCH_FACTORS = (1, 2, 4, 8)
-ACT_ON = 10.0  # a stall under this % of the epoch is not worth acting on
-MIN_GAIN = 0.02  # an action must cut the epoch by at least this fraction to be advised
 
 
 @dataclass(frozen=True)
@@ -75,48 +68,6 @@ class Measured:
         for name, value in figures.items():
             if not value > 0:
                 raise ValueError(f"{name} must be positive, got {value!r}")
-
-
-def _budget(cache_bytes: int | None) -> int:
-    """The memory a cache has: ``cache_bytes``, or for None the memory available now."""
-    return psutil.virtual_memory().available if cache_bytes is None else cache_bytes
-
-
-@functools.lru_cache(maxsize=256)
-def _lru_hit_rate(dataset_bytes: int, samples: int, cache_bytes: int) -> float:
-    """The page cache's rate: ``dataset_bytes`` are device bytes already, so no page rounding is added."""
-    record = max(1, dataset_bytes // samples)
-    result = simulate(
-        "lru",
-        dataset_bytes=dataset_bytes,
-        cache_bytes=cache_bytes,
-        record_bytes=record,
-        epochs=2,
-        max_records=50_000,
-        page_bytes=1,
-    )
-    return result.epochs[-1].hit_rate
-
-
-def hit_rate(
-    loader: Loader,
-    *,
-    dataset_bytes: int,
-    samples: int,
-    cache_bytes: int | None,
-    record_bytes: int | None = None,
-) -> float:
-    """Fraction of a steady epoch's reads served from memory (see the module docstring).
-
-    ``dataset_bytes`` are device bytes (whole pages: what the page cache holds); ``record_bytes`` the
-    records' own bytes (what the cached loader holds), ``dataset_bytes`` when not given."""
-    kind = check_kind(loader)
-    if cache_bytes is not None and cache_bytes < 0:
-        raise ValueError(f"cache_bytes must not be negative, got {cache_bytes!r}")
-    if kind.cached and cache_bytes is not None:
-        return min(1.0, cache_bytes / (record_bytes or dataset_bytes))
-    budget = _budget(cache_bytes)
-    return 1.0 if budget >= dataset_bytes else _lru_hit_rate(dataset_bytes, samples, budget)
 
 
 def epoch_terms(
@@ -203,13 +154,13 @@ def predict(
     seconds = m.breakdown.epoch_seconds * (max(there.values()) / max(here.values()))
     compute = m.breakdown.compute_seconds
     bound = "compute" if seconds <= compute else _bound(there)
-    return Prediction(_budget(cache_bytes), workers, max(compute, seconds), bound)
+    return Prediction(cache_budget(cache_bytes), workers, max(compute, seconds), bound)
 
 
 def what_if(m: Measured) -> tuple[Prediction, ...]:
     """Cache sizes of 1/4 to 1 of the dataset at the measured workers, 1, 2, 4, 8 workers at the measured
     cache, and the measured point; deduplicated, sorted by (cache_bytes, workers)."""
-    cache, workers = _budget(m.workload.cache_bytes), m.workload.workers
+    cache, workers = cache_budget(m.workload.cache_bytes), m.workload.workers
     caches = {round(f * m.workload.dataset_bytes) for f in CACHE_FRACTIONS} | {cache}
     points = {(c, workers) for c in caches} | {(cache, w) for w in {*WORKER_COUNTS, workers}}
     return tuple(predict(m, cache_bytes=c, workers=w) for c, w in sorted(points))
@@ -225,83 +176,3 @@ def prefetch_what_if(m: Measured) -> tuple[PrefetchPrediction, ...]:
     here = predict(m, cache_bytes=m.workload.cache_bytes, workers=m.workload.workers)
     factors = {*PREFETCH_FACTORS, m.workload.prefetch_factor or 2}
     return tuple(PrefetchPrediction(f, here.epoch_seconds, here.bound) for f in sorted(factors))
-
-
-def _size(nbytes: float) -> str:
-    scale, unit = next(((f, u) for f, u in ((1e9, "GB"), (1e6, "MB")) if nbytes >= f), (1e3, "KB"))
-    return f"{nbytes / scale:.1f} {unit}"
-
-
-def _gain(prediction: Prediction, m: Measured) -> str:
-    change = 100.0 * (prediction.epoch_seconds / m.breakdown.epoch_seconds - 1.0)
-    return f"{prediction.epoch_seconds:.1f} s ({change:+.0f}%)"
-
-
-def _fetch_action(m: Measured, predictions: tuple[Prediction, ...]) -> tuple[Prediction, str, str] | None:
-    """For torch, the cached loader at the same budget if it helps; else the best cache at these workers:
-    (prediction, the action in words, the loader it runs on)."""
-    worth = (1.0 - MIN_GAIN) * m.breakdown.epoch_seconds
-    if not KINDS[m.loader].cached:
-        cache = min(m.workload.dataset_bytes, _budget(m.workload.cache_bytes))
-        switch = predict(m, cache_bytes=cache, workers=m.workload.workers, loader=CACHED)
-        if switch.epoch_seconds < worth:
-            return switch, f"{KINDS[CACHED].label} with cache_bytes={_size(cache)}", CACHED
-    options = [p for p in predictions if p.workers == m.workload.workers and p.epoch_seconds < worth]
-    best = min(options, key=lambda p: (p.epoch_seconds, p.cache_bytes), default=None)
-    what = "cache_bytes=" if KINDS[m.loader].cached else "a page cache of "
-    return None if best is None else (best, what + _size(best.cache_bytes), m.loader)
-
-
-def _prep_action(m: Measured, predictions: tuple[Prediction, ...]) -> Prediction | None:
-    """The fewest workers that give the fastest epoch, if that is worth it."""
-    worth = (1.0 - MIN_GAIN) * m.breakdown.epoch_seconds
-    options = [p for p in predictions if p.workers != m.workload.workers and p.epoch_seconds < worth]
-    return min(options, key=lambda p: (p.epoch_seconds, p.workers), default=None)
-
-
-def _dominant(m: Measured, prep: float, fetch: float) -> str:
-    """The stall to act on: the one the roofline says bounds the epoch, if it was measured worth acting on;
-    else the larger one measured.
-
-    Removing a stall that is not the bound does not shorten the epoch: with fetch the bound, a faster
-    decode only moves the wait from prep to fetch.
-    """
-    measured = {"fetch": fetch, "prep": prep}  # a tie goes to fetch
-    bound = roofline(m).bound
-    return bound if measured.get(bound, 0.0) >= ACT_ON else max(measured, key=measured.__getitem__)
-
-
-def advised(m: Measured, predictions: tuple[Prediction, ...]) -> tuple[Prediction, str] | None:
-    """The setting :func:`advise` names and the loader it runs on ("torch" or "cached"); None where the
-    advice names none (no stall worth acting on, or no setting predicted faster)."""
-    b = m.breakdown
-    prep, fetch = b.percent(b.prep_stall_seconds), b.percent(b.fetch_stall_seconds)
-    if max(prep, fetch) < ACT_ON:
-        return None
-    if _dominant(m, prep, fetch) == "fetch":
-        action = _fetch_action(m, predictions)
-        return None if action is None else (action[0], action[2])
-    best = _prep_action(m, predictions)
-    return None if best is None else (best, m.loader)
-
-
-def advise(m: Measured, predictions: tuple[Prediction, ...]) -> str:
-    """One line: the stall that bounds the epoch and the action that cuts it, with numbers."""
-    b = m.breakdown
-    prep, fetch = b.percent(b.prep_stall_seconds), b.percent(b.fetch_stall_seconds)
-    if max(prep, fetch) < ACT_ON:
-        return f"no stall worth acting on: the epoch is compute-bound (stalls {prep + fetch:.0f}%)"
-    if _dominant(m, prep, fetch) == "fetch":
-        head, action = f"fetch stall is {fetch:.0f}% of the epoch", _fetch_action(m, predictions)
-        head += "" if fetch >= prep else f" and storage bounds it (prep stall {prep:.0f}% waits behind it)"
-        if action is None:
-            storage = _size(m.machine.storage_bytes_per_s)
-            return f"{head}: no larger cache predicts a faster epoch; storage reads {storage}/s"
-        return f"{head}: {action[1]} would cut the epoch to {_gain(action[0], m)}"
-    head, best = f"prep stall is {prep:.0f}% of the epoch", _prep_action(m, predictions)
-    head += "" if prep >= fetch else f" and decode bounds it (fetch stall {fetch:.0f}% waits behind it)"
-    rate = f"decode is {m.machine.prep_samples_per_s_per_core:.0f} samples/s per core"
-    if best is None:
-        where = f"{m.workload.workers} workers on {m.machine.cores} cores"
-        return f"{head} with {where}: {rate}; more workers would not help, faster decode or more cores would"
-    return f"{head}: {best.workers} workers would bring the epoch to {_gain(best, m)}; {rate}"

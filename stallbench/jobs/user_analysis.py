@@ -144,14 +144,14 @@ class Applied:
 
 def apply_advice(job: UserJob, report: LoaderReport, log: IO[str] | None = None) -> Applied | None:
     """Rerun the cold run with the setting the report's advice names; None where it names none."""
-    from stallbench.analysis import whatif
+    from stallbench.analysis import advice, whatif
     from stallbench.analysis.results import steady
     from stallbench.jobs.user_report import train_epochs
 
     m = whatif.Measured(
         report.workload, report.breakdown, report.machine, report.loader, report.storage_bytes
     )
-    chosen = whatif.advised(m, report.predictions)
+    chosen = advice.advised(m, report.predictions)
     if chosen is None:
         return None
     prediction, loader = chosen

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from statistics import fmean
 from typing import TYPE_CHECKING
 
-from stallbench.analysis import nodes, whatif, work
+from stallbench.analysis import advice, nodes, whatif, work
 from stallbench.analysis.phases import breakdown
 from stallbench.analysis.results import (
     EpochRecord,
@@ -138,8 +138,8 @@ def user_report(
     storage = int(fmean(e.storage_bytes for e in cold))
     measured = whatif.Measured(workload, slowest.breakdown, machine, loader, storage)
     predictions = whatif.what_if(measured) if share >= 0.99 else ()
-    advice = (
-        whatif.advise(measured, predictions)
+    said = (
+        advice.advise(measured, predictions)
         if predictions
         else f"epochs cut to {job.steps} steps read {share:.0%} of the data: run without --steps for what-if"
     )
@@ -148,7 +148,7 @@ def user_report(
         storage_bytes=storage, dataset_bytes=workload.dataset_bytes, record_bytes=workload.record_bytes,
         hit_rate=_hit_rate(loader, cold, storage, workload), cpu_utilisation=_cpu(cold, slowest, machine),
         samples_per_s=fmean(e.samples for e in cold) / slowest.breakdown.epoch_seconds, machine=machine,
-        roofline=whatif.roofline(measured), predictions=predictions, advice=advice,
+        roofline=whatif.roofline(measured), predictions=predictions, advice=said,
         ranks=ranks, slowest_rank=slowest.rank, other_loaders=_others(runs["cold"], slowest.rank),
         prefetch_predictions=whatif.prefetch_what_if(measured) if predictions else (),
         nodes_predictions=nodes.nodes_what_if(workload, loader) if predictions else (),
