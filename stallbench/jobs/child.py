@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import functools
 import os
 import sys
@@ -27,9 +26,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from stallbench.jobs._loaders import LoaderState, epoch_record, loader_settings, write_record
 from stallbench.jobs._replay import ReplayIterator, install_hooks, replay_length, take_batches
-from stallbench.jobs._timed import Counters, EpochMeter, TimedIterator, read_counters, say
-from stallbench.jobs.spec import JobSpec, LoaderEpoch, records_path
+from stallbench.jobs._timed import EpochMeter, TimedIterator, read_counters, say
+from stallbench.jobs.spec import JobSpec
 
 __all__ = ["install"]
 
@@ -73,28 +73,6 @@ def _served(spec: JobSpec) -> Callable[[], tuple[int, int]] | None:
     return served.served_counts if serving else None
 
 
-@dataclasses.dataclass(eq=False)
-class _Loader:
-    """What the run knows of one DataLoader of this process."""
-
-    id: str
-    order: int
-    loader_class: str
-    mode: str
-    settings: dict[str, Any]  # the records' workers, batch_size, prefetch_factor and dataset_len
-    stats: Callable[[], Any] | None  # loader.DataLoader.stats
-    served: Callable[[], tuple[int, int]] | None
-    batches: int = 0  # over the epochs closed
-    epochs: int = 0  # records written
-    complete: int = 0  # epochs that ran to their end
-    open: EpochMeter | None = None
-    replay: list[Any] | None = None
-
-    @property
-    def total(self) -> int:
-        return self.batches + (self.open.batches if self.open is not None else 0)
-
-
 class _Run:
     """This process's loaders and their epochs."""
 
@@ -106,8 +84,8 @@ class _Run:
     def forked(self) -> None:
         """A new process (also what a fork's child starts with): no loader seen yet."""
         self.pid, self.lock = os.getpid(), threading.RLock()
-        self.loaders: dict[int, tuple[weakref.ref[Any], _Loader]] = {}
-        self.order: list[_Loader] = []
+        self.loaders: dict[int, tuple[weakref.ref[Any], LoaderState]] = {}
+        self.order: list[LoaderState] = []
 
     def iterate(self, dl: Any, original: Callable[[Any], Any]) -> Any:
         """``iter(dl)``, timed: what the patched ``DataLoader.__iter__`` returns."""
@@ -128,18 +106,18 @@ class _Run:
         state.open = meter
         return TimedIterator(inner, meter, self.spec.steps, functools.partial(self._ended, state))
 
-    def _state(self, dl: Any) -> _Loader:
+    def _state(self, dl: Any) -> LoaderState:
         key = id(dl)
         known = self.loaders.get(key)
         if known is not None and known[0]() is dl:
             return known[1]
         ours = any(c.__module__ == "loader.dataloader" and c.__name__ == "DataLoader" for c in type(dl).mro())
-        state = _Loader(
+        state = LoaderState(
             id=f"{len(self.order)}:{type(dl.dataset).__name__}",
             order=len(self.order),
             loader_class="loader.DataLoader" if ours else "torch.utils.data.DataLoader",
             mode=self.spec.mode,
-            settings=_settings(dl),
+            settings=loader_settings(dl),
             stats=dl.stats if ours else None,
             served=None if ours and getattr(dl, "cache", None) is not None else self.served,
         )
@@ -154,7 +132,7 @@ class _Run:
         if self.loaders.get(key, (None,))[0] is ref:
             self.loaders.pop(key, None)
 
-    def _replay(self, state: _Loader, dl: Any) -> ReplayIterator | None:
+    def _replay(self, state: LoaderState, dl: Any) -> ReplayIterator | None:
         if state.replay is None:
             try:
                 state.replay = take_batches(dl, self.spec.replay_batches)
@@ -172,7 +150,7 @@ class _Run:
 
         return torch.cuda if torch.cuda.is_available() else None
 
-    def _maybe_exit(self, state: _Loader) -> None:
+    def _maybe_exit(self, state: LoaderState) -> None:
         """The training loader (most batches; ties: first iterated) has run its epochs: end the process."""
         epochs = self.spec.epochs
         if epochs is None or state.complete < epochs:
@@ -183,7 +161,7 @@ class _Run:
         say(f"the training loader {state.id} has run its {epochs} epochs: the process ends here (exit 0)")
         _end_process()
 
-    def _ended(self, state: _Loader, meter: EpochMeter, end: float) -> None:
+    def _ended(self, state: LoaderState, meter: EpochMeter, end: float) -> None:
         try:
             with self.lock:
                 if state.open is meter:
@@ -205,7 +183,7 @@ class _Run:
         finally:
             self.lock.release()
 
-    def _close(self, state: _Loader, complete: bool, end: float | None = None) -> None:
+    def _close(self, state: LoaderState, complete: bool, end: float | None = None) -> None:
         meter = state.open
         if meter is None:
             return
@@ -217,8 +195,8 @@ class _Run:
         state.complete += complete
         after = read_counters(state.stats, state.served)
         end = end if end is not None else meter.last_activity
-        record = _record(state, meter, complete, end, after)
-        _write(self.spec.out_dir, record)
+        record = epoch_record(state, meter, complete, end, after)
+        write_record(self.spec.out_dir, record)
         if state.served is not None and record.batches and record.hits + record.misses == 0:
             say(
                 f"{state.id} read no file under --data through open(): its reads cannot go through our cache "
@@ -239,74 +217,6 @@ def _end_process() -> None:
                 stream.flush()
         os._exit(0)
     raise SystemExit(0)
-
-
-def _record(state: _Loader, meter: EpochMeter, complete: bool, end: float, after: Counters) -> LoaderEpoch:
-    before = meter.before
-    stats = after.stats_since(before) if state.stats is not None else {}
-    if state.served is not None:
-        hits, misses = after.served[0] - before.served[0], after.served[1] - before.served[1]
-    else:
-        hits, misses = int(stats.get("hits", 0)), int(stats.get("misses", 0))
-    return LoaderEpoch(
-        loader=state.id,
-        rank=_rank(),
-        pid=os.getpid(),
-        epoch=state.epochs,
-        seconds=end - meter.start,
-        wait_seconds=meter.wait,
-        step_seconds=meter.step,
-        first_batch_seconds=meter.first_batch,
-        batches=meter.batches,
-        samples=meter.samples,
-        storage_bytes=max(0, after.storage_bytes - before.storage_bytes),
-        cpu_seconds=max(0.0, after.cpu_seconds - before.cpu_seconds),
-        complete=complete,
-        loader_class=state.loader_class,
-        mode=state.mode,  # type: ignore[arg-type]
-        **state.settings,
-        hits=hits,
-        misses=misses,
-        cuda_sync_seconds=meter.cuda_sync,
-        stats=stats,
-    )
-
-
-def _settings(dl: Any) -> dict[str, Any]:
-    try:
-        length = len(dl.dataset)
-    except Exception:  # an IterableDataset without a length
-        length = None
-    prefetch = getattr(dl, "prefetch_factor", None)
-    return {
-        "workers": dl.num_workers,
-        "batch_size": dl.batch_size,
-        "prefetch_factor": prefetch,
-        "dataset_len": length,
-    }
-
-
-def _write(out_dir: str, record: LoaderEpoch) -> None:
-    """One line, appended whole by a single write: a kill leaves every earlier line readable."""
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        path = records_path(out_dir, record.rank, record.pid)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, (record.to_json() + "\n").encode())
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        say(f"cannot write records in {out_dir} ({exc}); epochs go unrecorded", key="write")
-
-
-def _rank() -> int:
-    raw = os.environ.get("RANK") or "0"
-    try:
-        return int(raw)
-    except ValueError:
-        say(f"RANK={raw!r} is not a number: records say rank 0", key="rank")
-        return 0
 
 
 def _in_worker() -> bool:

@@ -1,0 +1,108 @@
+"""What the measuring side (``stallbench.jobs.child``) knows of one DataLoader of the user's process, and the
+LoaderEpoch line it writes for each of its epochs: one ``write`` on an append-only file per process, so a
+kill leaves every earlier line readable."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+from stallbench.jobs._timed import Counters, EpochMeter, say
+from stallbench.jobs.spec import LoaderEpoch, records_path
+
+__all__ = ["LoaderState", "epoch_record", "loader_settings", "write_record"]
+
+
+@dataclasses.dataclass(eq=False)
+class LoaderState:
+    """What the run knows of one DataLoader of this process."""
+
+    id: str
+    order: int
+    loader_class: str
+    mode: str
+    settings: dict[str, Any]  # the records' workers, batch_size, prefetch_factor and dataset_len
+    stats: Callable[[], Any] | None  # loader.DataLoader.stats
+    served: Callable[[], tuple[int, int]] | None
+    batches: int = 0  # over the epochs closed
+    epochs: int = 0  # records written
+    complete: int = 0  # epochs that ran to their end
+    open: EpochMeter | None = None
+    replay: list[Any] | None = None
+
+    @property
+    def total(self) -> int:
+        return self.batches + (self.open.batches if self.open is not None else 0)
+
+
+def epoch_record(
+    state: LoaderState, meter: EpochMeter, complete: bool, end: float, after: Counters
+) -> LoaderEpoch:
+    """The epoch ``meter`` timed, with the counters' change from its start to ``after``."""
+    before = meter.before
+    stats = after.stats_since(before) if state.stats is not None else {}
+    if state.served is not None:
+        hits, misses = after.served[0] - before.served[0], after.served[1] - before.served[1]
+    else:
+        hits, misses = int(stats.get("hits", 0)), int(stats.get("misses", 0))
+    return LoaderEpoch(
+        loader=state.id,
+        rank=_rank(),
+        pid=os.getpid(),
+        epoch=state.epochs,
+        seconds=end - meter.start,
+        wait_seconds=meter.wait,
+        step_seconds=meter.step,
+        first_batch_seconds=meter.first_batch,
+        batches=meter.batches,
+        samples=meter.samples,
+        storage_bytes=max(0, after.storage_bytes - before.storage_bytes),
+        cpu_seconds=max(0.0, after.cpu_seconds - before.cpu_seconds),
+        complete=complete,
+        loader_class=state.loader_class,
+        mode=state.mode,  # type: ignore[arg-type]
+        **state.settings,
+        hits=hits,
+        misses=misses,
+        cuda_sync_seconds=meter.cuda_sync,
+        stats=stats,
+    )
+
+
+def loader_settings(dl: Any) -> dict[str, Any]:
+    try:
+        length = len(dl.dataset)
+    except Exception:  # an IterableDataset without a length
+        length = None
+    prefetch = getattr(dl, "prefetch_factor", None)
+    return {
+        "workers": dl.num_workers,
+        "batch_size": dl.batch_size,
+        "prefetch_factor": prefetch,
+        "dataset_len": length,
+    }
+
+
+def write_record(out_dir: str, record: LoaderEpoch) -> None:
+    """One line, appended whole by a single write: a kill leaves every earlier line readable."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        path = records_path(out_dir, record.rank, record.pid)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, (record.to_json() + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        say(f"cannot write records in {out_dir} ({exc}); epochs go unrecorded", key="write")
+
+
+def _rank() -> int:
+    raw = os.environ.get("RANK") or "0"
+    try:
+        return int(raw)
+    except ValueError:
+        say(f"RANK={raw!r} is not a number: records say rank 0", key="rank")
+        return 0
