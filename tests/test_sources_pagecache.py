@@ -126,11 +126,11 @@ def test_pages_resident_anywhere_in_the_file_stay(disk):
     raw, admitted = ImageFolderSource(disk / "imgs").read_admitting(0, lambda raw: True)
     assert (raw, admitted) == (payload(0), True)
     assert resident_bytes(path) == 3 * PAGE
-    assert _pagecache.resident_pages(os.open(path, os.O_RDONLY), RECORD_BYTES).nonzero()[0].tolist() == [
-        5,
-        6,
-        100,
-    ]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert _pagecache.resident_pages(fd, RECORD_BYTES).nonzero()[0].tolist() == [5, 6, 100]
+    finally:
+        os.close(fd)
 
 
 def test_a_failed_admission_keeps_the_pages_and_a_plain_read_evicts_nothing(disk):
