@@ -11,7 +11,7 @@ import weakref
 import numpy as np
 
 from loader._libc import libc as _libc
-from loader.sources._pagecache import PAGE, can_tell, cold_runs, drop_file
+from loader.sources._pagecache import PAGE, can_tell, cold_runs, drop_file, mincore
 
 __all__ = ["MappedFile"]
 
@@ -39,10 +39,7 @@ class MappedFile:
             return None
         start = address - address % PAGE
         span = address + length - start
-        vec = (ctypes.c_ubyte * -(-span // PAGE))()
-        if _libc.mincore(start, span, vec) != 0:
-            raise OSError(ctypes.get_errno(), f"mincore failed on a mapping of {self.path}")
-        return np.frombuffer(vec, np.uint8) & 1 == 1
+        return mincore(start, span, self.path)
 
     def drop_cold(self, address: int, was_resident: np.ndarray) -> None:
         """Evict the pages from ``address`` on that were not resident before the read (``resident``)."""

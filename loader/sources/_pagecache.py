@@ -37,8 +37,10 @@ from loader._libc import libc as _libc
 
 __all__ = [
     "PAGE",
+    "can_tell",
     "cold_runs",
     "drop_file",
+    "mincore",
     "prefetch",
     "read_admitting",
     "resident_pages",
@@ -81,11 +83,19 @@ def resident_pages(fd: int, size: int) -> np.ndarray | None:
     if address in (None, MAP_FAILED):
         return None
     try:
-        vec = (ctypes.c_ubyte * (span // PAGE))()
-        if _libc.mincore(address, span, vec) != 0:
-            return None
+        return mincore(address, span, path=f"descriptor {fd}")
+    except OSError:
+        return None
     finally:
         _libc.munmap(address, span)
+
+
+def mincore(address: int, span: int, path: str) -> np.ndarray:
+    """Per page of the mapped range ``[address, address + span)`` (``address`` on a page boundary): resident
+    now. OSError, naming the mapping of ``path``, where the kernel refuses."""
+    vec = (ctypes.c_ubyte * -(-span // PAGE))()
+    if _libc.mincore(address, span, vec) != 0:
+        raise OSError(ctypes.get_errno(), f"mincore failed on a mapping of {path}")
     return np.frombuffer(vec, np.uint8) & 1 == 1
 
 
