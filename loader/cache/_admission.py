@@ -12,6 +12,8 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
+
 from loader._headroom import PressureGauge, reserve_bytes
 from loader._memory import format_bytes
 
@@ -35,9 +37,9 @@ class AdmissionGate:
         """Whether admission is neither off nor paused now."""
         return not self.off and time.monotonic() >= self._paused_until
 
-    def memory_short(self, nbytes: int, used: int) -> bool:
-        """Whether admitting ``nbytes`` more would leave memory under its reserve; if so, pause (the store
-        holding ``used`` bytes) and warn the first time."""
+    def memory_short(self, nbytes: int, used: np.ndarray) -> bool:
+        """Whether admitting ``nbytes`` more would leave memory under its reserve; if so, pause and warn the
+        first time, saying what the store holds (``used[0]`` bytes: the header's field, read only then)."""
         if not self._gauge.short(nbytes):
             return False
         now = time.monotonic()
@@ -50,7 +52,7 @@ class AdmissionGate:
             warnings.warn(
                 f"memory is short ({format_bytes(view.headroom)} free per {view.source}, "
                 f"{format_bytes(reserve_bytes(view))} kept free): the cache at {self.path} stops admitting "
-                f"records at {format_bytes(used)} and training goes on reading from "
+                f"records at {format_bytes(int(used[0]))} and training goes on reading from "
                 f"storage; it looks again every {MEMORY_PAUSE:g} s",
                 RuntimeWarning,
                 stacklevel=3,

@@ -80,7 +80,7 @@ class MinIOCache(SharedStore):
         """
         if not self.accepting(index):
             return False
-        if self._gate.memory_short(len(payload), int(self._used[0])):
+        if self._gate.memory_short(len(payload), self._used):
             return False
         try:
             offset = self._reserve(index, len(payload))
