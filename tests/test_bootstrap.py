@@ -17,7 +17,7 @@ import psutil
 import pytest
 import torch
 
-from stallbench.jobs._replay import fresh_copy
+from stallbench.jobs._fresh import fresh_copy
 from stallbench.jobs._timed import Counters, EpochMeter, TimedIterator, batch_samples
 from stallbench.jobs.spec import JOB_ENV, JobSpec, LoaderEpoch, read_records
 from tests.helpers import make_jpeg_folder
@@ -55,17 +55,24 @@ def _env(job: Path | None, *extra_path: Path) -> dict[str, str]:
     return env
 
 
-def _script(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(SCRIPT), *args]
+def _script(env: dict[str, str], *args: str, script: Path = SCRIPT) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(script), *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
 
 
-def _run(tmp_path: Path, *args: str, extra_path: tuple[Path, ...] = (), job: bool = True, **spec: Any) -> Run:
-    """The script under a JobSpec with ``spec``'s fields (``job=False``: no STALLBENCH_JOB at all)."""
+def _run(
+    tmp_path: Path,
+    *args: str,
+    extra_path: tuple[Path, ...] = (),
+    job: bool = True,
+    script: Path = SCRIPT,
+    **spec: Any,
+) -> Run:
+    """``script`` under a JobSpec with ``spec``'s fields (``job=False``: no STALLBENCH_JOB at all)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / "out"
     path = JobSpec(out_dir=str(out), **spec).write(tmp_path / "spec.json") if job else None
-    return Run(_script(_env(path, *extra_path), *args), out)
+    return Run(_script(_env(path, *extra_path), *args, script=script), out)
 
 
 def _ok(run: Run) -> Run:

@@ -100,12 +100,28 @@ def test_pil_and_numpy_read_through_it(spec, data):
     assert served_counts() == (3, 2)  # the mapped load opens it three times: hits
 
 
+def test_text_reads_are_served_and_decoded_as_the_real_open_decodes(spec, data):
+    text = data / "notes.txt"
+    text.write_bytes("épreuve\r\nline two\n".encode())
+    real = {}
+    for encoding in ("utf-8", "latin-1"):
+        for newline in (None, ""):
+            with Path(text).open(encoding=encoding, newline=newline) as f:
+                real[encoding, newline] = f.read()
+    install(spec)
+    for (encoding, newline), expected in real.items():
+        with open(text, encoding=encoding, newline=newline) as f:
+            assert isinstance(f.buffer, ServedFile) and f.mode == "r"
+            assert f.read() == expected
+    with open(text, "rt", encoding="ascii", errors="replace") as f:
+        assert f.read() == "\ufffd\ufffdpreuve\nline two\n"
+    assert served_counts() == (4, 1)
+
+
 def test_every_other_open_goes_to_the_real_one(spec, data, tmp_path):
     install(spec)
     path = raw_paths(data)[0]
     (tmp_path / "elsewhere.bin").write_bytes(b"x")
-    with open(path) as f:  # text mode
-        assert isinstance(f, io.TextIOWrapper)
     with open(path, "r+b") as f, open(path, "rb", buffering=0) as raw:
         assert isinstance(f, io.BufferedRandom) and isinstance(raw, io.FileIO)
     with open(tmp_path / "elsewhere.bin", "rb") as f:

@@ -17,7 +17,6 @@ STYLE_LINES = 200
 # named here on purpose; one that shrinks back is taken off.
 LONG = {
     "stallbench/conditions/cgroup.py",
-    "stallbench/jobs/_replay.py",
     "stallbench/jobs/_timed.py",
     "stallbench/jobs/child.py",
     "stallbench/jobs/spec.py",

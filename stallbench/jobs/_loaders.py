@@ -12,7 +12,7 @@ from typing import Any
 from stallbench.jobs._timed import Counters, EpochMeter, say
 from stallbench.jobs.spec import LoaderEpoch, records_path
 
-__all__ = ["LoaderState", "epoch_record", "loader_settings", "write_record"]
+__all__ = ["LoaderState", "epoch_length", "epoch_record", "loader_settings", "loader_shape", "write_record"]
 
 
 @dataclasses.dataclass(eq=False)
@@ -29,6 +29,7 @@ class LoaderState:
     batches: int = 0  # over the epochs closed
     epochs: int = 0  # records written
     complete: int = 0  # epochs that ran to their end
+    shape: tuple[Any, ...] = ()  # what a rebuilt loader must match to keep this id (``loader_shape``)
     open: EpochMeter | None = None
     replay: list[Any] | None = None
 
@@ -72,17 +73,44 @@ def epoch_record(
 
 
 def loader_settings(dl: Any) -> dict[str, Any]:
+    """The records' workers, batch size (the batch sampler's where the loader was given one, as accelerate
+    and the Hugging Face Trainer do), prefetch factor and dataset length."""
     try:
         length = len(dl.dataset)
     except Exception:  # an IterableDataset without a length
         length = None
-    prefetch = getattr(dl, "prefetch_factor", None)
+    batch_size = dl.batch_size
+    if batch_size is None:
+        batch_size = getattr(dl.batch_sampler, "batch_size", None)
     return {
         "workers": dl.num_workers,
-        "batch_size": dl.batch_size,
-        "prefetch_factor": prefetch,
+        "batch_size": batch_size if isinstance(batch_size, int) else None,
+        "prefetch_factor": getattr(dl, "prefetch_factor", None),
         "dataset_len": length,
     }
+
+
+def loader_shape(dl: Any, settings: dict[str, Any]) -> tuple[Any, ...]:
+    """What two loaders of one process share when one is the other rebuilt: their classes, the Dataset's
+    length and the batch size."""
+    return (
+        type(dl).__qualname__,
+        type(dl.dataset).__qualname__,
+        settings["dataset_len"],
+        settings["batch_size"],
+    )
+
+
+def epoch_length(dl: Any, steps: int | None) -> int | None:
+    """The batches an epoch of ``dl`` hands out when it runs to its end (``len()``, cut to ``steps``); None
+    where the loader has no length."""
+    try:
+        length: int | None = len(dl)
+    except Exception:
+        length = None
+    if steps is not None:
+        return steps if length is None else min(length, steps)
+    return length
 
 
 def write_record(out_dir: str, record: LoaderEpoch) -> None:

@@ -113,12 +113,27 @@ def _process_tree() -> tuple[int, float]:
 class EpochMeter:
     """One epoch's running totals, from ``iter()`` (``start``) to its end."""
 
-    def __init__(self, start: float, before: Counters, cuda: Any = None) -> None:
+    def __init__(self, start: float, before: Counters, cuda: Any = None, expected: int | None = None) -> None:
         self.start, self.before, self.cuda = start, before, cuda
+        self.expected = expected  # the batches the epoch hands out when it runs to its end; None: unknown
         self.wait = self.step = self.first_batch = self.cuda_sync = 0.0
         self.batches = self.samples = 0
         self.last_return: float | None = None  # when the latest batch was handed to the script
         self.closed = False
+
+    @property
+    def handed_out_all(self) -> bool:
+        """Every batch of the epoch was handed out: a loop that stops at ``len()`` (Lightning, a loop over
+        ``range(len(dl))``) never asks for the one past the end, yet its epoch is complete."""
+        return self.expected is not None and self.batches >= self.expected > 0
+
+    def end_at(self, now: float) -> float:
+        """Where an epoch seen to end at ``now`` (the script's next ``iter()``, its exit) ends: the steps
+        after its last batch count as steps."""
+        if self.last_return is not None and now > self.last_return:
+            self.step += now - self.last_return
+            self.last_return = now
+        return now
 
     @property
     def last_activity(self) -> float:

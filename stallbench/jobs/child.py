@@ -7,10 +7,17 @@ nothing, and a swapped loader class is in place before the script's own ``from t
 DataLoader``. From then on each ``iter()`` of a DataLoader in the main process (never in its workers) hands
 out a timed proxy, and each epoch's end appends one LoaderEpoch line to this process's records file.
 
-An epoch ends on StopIteration or after ``steps`` batches (complete), or, for a loop left early, at the
-loader's next ``iter()`` or at exit (not complete; it ends at its last batch). Wait, step and batches are
-the loader's own; storage bytes and CPU seconds are the process tree's over the epoch, so an abandoned
-epoch closed later also counts what ran in between.
+A loader is timed at the ``__iter__`` the script calls: a subclass that overrides it (timm's
+``MultiEpochsDataLoader`` keeps one torch iterator for good and hands out ``len()`` batches of it an epoch) is
+timed at its own ``__iter__``, torch's inside it only feeds it. A loader rebuilt with the same shape (the
+Hugging Face Trainer builds a new evaluation DataLoader at every ``evaluate()``) keeps the first one's id.
+
+An epoch ends on StopIteration or after ``steps`` batches (complete). One that handed out all its ``len()``
+batches without being asked for one more (Lightning, a loop over ``range(len(dl))``) is complete too, and
+ends at the script's next ``iter()`` of any loader or at its exit: the steps after its last batch count as
+steps. A loop left early ends at the loader's next ``iter()`` or at exit (not complete; it ends at its last
+batch). Wait, step and batches are the loader's own; storage bytes and CPU seconds are the process tree's
+over the epoch, so an abandoned epoch closed later also counts what ran in between.
 """
 
 from __future__ import annotations
@@ -26,8 +33,16 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from stallbench.jobs._loaders import LoaderState, epoch_record, loader_settings, write_record
-from stallbench.jobs._replay import ReplayIterator, install_hooks, replay_length, take_batches
+from stallbench.jobs._hooks import install_hooks
+from stallbench.jobs._loaders import (
+    LoaderState,
+    epoch_length,
+    epoch_record,
+    loader_settings,
+    loader_shape,
+    write_record,
+)
+from stallbench.jobs._replay import ReplayIterator, replay_length, take_batches
 from stallbench.jobs._timed import EpochMeter, TimedIterator, read_counters, say
 from stallbench.jobs.spec import JobSpec
 
@@ -57,7 +72,7 @@ def install(spec: JobSpec | None = None) -> bool:
 def _served(spec: JobSpec) -> Callable[[], tuple[int, int]] | None:
     """In "cached" mode, reads of the data's files go through our cache (``stallbench.jobs.served``, when
     it exists): its counts are the hits and misses of loaders whose Dataset is not one of ours."""
-    if spec.loader != "cached":
+    if spec.loader != "cached" or spec.mode == "ingestion":  # ingestion reads a few batches, never served
         return None
     try:
         from stallbench.jobs import served  # type: ignore[attr-defined]
@@ -87,24 +102,37 @@ class _Run:
         self.loaders: dict[int, tuple[weakref.ref[Any], LoaderState]] = {}
         self.order: list[LoaderState] = []
 
-    def iterate(self, dl: Any, original: Callable[[Any], Any]) -> Any:
-        """``iter(dl)``, timed: what the patched ``DataLoader.__iter__`` returns."""
+    def iterate(
+        self, dl: Any, original: Callable[[Any], Any], layer: Callable[..., Any], source: bool
+    ) -> Any:
+        """``iter(dl)`` through ``layer``, a patched ``__iter__``: timed where ``layer`` is the one the script
+        calls; ``source`` (torch's own) makes the batches, replayed in ingestion whichever layer is timed."""
         if os.getpid() != self.pid or _in_worker():
             return original(dl)
         try:
             with self.lock:
                 state = self._state(dl)
+                replay = self._replay(state, dl) if source and state.mode == "ingestion" else None
+                if type(dl).__iter__ is not layer:
+                    return original(dl) if replay is None else replay
+                self._close_handed_out(time.perf_counter())
                 self._close(state, complete=False)  # a loop left early
                 self._maybe_exit(state)
-                inner = self._replay(state, dl) if state.mode == "ingestion" else None
-                meter = EpochMeter(0.0, read_counters(state.stats, state.served), self._cuda())
+                before = read_counters(state.stats, state.served)
+                meter = EpochMeter(0.0, before, self._cuda(), epoch_length(dl, self.spec.steps))
         except Exception as exc:
             say(f"cannot measure a DataLoader ({exc!r}); it runs unmeasured", key="iterate")
             return original(dl)
         meter.start = time.perf_counter()
-        inner = original(dl) if inner is None else inner
+        inner = original(dl) if replay is None else replay
         state.open = meter
         return TimedIterator(inner, meter, self.spec.steps, functools.partial(self._ended, state))
+
+    def _close_handed_out(self, now: float) -> None:
+        """Any loader's ``iter()`` ends the epochs that handed out all their batches (complete) at ``now``."""
+        for state in self.order:
+            if state.open is not None and state.open.handed_out_all:
+                self._close(state, True, state.open.end_at(now))
 
     def _state(self, dl: Any) -> LoaderState:
         key = id(dl)
@@ -112,21 +140,33 @@ class _Run:
         if known is not None and known[0]() is dl:
             return known[1]
         ours = any(c.__module__ == "loader.dataloader" and c.__name__ == "DataLoader" for c in type(dl).mro())
-        state = LoaderState(
+        settings = loader_settings(dl)
+        state = self._rebuilt(dl, settings) or LoaderState(
             id=f"{len(self.order)}:{type(dl.dataset).__name__}",
             order=len(self.order),
             loader_class="loader.DataLoader" if ours else "torch.utils.data.DataLoader",
             mode=self.spec.mode,
-            settings=loader_settings(dl),
+            settings=settings,
             stats=dl.stats if ours else None,
             served=None if ours and getattr(dl, "cache", None) is not None else self.served,
+            shape=loader_shape(dl, settings),
         )
-        self.order.append(state)
+        if state.order == len(self.order):
+            self.order.append(state)
         self.loaders[key] = (weakref.ref(dl, functools.partial(self._forget, key)), state)
         if not self.exit_hooked:
             atexit.register(self._at_exit)  # registered after torch's own: runs before it tears workers down
             self.exit_hooked = True
         return state
+
+    def _rebuilt(self, dl: Any, settings: dict[str, Any]) -> LoaderState | None:
+        """The state of an earlier loader of the same shape, not in an epoch now: ``dl`` rebuilds it."""
+        shape = loader_shape(dl, settings)
+        for state in self.order:
+            if state.shape == shape and state.open is None:
+                state.replay = None  # the batches of the loader it was (its Dataset may differ in content)
+                return state
+        return None
 
     def _forget(self, key: int, ref: weakref.ref[Any]) -> None:
         if self.loaders.get(key, (None,))[0] is ref:
@@ -140,7 +180,9 @@ class _Run:
                 say(f"cannot make {state.id}'s batches without workers ({exc!r}); it runs as a pipeline")
                 state.mode = "pipeline"
                 return None
-        length = replay_length(dl, self.spec.steps, self.spec.replay_batches, state.id)
+        recorded = self.spec.replay_lengths.get(state.id, ())
+        epoch = recorded[min(state.epochs, len(recorded) - 1)] if recorded else None
+        length = replay_length(dl, self.spec.steps, self.spec.replay_batches, state.id, epoch)
         return ReplayIterator(state.replay, length)
 
     def _cuda(self) -> Any:
@@ -170,6 +212,7 @@ class _Run:
             say(f"cannot record an epoch of {state.id} ({exc!r})", key="record")
 
     def close_all(self) -> None:
+        self._close_handed_out(time.perf_counter())
         for state in self.order:
             self._close(state, complete=False)
 

@@ -9,8 +9,11 @@ patch. A spawned worker (or a torchrun rank) runs the bootstrap, hence ``install
 first process's ``CachedFiles``, published in its private folder and named in ``STALLBENCH_SERVED``, so it
 neither lists the tree again nor counts apart.
 
+A read in text mode (``open(path)``, ``open(path, "r", encoding=...)``) is served too, decoded as the real
+open would decode it.
+
 Not served (they read from storage as before, uncounted): ``os.open``/``os.read``, ``io.FileIO`` and
-``open(..., buffering=0)`` (raw files), read-write or text modes, files of more than
+``open(..., buffering=0)`` (raw files), read-write modes, files of more than
 ``loader.files.LARGEST_FILE`` bytes, ``mmap`` of a file (``ServedFile.fileno`` opens the real one), modules
 that took ``open`` before the patch (``tarfile``), and C code that opens paths itself (OpenCV,
 torchvision.io, h5py, Arrow).
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from loader import CachedFiles, open_private
+from stallbench.jobs._served_file import ServedFile, served_text
 from stallbench.jobs.spec import JobSpec
 
 __all__ = ["SERVED_ENV", "ServedFile", "install", "served_counts", "uninstall"]
@@ -37,48 +41,6 @@ SERVED_ENV = "STALLBENCH_SERVED"  # "<spec key> <published CachedFiles>", or "<s
 _installed: CachedFiles | None = None
 _real_open: Any = builtins.open  # what the patch passes every other open to (set again by install)
 _busy = threading.local()  # inside our own read: its opens go to the real open
-
-
-class ServedFile(io.BytesIO):
-    """A served file: its bytes, read-only, with the ``name`` and ``mode`` that ``open`` gives a real file.
-
-    ``fileno()`` opens the real file, for callers that map it (``np.load(path, mmap_mode="r")``); those reads
-    come from storage.
-    """
-
-    def __init__(self, raw: bytes, name: Any, mode: str = "rb") -> None:
-        super().__init__(raw)
-        self.name, self.mode = name, mode
-        self._real: io.FileIO | None = None
-
-    def writable(self) -> bool:
-        return False
-
-    def write(self, data: Any) -> int:
-        raise io.UnsupportedOperation("write")
-
-    def writelines(self, lines: Any) -> None:
-        raise io.UnsupportedOperation("write")
-
-    def truncate(self, size: int | None = None) -> int:
-        raise io.UnsupportedOperation("truncate")
-
-    def peek(self, size: int = 0) -> bytes:
-        """Bytes ahead without moving, as ``BufferedReader.peek`` gives (some parsers sniff with it)."""
-        here = self.tell()
-        ahead = self.read(max(size, io.DEFAULT_BUFFER_SIZE))
-        self.seek(here)
-        return ahead
-
-    def fileno(self) -> int:
-        if self._real is None:
-            self._real = io.FileIO(self.name, "r")
-        return self._real.fileno()
-
-    def close(self) -> None:
-        if self._real is not None:
-            self._real.close()
-        super().close()
 
 
 def install(spec: JobSpec) -> bool:
@@ -134,19 +96,22 @@ def _open(
     closefd: bool = True,
     opener: Any = None,
 ) -> Any:
-    """``open``, serving a plain binary read of a listed file; anything else goes to the real one."""
+    """``open``, serving a plain read of a listed file, binary or text; anything else goes to the real one."""
+    binary = mode in ("rb", "br")
     if (
-        mode in ("rb", "br")
+        (binary or mode in ("r", "rt", "tr"))
         and (buffering == -1 or buffering > 1)
-        and encoding is errors is newline is opener is None
+        and opener is None
         and closefd is True
         and isinstance(file, (str, bytes, os.PathLike))
         and _installed is not None
         and not getattr(_busy, "reading", False)
+        and (not binary or encoding is errors is newline is None)
     ):
         raw = _serve(_installed, file)
         if raw is not None:
-            return ServedFile(raw, os.fspath(file), "rb")
+            served = ServedFile(raw, os.fspath(file), "rb")
+            return served if binary else served_text(served, mode, encoding, errors, newline)
     return _real_open(file, mode, buffering, encoding, errors, newline, closefd, opener)
 
 

@@ -87,6 +87,8 @@ class JobSpec(_JsonFile):
     time includes the device's work.
     ``workers`` / ``prefetch_factor``: every DataLoader the script builds gets these instead of its own
     (``--apply`` runs the advised setting so).
+    ``replay_lengths``: per loader id, the batches of each epoch an earlier run of the command handed out;
+    ingestion hands out as many for a loader whose own length does not say (an iterable Dataset).
     """
 
     out_dir: str
@@ -101,9 +103,16 @@ class JobSpec(_JsonFile):
     sync_cuda: bool = True
     workers: int | None = None  # every DataLoader built with this num_workers (--apply); None: as written
     prefetch_factor: int | None = None  # and this prefetch_factor (with workers); None: as written
+    replay_lengths: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", tuple(self.data))
+        lengths = {str(k): tuple(v) for k, v in dict(self.replay_lengths).items()}
+        if not all(v and all(_is_int(n) and n >= 0 for n in v) for v in lengths.values()):
+            raise ValueError(
+                f"replay_lengths must map loader ids to batch counts, got {self.replay_lengths!r}"
+            )
+        object.__setattr__(self, "replay_lengths", lengths)
         _check_choice("mode", self.mode, _MODES)
         _check_choice("loader", self.loader, (AS_IS, *NAMES))
         if self.workers is not None and not _is_int(self.workers):

@@ -1,8 +1,8 @@
 """``stallbench analyze -- python train.py``: the three differential runs on the user's own command.
 
-- ingestion: each loader's first batches, made in the script's process, handed out again for every batch
-  (no worker started): the step alone, T1;
 - prep: every file of ``--data`` in the page cache (our loader's cache sized to hold it all): T3;
+- ingestion: each loader's first batches, made in the script's process, handed out again for every batch
+  (no worker started), as many an epoch as the prep run handed out: the step alone, T1;
 - cold: ``--data`` evicted from the page cache, the storage throttle and memory limit on the whole process
   tree, our cache (if any) at the asked size: T2.
 
@@ -24,10 +24,10 @@ from stallbench.conditions.storage import evict_page_cache, warm_page_cache
 from stallbench.jobs.command import CommandRun, run_command
 from stallbench.jobs.kinds import CACHED, KINDS
 from stallbench.jobs.run import scratch_cache_dir
-from stallbench.jobs.spec import AS_IS, JobSpec
+from stallbench.jobs.spec import AS_IS, JobSpec, LoaderEpoch
 from stallbench.jobs.user_report import user_report
 
-__all__ = ["Applied", "UserJob", "analyze_command", "apply_advice", "run_user_phases"]
+__all__ = ["Applied", "UserJob", "analyze_command", "apply_advice", "replay_lengths", "run_user_phases"]
 
 _FULL_MARGIN = 64 << 20  # the prep run's cache: every record, its index, a margin
 _PROBE_BYTES, _PROBE_SECONDS = 128 << 20, 4  # the storage probe reads at most this, or this long throttled
@@ -56,17 +56,34 @@ def _spec(job: UserJob, kind: str, **options: object) -> JobSpec:
 
 
 def run_user_phases(job: UserJob, kind: str, log: IO[str] | None = None) -> Iterator[tuple[str, CommandRun]]:
-    """The three runs of ``job`` with the loaders ``kind`` ("as-is", "torch" or "cached"), in order."""
-    yield (
-        "ingestion",
-        run_command(job.argv, _spec(job, kind, mode="ingestion"), time_limit=job.time_limit, log=log),
-    )
+    """The three runs of ``job`` with the loaders ``kind`` ("as-is", "torch" or "cached"): prep first, so
+    that ingestion hands out as many batches an epoch as the pipeline did."""
     warm_page_cache(job.data)
     full = int(job.dataset_bytes * 1.01) + _FULL_MARGIN
-    yield "prep", _with_cache(job, kind, full, None, log)
+    prep = _with_cache(job, kind, full, None, log)
+    yield "prep", prep
+    ingestion = _spec(job, kind, mode="ingestion", replay_lengths=replay_lengths(prep.records))
+    yield "ingestion", run_command(job.argv, ingestion, time_limit=job.time_limit, log=log)
     evict_page_cache(job.data)
     limits = _limits(job)
     yield "cold", _with_cache(job, kind, job.cache_bytes, limits, log)
+
+
+def replay_lengths(records: Sequence[LoaderEpoch]) -> dict[str, tuple[int, ...]]:
+    """Per loader id, the batches of each complete epoch of a run, as rank 0's main process handed them out
+    (its process with the most batches)."""
+    batches: dict[int, int] = {}
+    for r in records:
+        if r.rank == 0:
+            batches[r.pid] = batches.get(r.pid, 0) + r.batches
+    if not batches:
+        return {}
+    main = max(batches, key=batches.__getitem__)
+    lengths: dict[str, list[int]] = {}
+    for r in sorted(records, key=lambda r: r.epoch):
+        if r.pid == main and r.complete:
+            lengths.setdefault(r.loader, []).append(r.batches)
+    return {loader: tuple(counts) for loader, counts in lengths.items()}
 
 
 def _with_cache(
@@ -104,10 +121,11 @@ def analyze_command(
     step = on_step or (lambda label: None)
     machine: tuple[float, float] | None = None
     for kind in kinds:
-        runs = {}
+        done = {}
         for phase, run in run_user_phases(job, kind, log):
-            runs[phase] = run
+            done[phase] = run
             step(f"{kind}: {phase} done")
+        runs = {phase: done[phase] for phase in ("ingestion", "prep", "cold")}
         if machine is None:
             machine = _measure_machine(job, runs["cold"])
             step("machine measured")

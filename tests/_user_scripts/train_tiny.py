@@ -20,6 +20,42 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 BURN = float(os.environ.get("TRAIN_TINY_BURN", "0"))  # CPU seconds each sample costs (where it is made)
 
 
+class MultiEpochsLoader(DataLoader):
+    """timm's ``MultiEpochsDataLoader``: one torch iterator over an endless batch sampler, kept for good;
+    each epoch hands out ``len()`` batches of it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._DataLoader__initialized = False
+        self.batch_sampler = _Repeat(self.batch_sampler)
+        self._DataLoader__initialized = True
+        self.iterator = super().__iter__()
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler.sampler)
+
+    def __iter__(self):
+        for _ in range(len(self)):
+            yield next(self.iterator)
+
+
+class _Repeat:
+    def __init__(self, sampler) -> None:
+        self.sampler = sampler
+
+    def __iter__(self):
+        while True:
+            yield from iter(self.sampler)
+
+
+class MyLoader(DataLoader):
+    """A user's own subclass: its ``__iter__`` hands out its batches with their labels as a float."""
+
+    def __iter__(self):
+        for x, y in super().__iter__():
+            yield x, y.float()
+
+
 def _log(path: str | None) -> None:
     deadline = time.process_time() + BURN
     while time.process_time() < deadline:
@@ -46,16 +82,20 @@ class RandomData(Dataset):
 class FileData(Dataset):
     """The files of a folder, each read whole and turned into 4 values in [0, 1)."""
 
-    def __init__(self, root: str, log: str | None = None) -> None:
-        self.paths, self.log = sorted(Path(root).iterdir()), log
+    def __init__(self, root: str, log: str | None = None, text: bool = False) -> None:
+        self.paths, self.log, self.text = sorted(Path(root).iterdir()), log, text
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         _log(self.log)
-        with open(self.paths[i], "rb") as f:
-            raw = f.read()
+        if self.text:
+            with open(self.paths[i], encoding="latin-1") as f:
+                raw = f.read().encode("latin-1")
+        else:
+            with open(self.paths[i], "rb") as f:
+                raw = f.read()
         return torch.tensor(list(raw[:4]), dtype=torch.float32) / 256, i % 3
 
 
@@ -92,11 +132,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--break-after", type=int, default=None)
     p.add_argument("--sleep", type=float, default=0.0, help="seconds of 'compute' per step")
     p.add_argument("--probe", action="store_true")
+    p.add_argument("--text", action="store_true", help="read --files in text mode")
+    p.add_argument("--to-len", action="store_true", help="stop each loop at len(loader), as Lightning does")
+    p.add_argument("--loader-class", choices=("plain", "multi-epochs", "subclass"), default="plain")
+    p.add_argument("--batch-sampler", action="store_true", help="give the loader a BatchSampler")
+    p.add_argument("--rebuild-eval", action="store_true", help="a new eval loader each epoch (HF Trainer)")
     return p
 
 
 def _loader(args: argparse.Namespace, dataset: Dataset) -> DataLoader:
     kwargs = {"batch_size": args.batch_size, "num_workers": args.workers}
+    if args.batch_sampler:
+        sampler = torch.utils.data.SequentialSampler(dataset)
+        kwargs = {"batch_sampler": torch.utils.data.BatchSampler(sampler, args.batch_size, False)}
+        kwargs["num_workers"] = args.workers
     if args.workers:
         kwargs["persistent_workers"] = args.persistent
         if args.spawn:
@@ -105,7 +154,8 @@ def _loader(args: argparse.Namespace, dataset: Dataset) -> DataLoader:
         import loader
 
         return loader.DataLoader(dataset, **kwargs)
-    return DataLoader(dataset, **kwargs)
+    cls = {"plain": DataLoader, "multi-epochs": MultiEpochsLoader, "subclass": MyLoader}[args.loader_class]
+    return cls(dataset, **kwargs)
 
 
 def _say(**fields) -> None:
@@ -114,7 +164,9 @@ def _say(**fields) -> None:
 
 def _loop(dl: DataLoader, args: argparse.Namespace) -> tuple[int, bool]:
     seen, edited = 0, False
-    for x, _y in dl:
+    # to_len: stop at len(dl) and never ask for the batch past the end
+    batches = zip(range(len(dl)), dl, strict=False) if args.to_len else enumerate(dl)
+    for _, (x, _y) in batches:
         seen += 1
         edited = edited or bool((x < 0).any())
         if args.mutate:
@@ -145,7 +197,7 @@ def main() -> int:
     args = _parser().parse_args()
     _say(pid=os.getpid())
     if args.files:
-        data: Dataset = FileData(args.files, args.log)
+        data: Dataset = FileData(args.files, args.log, args.text)
     elif args.images:
         import loader
 
@@ -162,6 +214,8 @@ def main() -> int:
         _probe(train, data)
     for epoch in range(1, args.epochs + 1):
         batches, edited = _loop(train, args)
+        if args.rebuild_eval:
+            held_out = _loader(args, RandomData(args.n // 2))
         evals = _loop(held_out, args)[0] if held_out is not None else 0
         _say(epoch=epoch, train=batches, eval=evals, edited=edited)
     if args.probe:

@@ -1,0 +1,135 @@
+"""The loader classes a run swaps (``loader="torch"`` or ``"cached"``): a stand-in class put where the script
+finds the original, calling it makes the other loader, while ``isinstance`` and ``issubclass`` against it
+still answer for the class it replaced. A class the script derives from it (``class MyLoader(DataLoader)``)
+is built on the other loader instead, and one line says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from stallbench.jobs._timed import say
+from stallbench.jobs.spec import JobSpec
+
+__all__ = ["cached_maker", "our_class", "ours_only", "stand_in", "torch_taking_ours"]
+
+
+def ours_only(ours: type, torch_class: type) -> frozenset[str]:
+    """The arguments ``loader.DataLoader`` takes beyond torch's, read from both signatures."""
+    own = inspect.signature(ours.__init__).parameters
+    return frozenset(own) - frozenset(inspect.signature(torch_class.__init__).parameters)
+
+
+class _StandInMeta(type):
+    """Calling the stand-in itself makes its ``_stallbench_make``'s object; a class derived from it is built
+    on the stand-in's ``_stallbench_base()`` (the other loader's class) and checked as any class is."""
+
+    def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any) -> Any:
+        return super().__new__(mcls, name, tuple(_rebased(name, b) for b in bases), namespace, **kwargs)
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        make = cls.__dict__.get("_stallbench_make")
+        if make is None:
+            return super().__call__(*args, **kwargs)
+        made = make(*args, **kwargs)
+        with contextlib.suppress(TypeError):  # not weakly referable: isinstance asks its class alone
+            cls._stallbench_made.add(made)
+        return made
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        if "_stallbench_make" not in cls.__dict__:
+            return super().__instancecheck__(obj)
+        try:
+            made = obj in cls._stallbench_made
+        except TypeError:
+            made = False
+        return made or isinstance(obj, cls.__bases__[0])
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        if "_stallbench_make" not in cls.__dict__:
+            return super().__subclasscheck__(sub)
+        return issubclass(sub, cls.__bases__[0])
+
+
+def _rebased(name: str, base: type) -> type:
+    """The class a script's class derives from in place of the stand-in ``base`` (``base`` itself for any
+    other class, or where the other loader's class cannot be had)."""
+    other = base.__dict__.get("_stallbench_base") if isinstance(base, _StandInMeta) else None
+    if other is None:
+        return base
+    original = f"{base.__module__}.{base.__qualname__}"
+    try:
+        cls = other()
+    except Exception as exc:
+        say(f"{name} derives from {original} and stays on it in this run ({exc!r})", key=f"rebase-{name}")
+        return base
+    say(f"{name} derives from {original}: in this run it is built on {cls.__module__}.DataLoader")
+    return cls
+
+
+def stand_in(original: type, make: Callable[..., Any], base: Callable[[], type]) -> type:
+    """A class to put where the script finds ``original``: calling it returns ``make(*args, **kwargs)``; a
+    class derived from it derives from ``base()`` instead."""
+    namespace = {
+        "_stallbench_make": staticmethod(make),
+        "_stallbench_base": staticmethod(base),
+        "_stallbench_made": weakref.WeakSet(),
+        "__module__": original.__module__,
+        "__qualname__": original.__qualname__,
+        "__doc__": original.__doc__,
+    }
+    cls = _StandInMeta(original.__name__, (original,), namespace)
+    cls.__parameters__ = getattr(original, "__parameters__", ())  # DataLoader[T] still works
+    return cls
+
+
+def torch_taking_ours(torch_class: type, ours: type) -> tuple[Callable[..., Any], type]:
+    """Torch's DataLoader as ``loader.DataLoader`` is called, the same torch arguments and ours dropped: a
+    maker of torch's own loaders, and a class for the script's classes to derive from."""
+    dropped = ours_only(ours, torch_class)
+
+    def make(*args: Any, **kwargs: Any) -> Any:
+        return torch_class(*args, **{k: v for k, v in kwargs.items() if k not in dropped})
+
+    class DataLoader(torch_class):  # type: ignore[misc, valid-type]
+        __module__, __qualname__ = torch_class.__module__, torch_class.__qualname__
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{k: v for k, v in kwargs.items() if k not in dropped})
+
+    return make, DataLoader
+
+
+def cached_maker(spec: JobSpec, torch_class: type) -> Callable[..., Any]:
+    """``torch.utils.data.DataLoader(...)`` as a ``loader.DataLoader``, cached when its Dataset is one of
+    ours (``stallbench.jobs.served`` serves any other Dataset's file reads through the cache)."""
+
+    def make(*args: Any, **kwargs: Any) -> Any:
+        try:
+            from loader import DataLoader, SourceDataset
+        except Exception as exc:
+            say(f"cannot import loader ({exc!r}); the DataLoaders stay torch's", key="import-loader")
+            return torch_class(*args, **kwargs)
+        dataset = args[0] if args else kwargs.get("dataset")
+        extra: dict[str, Any] = {}
+        if isinstance(dataset, SourceDataset):
+            extra["cache_bytes"] = spec.cache_bytes if spec.cache_bytes is not None else "auto"
+            if spec.cache_dir is not None:
+                extra["cache_dir"] = spec.cache_dir
+        try:
+            return DataLoader(*args, **kwargs, **extra)
+        except TypeError as exc:
+            say(f"loader.DataLoader does not take these arguments ({exc}); using torch's", key="cached-args")
+            return torch_class(*args, **kwargs)
+
+    return make
+
+
+def our_class() -> type:
+    from loader import DataLoader
+
+    return DataLoader
