@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from stallbench.analysis.analyze import analyze, prepare
-from stallbench.analysis.phases import breakdown
+from stallbench.analysis.breakdown import breakdown
 from stallbench.analysis.request import AnalysisRequest, CacheSpec
 from stallbench.analysis.results import EpochRecord, RunRecord
 from stallbench.conditions.storage import probe_storage_conditions
@@ -71,28 +71,68 @@ def test_cached_data_and_cheap_prep_show_no_stall(tmp_path):
 @pytest.mark.multiproc
 def test_breakdown_adds_up(tmp_path):
     r = run(tmp_path, workers=1, compute="emulated:5", cache=CacheSpec(0.5))
-    b = breakdown({run.phase: run for run in r.runs})
+    b = breakdown({run.phase: run for run in r.runs}, r.workload.dataset_bytes)
     assert b == r.breakdown
     parts = b.compute_seconds + b.prep_stall_seconds + b.fetch_stall_seconds
-    assert parts >= b.epoch_seconds * 0.999  # the stalls are clamped at zero, never negative
+    assert parts == pytest.approx(b.epoch_seconds, rel=1e-9)  # by construction
+    assert b.prep_stall_seconds + b.fetch_stall_seconds == pytest.approx(b.wait_seconds, rel=1e-9)
 
 
-def _run(phase: str, seconds: float, wait: float) -> RunRecord:
-    epochs = tuple(EpochRecord(e, seconds, wait, seconds - wait, 0.1, 10, 640, 0) for e in (1, 2, 3))
+def _run(phase: str, seconds: float, wait: float, read: int = 1 << 30, jitter: float = 0.0) -> RunRecord:
+    epochs = tuple(
+        EpochRecord(
+            e, seconds + jitter * (e - 2), wait + jitter * (e - 2), seconds - wait, 0.1, 10, 640, read
+        )
+        for e in (1, 2, 3)
+    )
     return RunRecord(phase, epochs, "condition")
 
 
-def test_compute_is_the_ingestion_runs_steps_not_its_waits():
-    """The ingestion run's waits are its copies arriving from the workers, not compute: T1 is its steps."""
+def test_the_split_is_of_the_cold_runs_own_wait_and_compute_is_the_rest():
+    """The cold epoch waited 5 s of its 9: compute 4 s (1 s of it contention: alone, its steps took 3 s);
+    the warm run waited 3 s for the same batches, so 2 s of the cold wait are storage's."""
     runs = {
-        "ingestion": _run("ingestion", 5.0, 1.0),
+        "ingestion": _run("ingestion", 5.0, 2.0),
         "prep": _run("prep", 7.0, 3.0),
         "cold": _run("cold", 9.0, 5.0),
     }
     b = breakdown(runs)
-    assert (b.compute_seconds, b.prep_stall_seconds, b.fetch_stall_seconds, b.epoch_seconds) == (
-        4.0,
-        3.0,
-        2.0,
-        9.0,
+    assert (b.epoch_seconds, b.compute_seconds, b.prep_stall_seconds, b.fetch_stall_seconds) == (9, 4, 3, 2)
+    assert (b.contention_seconds, b.step_alone_seconds, b.warm_epoch_seconds, b.wait_seconds) == (1, 3, 7, 5)
+
+
+def test_parts_add_up_when_the_runs_disagree_as_on_a_busy_machine():
+    """Separate runs on a busy machine: the ingestion run's steps slower than the whole cold epoch, the warm
+    run slower than the cold one. Differences of runs would give 300%; the cold run's own figures do not."""
+    runs = {
+        "ingestion": _run("ingestion", 30.0, 1.0),
+        "prep": _run("prep", 20.0, 12.0),
+        "cold": _run("cold", 9.0, 5.0),
+    }
+    b = breakdown(runs)
+    assert b.compute_seconds + b.prep_stall_seconds + b.fetch_stall_seconds == pytest.approx(9.0)
+    assert (b.prep_stall_seconds, b.fetch_stall_seconds, b.contention_seconds) == (5.0, 0.0, 0.0)
+
+
+def test_a_wait_with_nothing_read_is_not_a_fetch_stall():
+    runs = {
+        "ingestion": _run("ingestion", 5.0, 1.0),
+        "prep": _run("prep", 7.0, 1.0),
+        "cold": _run("cold", 9.0, 5.0, read=47_000),  # 47 KB of a 44 MB dataset
+    }
+    b = breakdown(runs, data_bytes=44_000_000)
+    assert (b.prep_stall_seconds, b.fetch_stall_seconds) == (5.0, 0.0)
+    assert breakdown(runs, data_bytes=1_000_000).fetch_stall_seconds == 4.0  # 4.7% of 1 MB is a read
+
+
+def test_each_part_carries_its_spread_over_the_epochs():
+    runs = {
+        "ingestion": _run("ingestion", 5.0, 1.0),
+        "prep": _run("prep", 7.0, 3.0),
+        "cold": _run("cold", 9.0, 5.0, jitter=0.4),  # epochs 2 and 3: 9.0 and 9.4 s, waits 5.0 and 5.4
+    }
+    b = breakdown(runs)
+    assert b.epoch_spread_seconds == pytest.approx(0.2) and b.fetch_stall_spread_seconds == pytest.approx(0.2)
+    assert b.compute_spread_seconds == pytest.approx(0.0) and b.prep_stall_spread_seconds == pytest.approx(
+        0.0
     )

@@ -24,7 +24,7 @@ def epoch(loader: str, n: int, phase: str, rank: int = 0, slower: float = 1.0, *
     return LoaderEpoch(
         loader=loader, rank=rank, pid=100 + rank, epoch=n, seconds=seconds,
         wait_seconds=seconds - STEP[phase], step_seconds=STEP[phase], first_batch_seconds=0.1,
-        batches=10, samples=640, storage_bytes=0,
+        batches=10, samples=640, storage_bytes=(1 << 29) if phase == "cold" else 0,
         cpu_seconds=seconds, complete=True, loader_class="torch.utils.data.DataLoader", workers=2,
         batch_size=64, dataset_len=640, **extra,
     )  # fmt: skip

@@ -49,6 +49,8 @@ def measured(
         prep_stall_seconds=prep_stall,
         fetch_stall_seconds=t2 - t1 - prep_stall,
         warmup_seconds=0.0,
+        step_alone_seconds=t1,
+        warm_epoch_seconds=t1 + prep_stall,
     )
     machine = Machine(
         cores=cores, storage_bytes_per_s=storage, memory_bytes_per_s=10e9, prep_samples_per_s_per_core=rate

@@ -15,9 +15,11 @@ from statistics import fmean
 from typing import Any
 
 from stallbench.analysis import advice, whatif
+from stallbench.analysis.breakdown import breakdown
+from stallbench.analysis.hits import measured_hit_rate
 from stallbench.analysis.measure import measure_machine
 from stallbench.analysis.nodes import nodes_what_if
-from stallbench.analysis.phases import RunPlan, breakdown, run_phases, storage_limits
+from stallbench.analysis.phases import RunPlan, run_phases, storage_limits
 from stallbench.analysis.request import AnalysisRequest, CacheSpec, named_workload
 from stallbench.analysis.results import LoaderReport, RunRecord, Workload, steady
 from stallbench.analysis.work import useful_work
@@ -87,14 +89,11 @@ def analyze(
 
 
 def _report(kind: str, w: Workload, runs: dict[str, RunRecord], machine, packing: tuple) -> LoaderReport:
-    b = breakdown(runs)
+    b = breakdown(runs, w.dataset_bytes)
     cold = steady(list(runs["cold"].epochs))
     storage = fmean(e.storage_bytes for e in cold)
-    reads = sum(e.hits + e.misses for e in cold)
-    hit_rate = (
-        sum(e.hits for e in cold) / reads
-        if KINDS[kind].cached and reads
-        else max(0.0, 1 - storage / w.dataset_bytes)
+    hit_rate = measured_hit_rate(
+        kind, sum(e.hits for e in cold), sum(e.misses for e in cold), storage, w.dataset_bytes
     )
     cpu = fmean(e.cpu_seconds for e in cold) / (b.epoch_seconds * machine.cores) if b.epoch_seconds else 0.0
     measured = whatif.Measured(

@@ -5,15 +5,27 @@ bytes; a budget of None is the memory available now. ``stallbench.analysis.whati
 from __future__ import annotations
 
 import functools
+import math
 
 import psutil
 
-from stallbench.jobs.kinds import check_kind
+from stallbench.jobs.kinds import KINDS, check_kind
 from stallbench.simulate import simulate
 
-__all__ = ["cache_budget", "hit_rate"]
+__all__ = ["cache_budget", "hit_rate", "measured_hit_rate"]
 
 Loader = str  # a kind of ``stallbench.jobs.kinds``
+
+
+def measured_hit_rate(
+    loader: Loader, hits: int, misses: int, storage_bytes: float, dataset_bytes: int
+) -> float:
+    """What a run's steady epochs measured: a cached loader's hits over its reads (NaN where no read went
+    through its cache: a Dataset whose reads it could not serve), or the page cache's share of the data
+    that storage did not have to give (``1 - storage / dataset``) for the others."""
+    if KINDS[loader].cached:
+        return hits / (hits + misses) if hits + misses else math.nan
+    return max(0.0, 1 - storage_bytes / dataset_bytes)
 
 
 def cache_budget(cache_bytes: int | None) -> int:

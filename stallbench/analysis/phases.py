@@ -19,16 +19,16 @@ from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
-from statistics import fmean
 
-from stallbench.analysis.results import Breakdown, EpochRecord, RunRecord, Workload, steady
+from stallbench.analysis.results import EpochRecord, RunRecord, Workload, steady
 from stallbench.conditions.cgroup import StorageLimits
+from stallbench.conditions.load import OtherLoad
 from stallbench.conditions.storage import evict_page_cache, warm_page_cache
 from stallbench.jobs.kinds import KINDS
 from stallbench.jobs.run import run_workload, scratch_cache_dir
 from stallbench.jobs.spec import WorkloadJob
 
-__all__ = ["RunPlan", "breakdown", "run_phases", "storage_limits"]
+__all__ = ["RunPlan", "run_phases", "storage_limits"]
 
 _STAGES = ("fetch_seconds", "decode_seconds", "collate_seconds")
 _EPOCH_FIELDS = set(EpochRecord.__dataclass_fields__)
@@ -80,14 +80,14 @@ def _run(
         max_len=plan.max_len if packing else None, **ours,
     )  # fmt: skip
     try:
-        with limits if limits is not None else nullcontext():
+        with limits if limits is not None else nullcontext(), OtherLoad() as load:
             records = run_workload(job, limits, script=plan.job_script)
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
-    return _record(phase, condition, records)
+    return _record(phase, condition, records, load.cores)
 
 
-def _record(phase: str, condition: str, records: list[dict]) -> RunRecord:
+def _record(phase: str, condition: str, records: list[dict], other_load_cores: float) -> RunRecord:
     epochs = tuple(EpochRecord(**{k: v for k, v in r.items() if k in _EPOCH_FIELDS}) for r in records)
     stages = {
         k.removesuffix("_seconds"): sum(r.get(k, 0.0) for r in steady(records))
@@ -95,21 +95,7 @@ def _record(phase: str, condition: str, records: list[dict]) -> RunRecord:
         if k in records[-1]
     }
     timeline = tuple((float(w), float(s)) for w, s in records[-1].get("timeline", []))
-    return RunRecord(phase=phase, epochs=epochs, condition=condition, stage_seconds=stages, timeline=timeline)
-
-
-def breakdown(runs: dict[str, RunRecord]) -> Breakdown:
-    """Compute, prep stall and fetch stall of a steady cold epoch by the differential method."""
-    t1 = fmean(e.step_seconds for e in steady(list(runs["ingestion"].epochs)))
-    t3, t2 = (fmean(e.seconds for e in steady(list(runs[p].epochs))) for p in ("prep", "cold"))
-    first = runs["cold"].epochs[0].seconds
-    return Breakdown(
-        epoch_seconds=t2,
-        compute_seconds=t1,
-        prep_stall_seconds=max(0.0, t3 - t1),
-        fetch_stall_seconds=max(0.0, t2 - t3),
-        warmup_seconds=max(0.0, first - t2) if len(runs["cold"].epochs) > 1 else 0.0,
-    )
+    return RunRecord(phase, epochs, condition, stages, timeline, other_load_cores)
 
 
 def storage_limits(w: Workload) -> StorageLimits | None:

@@ -28,7 +28,7 @@ __all__ = [
     "Workload",
 ]
 
-SCHEMA = "stallbench.report/2"
+SCHEMA = "stallbench.report/3"
 
 
 @dataclass(frozen=True)
@@ -82,17 +82,27 @@ class RunRecord:
     condition: str  # what was done to storage/memory, in words
     stage_seconds: dict[str, float] = field(default_factory=dict)  # fetch / decode / collate, summed
     timeline: tuple[tuple[float, float], ...] = ()  # (wait_s, step_s) per iteration of the last epoch
+    other_load_cores: float = 0.0  # cores other work on the machine kept busy during the run, on average
 
 
 @dataclass(frozen=True)
 class Breakdown:
-    """Steady-state epoch time split by the differential method, in seconds (percentages derived)."""
+    """A steady cold epoch in parts that add up to it (``stallbench.analysis.breakdown``), in seconds
+    (percentages derived): compute + prep stall + fetch stall = epoch; each with its spread (noise)."""
 
     epoch_seconds: float
-    compute_seconds: float
+    compute_seconds: float  # the loop's own time in the cold run: the epoch less its wait for batches
     prep_stall_seconds: float
     fetch_stall_seconds: float
     warmup_seconds: float  # first epoch's excess over a steady epoch, plus time to first batch
+    contention_seconds: float = 0.0  # of compute: the steps slower than alone, sharing cores with loading
+    wait_seconds: float = 0.0  # the wait for batches the cold run measured: prep stall + fetch stall
+    step_alone_seconds: float = 0.0  # T1: the steps of an ingestion epoch, as many batches (what-if)
+    warm_epoch_seconds: float = 0.0  # T3: the prep run's epoch, every record in memory (what-if)
+    epoch_spread_seconds: float = 0.0  # half the range over the steady cold epochs
+    compute_spread_seconds: float = 0.0
+    prep_stall_spread_seconds: float = 0.0
+    fetch_stall_spread_seconds: float = 0.0
 
     def percent(self, seconds: float) -> float:
         return 100.0 * seconds / self.epoch_seconds if self.epoch_seconds > 0 else 0.0

@@ -49,7 +49,7 @@ class Measured:
     """What an analysis measured for one loader: the inputs of every function here."""
 
     workload: Workload
-    breakdown: Breakdown  # compute_seconds = T1 (ingestion), epoch_seconds = T2 (cold, steady)
+    breakdown: Breakdown  # step_alone_seconds = T1, warm_epoch_seconds = T3, epoch_seconds = T2
     machine: Machine
     loader: Loader
     storage_bytes: int | None = None  # measured per steady epoch (kernel count); None: use the model alone
@@ -76,7 +76,7 @@ def epoch_terms(
     """Seconds of a steady epoch per stage, ``{"compute", "prep", "fetch"}``, for this configuration."""
     w = m.workload
     return {
-        "compute": m.breakdown.compute_seconds,
+        "compute": m.breakdown.step_alone_seconds,
         "prep": _prep_seconds(m, workers),
         "fetch": _miss_fraction(m, cache_bytes, loader or m.loader)
         * w.dataset_bytes
@@ -89,9 +89,9 @@ def _prep_seconds(m: Measured, workers: int) -> float:
     cores; where compute hid it (no prep stall), the per-core rate measured on one core."""
     cores = min(max(workers, 1), m.machine.cores)
     b = m.breakdown
-    if b.prep_stall_seconds > 0:
+    if b.warm_epoch_seconds > b.step_alone_seconds:
         measured_cores = min(max(m.workload.workers, 1), m.machine.cores)
-        return (b.compute_seconds + b.prep_stall_seconds) * measured_cores / cores
+        return b.warm_epoch_seconds * measured_cores / cores
     return m.workload.samples / (m.machine.prep_samples_per_s_per_core * cores)
 
 
@@ -152,7 +152,7 @@ def predict(
     here = epoch_terms(m, cache_bytes=m.workload.cache_bytes, workers=m.workload.workers)
     there = epoch_terms(m, cache_bytes=cache_bytes, workers=workers, loader=loader)
     seconds = m.breakdown.epoch_seconds * (max(there.values()) / max(here.values()))
-    compute = m.breakdown.compute_seconds
+    compute = m.breakdown.step_alone_seconds
     bound = "compute" if seconds <= compute else _bound(there)
     return Prediction(cache_budget(cache_bytes), workers, max(compute, seconds), bound)
 

@@ -17,11 +17,14 @@ from stallbench.jobs._swap import cached_maker, our_class, stand_in, torch_takin
 from stallbench.jobs._timed import say
 from stallbench.jobs.spec import JobSpec
 
-__all__ = ["Iterate", "install_hooks"]
+__all__ = ["WRAPPERS", "Iterate", "install_hooks"]
 
 Iterate = Callable[[Any, Callable[[Any], Any], Callable[..., Any], bool], Any]
 
 _TORCH, _OURS = "torch.utils.data.dataloader", "loader.dataloader"
+# Frameworks' wrappers around a DataLoader, timed as the loader the script iterates: the work they do per
+# batch (accelerate's look-ahead, its moving each batch to the device) is waiting, as the script sees it
+WRAPPERS = {"accelerate.data_loader": ("DataLoaderShard", "DataLoaderDispatcher", "SkipDataLoader")}
 _Hook = tuple[Callable[[], None] | None, Callable[[Any], None]]  # (before, after) the module's code runs
 
 
@@ -54,7 +57,13 @@ def install_hooks(spec: JobSpec, iterate: Iterate) -> None:
         if _TORCH in swapped:
             _set_class(_TORCH, originals[_TORCH])
 
+    def wrappers_imported(module: Any) -> None:
+        for name in WRAPPERS[module.__name__]:
+            if isinstance(getattr(module, name, None), type) and "__iter__" in vars(getattr(module, name)):
+                _patch_iter(getattr(module, name), iterate, source=False)
+
     hooks: dict[str, _Hook] = {_TORCH: (None, torch_imported)}
+    hooks |= dict.fromkeys(WRAPPERS, (None, wrappers_imported))
     if spec.loader != "as-is" or spec.workers is not None or spec.prefetch_factor is not None:
         hooks[_OURS] = (ours_importing, ours_imported)
     sys.meta_path.insert(0, _PostImport(hooks))

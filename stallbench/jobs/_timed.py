@@ -12,15 +12,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from stallbench.jobs.counters import cpu_seconds, storage_read_bytes
 
-__all__ = ["Counters", "EpochMeter", "TimedIterator", "batch_samples", "read_counters", "say"]
+__all__ = ["Counters", "EpochMeter", "TimedIterator", "batch_samples", "handing_out", "read_counters", "say"]
 
 _said: set[str] = set()
+_handing = threading.local()  # ``depth``: timed iterators of this thread inside their loader's __next__
+
+
+def handing_out() -> bool:
+    """Whether this thread is inside a timed loader's ``__next__``: a loader iterated there (the torch loader
+    a wrapper or a subclass draws its batches from) is part of that one."""
+    return getattr(_handing, "depth", 0) > 0
 
 
 def say(message: str, key: str | None = None) -> None:
@@ -208,6 +216,7 @@ class TimedIterator:
             if meter.batches == self._steps:
                 self._end(now)
                 raise StopIteration
+        _handing.depth = getattr(_handing, "depth", 0) + 1
         try:
             batch = next(inner)
         except StopIteration:
@@ -216,6 +225,8 @@ class TimedIterator:
         except BaseException:
             meter.wait += time.perf_counter() - now
             raise
+        finally:
+            _handing.depth -= 1
         meter.add_batch(now, time.perf_counter(), batch)
         return batch
 

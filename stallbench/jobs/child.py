@@ -43,7 +43,7 @@ from stallbench.jobs._loaders import (
     write_record,
 )
 from stallbench.jobs._replay import ReplayIterator, replay_length, take_batches
-from stallbench.jobs._timed import EpochMeter, TimedIterator, read_counters, say
+from stallbench.jobs._timed import EpochMeter, TimedIterator, handing_out, read_counters, say
 from stallbench.jobs.spec import JobSpec
 
 __all__ = ["install"]
@@ -113,7 +113,7 @@ class _Run:
             with self.lock:
                 state = self._state(dl)
                 replay = self._replay(state, dl) if source and state.mode == "ingestion" else None
-                if type(dl).__iter__ is not layer:
+                if type(dl).__iter__ is not layer or handing_out():  # a layer under the one the script calls
                     return original(dl) if replay is None else replay
                 self._close_handed_out(time.perf_counter())
                 self._close(state, complete=False)  # a loop left early
@@ -139,7 +139,10 @@ class _Run:
         known = self.loaders.get(key)
         if known is not None and known[0]() is dl:
             return known[1]
-        ours = any(c.__module__ == "loader.dataloader" and c.__name__ == "DataLoader" for c in type(dl).mro())
+        inner = getattr(dl, "base_dataloader", dl)  # the loader inside a framework's wrapper (accelerate)
+        ours = any(
+            c.__module__ == "loader.dataloader" and c.__name__ == "DataLoader" for c in type(inner).mro()
+        )
         settings = loader_settings(dl)
         state = self._rebuilt(dl, settings) or LoaderState(
             id=f"{len(self.order)}:{type(dl.dataset).__name__}",
@@ -147,8 +150,8 @@ class _Run:
             loader_class="loader.DataLoader" if ours else "torch.utils.data.DataLoader",
             mode=self.spec.mode,
             settings=settings,
-            stats=dl.stats if ours else None,
-            served=None if ours and getattr(dl, "cache", None) is not None else self.served,
+            stats=inner.stats if ours else None,
+            served=None if ours and getattr(inner, "cache", None) is not None else self.served,
             shape=loader_shape(dl, settings),
         )
         if state.order == len(self.order):

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from stallbench.conditions.cgroup import StorageConditionUnavailable, StorageLimits
+from stallbench.conditions.load import OtherLoad
 from stallbench.jobs.run import child_env
 from stallbench.jobs.spec import JOB_ENV, JobSpec, LoaderEpoch, read_records, read_targets
 
@@ -55,6 +56,7 @@ class CommandRun:
     timed_out: bool
     memory_peak: int | None  # bytes charged to the run's cgroup at most (page cache included), if counted
     targets: tuple[dict, ...] = ()  # what ``stallbench.time_to_target`` reported in the run, rank 0's first
+    other_load_cores: float = 0.0  # cores other work on the machine kept busy during the run (``OtherLoad``)
 
 
 def run_command(
@@ -72,14 +74,15 @@ def run_command(
     try:
         spec = replace(spec, out_dir=str(out))
         spec_file = spec.write(out / "spec.json")
-        with _limits(limits) as active:
+        with _limits(limits) as active, OtherLoad() as load:
             start = time.perf_counter()
             returncode, tail, timed_out = _run(argv, _env(spec_file, out), active, time_limit, log)
             seconds = time.perf_counter() - start
             peak = _peak(active)
         if returncode != 0 and not timed_out:
             raise CommandFailed(argv, returncode, tail)
-        return CommandRun(tuple(read_records(out)), seconds, timed_out, peak, tuple(read_targets(out)))
+        records, targets = tuple(read_records(out)), tuple(read_targets(out))
+        return CommandRun(records, seconds, timed_out, peak, targets, load.cores)
     finally:
         shutil.rmtree(out, ignore_errors=True)
 

@@ -17,7 +17,8 @@ from statistics import fmean
 from typing import TYPE_CHECKING
 
 from stallbench.analysis import advice, nodes, whatif, work
-from stallbench.analysis.phases import breakdown
+from stallbench.analysis.breakdown import breakdown
+from stallbench.analysis.hits import measured_hit_rate
 from stallbench.analysis.results import (
     EpochRecord,
     LoaderReport,
@@ -28,7 +29,7 @@ from stallbench.analysis.results import (
     Workload,
     steady,
 )
-from stallbench.jobs.kinds import KINDS, kind_of_class
+from stallbench.jobs.kinds import kind_of_class
 from stallbench.jobs.spec import LoaderEpoch
 
 if TYPE_CHECKING:
@@ -103,7 +104,8 @@ def _rank_runs(runs: Mapping[str, CommandRun]) -> dict[int, dict[str, RunRecord]
                     f"the {phase} run of rank {rank} finished no epoch of its training loader"
                 )
             records = tuple(_epoch(r) for r in epochs[rank])
-            out[rank][phase] = RunRecord(phase=phase, epochs=records, condition=_CONDITIONS[phase])
+            load = runs[phase].other_load_cores
+            out[rank][phase] = RunRecord(phase, records, _CONDITIONS[phase], other_load_cores=load)
     return out
 
 
@@ -127,7 +129,7 @@ def user_report(
 ) -> LoaderReport:
     """The report of one loader kind's three runs (``ingestion``, ``prep``, ``cold``)."""
     per_rank = _rank_runs(runs)
-    ranks = tuple(RankBreakdown(rank, breakdown(phases)) for rank, phases in per_rank.items())
+    ranks = tuple(RankBreakdown(rank, breakdown(p, job.dataset_bytes)) for rank, p in per_rank.items())
     slowest = max(ranks, key=lambda r: r.breakdown.epoch_seconds)
     phases = per_rank[slowest.rank]
     cold_rows = train_epochs(runs["cold"].records)[slowest.rank]
@@ -143,10 +145,12 @@ def user_report(
         if predictions
         else f"epochs cut to {job.steps} steps read {share:.0%} of the data: run without --steps for what-if"
     )
+    hits, misses = sum(e.hits for e in cold), sum(e.misses for e in cold)
+    hit_rate = measured_hit_rate(loader, hits, misses, storage, workload.dataset_bytes)
     return LoaderReport(
         loader=loader, workload=workload, runs=tuple(phases.values()), breakdown=slowest.breakdown,
         storage_bytes=storage, dataset_bytes=workload.dataset_bytes, record_bytes=workload.record_bytes,
-        hit_rate=_hit_rate(loader, cold, storage, workload), cpu_utilisation=_cpu(cold, slowest, machine),
+        hit_rate=hit_rate, cpu_utilisation=_cpu(cold, slowest, machine),
         samples_per_s=fmean(e.samples for e in cold) / slowest.breakdown.epoch_seconds, machine=machine,
         roofline=whatif.roofline(measured), predictions=predictions, advice=said,
         ranks=ranks, slowest_rank=slowest.rank, other_loaders=_others(runs["cold"], slowest.rank),
@@ -186,13 +190,6 @@ def _machine(
     cores = available_cores()
     rate = w.samples / prep_cpu if prep_cpu > 0 else w.samples / (t3 * min(max(w.workers, 1), cores))
     return Machine(cores, storage_bytes_per_s, memory_bytes_per_s, rate)
-
-
-def _hit_rate(loader: str, cold: Sequence[EpochRecord], storage: float, w: Workload) -> float:
-    reads = sum(e.hits + e.misses for e in cold)
-    if KINDS[loader].cached and reads:
-        return sum(e.hits for e in cold) / reads
-    return max(0.0, 1 - storage / w.dataset_bytes)
 
 
 def _cpu(cold: Sequence[EpochRecord], slowest: RankBreakdown, machine: Machine) -> float:

@@ -74,6 +74,7 @@ _LOADER: dict[str, Any] = {
             "condition": "string",
             "stage_seconds": _Map(_NUM),
             "epochs": [_fields(results.EpochRecord)],
+            "other_load_cores": _NUM,
         }
     ],
 }
@@ -126,6 +127,7 @@ def _run_json(run: RunRecord) -> dict[str, Any]:
         "condition": run.condition,
         "stage_seconds": dict(run.stage_seconds),
         "epochs": [dataclasses.asdict(e) for e in run.epochs],
+        "other_load_cores": run.other_load_cores,
     }
 
 

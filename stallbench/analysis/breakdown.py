@@ -1,0 +1,90 @@
+"""A steady cold epoch split into parts that add up to it, for generated jobs and the user's command alike.
+
+The real (cold) run measures its own epoch directly: the time the loop waited inside the loader's
+``__next__`` and the rest, the loop's own time. So the split starts from what that run measured, not from
+differences of separate runs:
+
+* compute = the cold epoch less its wait: the steps as they ran beside the loader. Where they ran slower
+  than alone (the ingestion run's steps, ``T1``), the excess is contention: workers sharing the step's
+  cores. It is shown, inside compute: a slower step is not a stall.
+* the wait is split in two by the warm (prep) run, which waited with every record in memory: what the cold
+  epoch waited beyond it is the fetch stall (storage), the rest the prep stall. A cold epoch that read
+  (next to) nothing from storage has no fetch stall: its extra wait cannot be storage's.
+
+So compute + prep stall + fetch stall = the epoch, by construction. Each part carries its spread: half the
+range of its per-epoch values over the steady cold epochs (the split also counts the warm run's spread). A
+difference smaller than the spreads is noise (:func:`within_noise`).
+
+``T1`` and the warm epoch ``T3`` are kept beside the parts: the what-if model is built on them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from statistics import fmean
+
+from stallbench.analysis.results import Breakdown, EpochRecord, RunRecord, steady
+
+__all__ = ["READ_NOTHING_BYTES", "breakdown", "within_noise"]
+
+READ_NOTHING_BYTES = (
+    1 << 20
+)  # a cold epoch that read less than this, and less than 1% of its data, read nothing
+
+
+def breakdown(runs: Mapping[str, RunRecord], data_bytes: int | None = None) -> Breakdown:
+    """The steady cold epoch of ``runs`` ("ingestion", "prep", "cold") split; ``data_bytes``: the bytes an
+    epoch covers (device bytes), to judge what reading next to nothing is."""
+    cold = steady(list(runs["cold"].epochs))
+    warm = steady(list(runs["prep"].epochs))
+    alone = steady(list(runs["ingestion"].epochs))
+    warm_wait = [_wait(e) / max(e.batches, 1) for e in warm]  # per batch: the runs' epochs may differ
+    fetch = [_fetch(e, fmean(warm_wait), data_bytes) for e in cold]
+    wait = [_wait(e) for e in cold]
+    compute = [e.seconds - w for e, w in zip(cold, wait, strict=True)]
+    step_alone = fmean(e.step_seconds / max(e.batches, 1) for e in alone) * fmean(e.batches for e in cold)
+    first = runs["cold"].epochs[0].seconds
+    epoch = fmean(e.seconds for e in cold)
+    return Breakdown(
+        epoch_seconds=epoch,
+        compute_seconds=fmean(compute),
+        prep_stall_seconds=fmean(w - f for w, f in zip(wait, fetch, strict=True)),
+        fetch_stall_seconds=fmean(fetch),
+        warmup_seconds=max(0.0, first - epoch) if len(runs["cold"].epochs) > 1 else 0.0,
+        contention_seconds=max(0.0, fmean(compute) - step_alone),
+        wait_seconds=fmean(wait),
+        step_alone_seconds=step_alone,
+        warm_epoch_seconds=fmean(e.seconds for e in warm),
+        epoch_spread_seconds=_half_range([e.seconds for e in cold]),
+        compute_spread_seconds=_half_range(compute),
+        prep_stall_spread_seconds=_half_range([w - f for w, f in zip(wait, fetch, strict=True)])
+        + _half_range(warm_wait) * fmean(e.batches for e in cold),
+        fetch_stall_spread_seconds=_half_range(fetch)
+        + _half_range(warm_wait) * fmean(e.batches for e in cold),
+    )
+
+
+def within_noise(a: float, a_spread: float, b: float, b_spread: float) -> bool:
+    """Whether ``a`` and ``b`` differ by no more than their spreads together."""
+    return abs(a - b) <= a_spread + b_spread
+
+
+def _wait(e: EpochRecord) -> float:
+    return min(max(e.wait_seconds, 0.0), e.seconds)
+
+
+def _fetch(e: EpochRecord, warm_wait_per_batch: float, data_bytes: int | None) -> float:
+    """What the cold epoch ``e`` waited beyond the warm run's wait for as many batches; none where it read
+    next to nothing from storage."""
+    if _read_nothing(e.storage_bytes, data_bytes):
+        return 0.0
+    return min(_wait(e), max(0.0, _wait(e) - warm_wait_per_batch * e.batches))
+
+
+def _read_nothing(storage_bytes: int, data_bytes: int | None) -> bool:
+    floor = READ_NOTHING_BYTES if data_bytes is None else min(READ_NOTHING_BYTES, data_bytes // 100)
+    return storage_bytes < max(floor, 1)
+
+
+def _half_range(values: Sequence[float]) -> float:
+    return (max(values) - min(values)) / 2 if len(values) > 1 else 0.0

@@ -1,0 +1,105 @@
+"""The steady epoch's rows of the report's table: the epoch and its parts (which add up to it), each with its
+spread (``± s``: half the range over the steady epochs); against the baseline, a difference no larger than
+the two spreads together is said to be within noise, the headline ratio included."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from stallbench.analysis.breakdown import within_noise
+from stallbench.analysis.results import Breakdown, LoaderReport
+from stallbench.report._cells import Cell, Ratio, Spec, bytes_text, finite, pct, sec
+
+__all__ = ["EPOCH_ROWS"]
+
+
+Part = Callable[[Breakdown], tuple[float, float]]  # seconds and spread of one part of the epoch
+
+
+def _epoch(b: Breakdown) -> tuple[float, float]:
+    return b.epoch_seconds, b.epoch_spread_seconds
+
+
+def _compute(b: Breakdown) -> tuple[float, float]:
+    return b.compute_seconds, b.compute_spread_seconds
+
+
+def _prep_stall(b: Breakdown) -> tuple[float, float]:
+    return b.prep_stall_seconds, b.prep_stall_spread_seconds
+
+
+def _fetch_stall(b: Breakdown) -> tuple[float, float]:
+    return b.fetch_stall_seconds, b.fetch_stall_spread_seconds
+
+
+def _cell(part: Part, share: bool = True) -> Cell:
+    """Seconds (and % of the epoch) ± the spread."""
+
+    def cell(r: LoaderReport) -> str:
+        seconds, spread = part(r.breakdown)
+        if not finite(seconds):
+            return "-"
+        text = f"{sec(seconds)} ({r.breakdown.percent(seconds):.1f}%)" if share else sec(seconds)
+        return f"{text} ± {spread:.2f}" if finite(spread) else text
+
+    return cell
+
+
+def _noisy(base: LoaderReport, r: LoaderReport, part: Part) -> tuple[float, float] | None:
+    """The two values of ``part``, or None where they are within the noise (``within_noise``)."""
+    (b, b_spread), (o, o_spread) = part(base.breakdown), part(r.breakdown)
+    if not (finite(b) and finite(o)):
+        return None
+    return None if within_noise(b, b_spread, o, o_spread) else (b, o)
+
+
+def _speedup(base: LoaderReport, r: LoaderReport) -> str:
+    values = _noisy(base, r, _epoch)
+    if values is None:
+        return "within noise"
+    b, o = values
+    if b <= 0 or o <= 0:
+        return "-"
+    return f"{b / o:.2f}x faster" if b >= o else f"{o / b:.2f}x slower"
+
+
+def _difference(part: Part) -> Ratio:
+    """The difference in seconds, or 'within noise'."""
+
+    def ratio(base: LoaderReport, r: LoaderReport) -> str:
+        values = _noisy(base, r, part)
+        return "within noise" if values is None else f"{values[1] - values[0]:+.2f} s"
+
+    return ratio
+
+
+def _change(value: Callable[[LoaderReport], float]) -> Ratio:
+    def ratio(base: LoaderReport, r: LoaderReport) -> str:
+        b, o = value(base), value(r)
+        return f"{100 * (o - b) / b:+.0f}%" if finite(b) and finite(o) and b > 0 else "-"
+
+    return ratio
+
+
+def _storage(r: LoaderReport) -> float:
+    return r.storage_bytes
+
+
+def _hit_rate(r: LoaderReport) -> str:
+    return pct(r.hit_rate) if finite(r.hit_rate) else "- (no read went through a cache)"
+
+
+EPOCH_ROWS: Spec = (
+    ("steady epoch", None, None),
+    ("epoch time", _cell(_epoch, share=False), _speedup),
+    ("compute", _cell(_compute), _difference(_compute)),
+    ("  of which contention", lambda r: sec(r.breakdown.contention_seconds), None),
+    ("prep stall", _cell(_prep_stall), _difference(_prep_stall)),
+    ("fetch stall", _cell(_fetch_stall), _difference(_fetch_stall)),
+    ("warm-up (apart)", lambda r: sec(r.breakdown.warmup_seconds), None),
+    ("storage read", lambda r: bytes_text(r.storage_bytes), _change(_storage)),
+    ("  of the dataset", lambda r: pct(r.storage_bytes / r.dataset_bytes) if r.dataset_bytes else "-", None),
+    ("cache hit rate", _hit_rate, None),
+    ("CPU utilisation", lambda r: pct(r.cpu_utilisation), None),
+    ("samples/s", lambda r: f"{r.samples_per_s:,.0f}" if finite(r.samples_per_s) else "-", None),
+)
