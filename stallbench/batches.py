@@ -5,7 +5,9 @@ Two shapes of token batch are known, so their useful work can be told from their
 * padded, as ``stallbench.jobs.batching.pad_tokens`` makes it: ``(ids [B, L], lengths [B])``; its token slots
   are ``B * L``, its valid tokens ``lengths.sum()``;
 * packed, as ``loader.packing.PackingCollator`` makes it: a mapping with ``input_ids`` (1, T) and
-  ``cu_seqlens``; every slot holds a token of an example (the collator's default, ``pad_to_max=False``).
+  ``cu_seqlens``; every position holds a token of an example (the collator's default, ``pad_to_max=False``).
+  Its token slots are the room it was packed into (``room``: the collator's ``max_len``), so the room a
+  pack leaves empty counts as padding; without ``room``, its tokens.
 
 Any other batch has samples but no token counts: its useful work is not guessed.
 """
@@ -40,13 +42,14 @@ def _packed(batch: Any) -> bool:
     return isinstance(batch, Mapping) and "input_ids" in batch and "cu_seqlens" in batch
 
 
-def batch_tokens(batch: Any) -> TokenCount | None:
-    """The valid tokens and token slots of a padded or packed token batch; None for any other batch."""
+def batch_tokens(batch: Any, room: int | None = None) -> TokenCount | None:
+    """The valid tokens and token slots of a padded or packed token batch (packed into ``room`` tokens);
+    None for any other batch."""
     if _padded(batch):
         return TokenCount(int(batch[1].sum()), batch[0].numel())
     if _packed(batch):
-        slots = batch["input_ids"].numel()
-        return TokenCount(slots, slots)
+        tokens = batch["input_ids"].numel()
+        return TokenCount(tokens, max(tokens, room or 0))
     return None
 
 

@@ -9,7 +9,10 @@ steady state: each epoch's first batch (worker start-up, prefetch) is reported a
 so a threshold judges the pipeline's throughput rather than a fixed start-up cost. When the test also uses
 pytest-benchmark's ``benchmark`` fixture, the run goes through ``benchmark.pedantic`` (one round) so the
 table shows its time, and the figures land in ``benchmark.extra_info["stallbench"]`` (and so in
-``--benchmark-json``). ``--stallbench-max-wait-fraction`` sets the threshold for calls that give none.
+``--benchmark-json``); a test that measures several loaders gets each call's figures under a key of its
+own: ``"stallbench"`` for the first, then ``"stallbench[2]"``, ... or ``"stallbench[NAME]"`` for a call
+given ``name=NAME``. ``--stallbench-max-wait-fraction`` sets the threshold for calls that give none. Guide:
+``docs/how-to/fail-ci-on-stalls.md``.
 
 Installing stallbench registers the plugin (entry point ``pytest11``); ``-p no:stallbench`` turns it off.
 """
@@ -193,16 +196,23 @@ def _fail_message(result: LoaderStalls, limit: float, source: str) -> str:
 
 @pytest.fixture
 def loader_stalls(request: pytest.FixtureRequest) -> Callable[..., LoaderStalls]:
-    """``loader_stalls(loader, step=None, steps=50, max_wait_fraction=None)`` -> :class:`LoaderStalls`."""
+    """``loader_stalls(loader, step=None, steps=50, max_wait_fraction=None, name=None)`` ->
+    :class:`LoaderStalls`."""
     default = request.config.getoption(OPTION)
     bench = request.getfixturevalue("benchmark") if "benchmark" in request.fixturenames else None
+    keys: list[str] = []
 
     def measure(
         loader: Iterable[Any],
         step: Callable[[Any], Any] | None = None,
         steps: int = 50,
         max_wait_fraction: float | None = None,
+        name: str | None = None,
     ) -> LoaderStalls:
+        key = f"stallbench[{name}]" if name else f"stallbench[{len(keys) + 1}]" if keys else "stallbench"
+        if key in keys:
+            raise ValueError(f"loader_stalls: {key!r} was measured already in this test; give another name")
+        keys.append(key)
         limit, source = default, OPTION
         if max_wait_fraction is not None:
             limit, source = _check_fraction(max_wait_fraction, "max_wait_fraction"), "max_wait_fraction"
@@ -213,7 +223,7 @@ def loader_stalls(request: pytest.FixtureRequest) -> Callable[..., LoaderStalls]
         # pytest-benchmark allows one use per test: a later call (or a test that used it) measures directly
         result = bench.pedantic(run, rounds=1, iterations=1) if _unused(bench) else run()
         if bench is not None:
-            bench.extra_info["stallbench"] = result.to_dict()
+            bench.extra_info[key] = result.to_dict()
         if limit is not None and result.wait_fraction > limit:
             pytest.fail(_fail_message(result, limit, source), pytrace=False)
         return result

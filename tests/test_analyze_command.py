@@ -220,3 +220,40 @@ def test_a_time_to_target_the_script_measures_shows_per_loader(images, tmp_path)
         assert got["target"] == 0.05 and got["reached"] == (got["value"] <= 0.05)
         assert 1 <= got["epochs"] <= 3 and got["updates"] == got["epochs"] * 25  # 400 files, batches of 16
         assert got["seconds"] > 0
+
+
+def _shares(report: dict) -> dict[str, float]:
+    (loader,) = report["loaders"]
+    return {
+        p: loader[f"{p}_seconds"] / loader["epoch_seconds"] for p in ("compute", "prep_stall", "fetch_stall")
+    }
+
+
+def test_a_cpu_burner_on_every_core_leaves_the_split_or_is_named(images, tmp_path):
+    """The same analyze, quiet and with a process burning each core: each part stays within 10 points of the
+    epoch, or the report says the machine was busy and its figures cannot be separated from that load."""
+    quiet = analyze(images, tmp_path / "quiet")
+    burn = "import time\nend = time.time() + 300\nwhile time.time() < end: pass\n"
+    burners = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(os.cpu_count() or 1)]
+    try:
+        out = tmp_path / "busy.json"
+        done = stallbench(
+            "analyze", "--data", str(images), "--steps", "3", "--epochs", "3", "--no-progress", "--json",
+            str(out), *train(images),
+        )  # fmt: skip
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    busy = json.loads(out.read_text())
+    apart = {p: abs(busy_share - _shares(quiet)[p]) for p, busy_share in _shares(busy).items()}
+    named = "busy machine" in done.stdout and "cannot separate" in " ".join(done.stdout.split())
+    assert max(apart.values()) <= 0.10 or named, (apart, done.stdout[-3000:])
+    load = {name: max(run["other_load_cores"] for run in r["loaders"][0]["runs"]) for name, r in
+            (("quiet", quiet), ("busy", busy))}  # fmt: skip
+    assert load["busy"] > 0.5 and load["busy"] > load["quiet"] + 0.3, load
+    for report in (quiet, busy):
+        loader = report["loaders"][0]
+        parts = loader["compute_seconds"] + loader["prep_stall_seconds"] + loader["fetch_stall_seconds"]
+        assert parts == pytest.approx(loader["epoch_seconds"], rel=0.02)

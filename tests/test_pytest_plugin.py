@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -103,13 +105,18 @@ def test_used_first(benchmark, loader_stalls):
     benchmark(sum, [1, 2])
     loader_stalls(fast(), steps=3)
     loader_stalls(fast(), steps=4)  # pytest-benchmark allows one use: this one measures directly
-    assert benchmark.extra_info["stallbench"]["steps"] == 4
+    assert benchmark.extra_info["stallbench[2]"]["steps"] == 4
 
 
 def test_twice(benchmark, loader_stalls):
     loader_stalls(fast(), steps=3)
     loader_stalls(fast(), steps=5)
-    assert benchmark.extra_info["stallbench"]["steps"] == 5
+    loader_stalls(slow(), steps=2, name="slow")
+    info = benchmark.extra_info  # each call's figures apart: none mixes another's
+    steps = [info[key]["steps"] for key in ("stallbench", "stallbench[2]", "stallbench[slow]")]
+    assert steps == [3, 5, 2]
+    with pytest.raises(ValueError, match="'stallbench\\[slow\\]' was measured already"):
+        loader_stalls(slow(), steps=2, name="slow")
 
 
 def test_without_benchmark(loader_stalls):
@@ -199,3 +206,17 @@ def test_batch_sizes_of_common_batch_shapes() -> None:
     assert _batch_samples(torch.tensor(1.0)) is None
     assert _batch_samples(object()) is None
     assert measure_stalls(DataLoader(TensorDataset(x, y), batch_size=2), steps=3).samples_per_s > 0
+
+
+def test_the_how_to_runs_as_written(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    page = (Path(__file__).resolve().parents[1] / "docs" / "how-to" / "fail-ci-on-stalls.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    (commands,) = re.findall(r"```bash\n(.*?)```", page, flags=re.S)
+    pytester.makepyfile(test_pipeline=code)
+    for line in commands.strip().splitlines():
+        argv = shlex.split(line)
+        assert argv[:2] == ["pytest", "test_pipeline.py"]
+        pytester.runpytest("-p", "no:cacheprovider", *argv[2:]).assert_outcomes(passed=2)
+    (both,) = json.loads((pytester.path / "bench.json").read_text())["benchmarks"]  # the test with benchmark
+    assert set(both["extra_info"]) == {"stallbench[torch]", "stallbench[again]"}
+    assert both["stats"]["rounds"] == 1

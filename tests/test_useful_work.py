@@ -14,7 +14,7 @@ from stallbench.analysis.work import useful_work
 from stallbench.batches import TokenCount, batch_samples, batch_tokens
 from stallbench.compute import parse_compute
 from stallbench.energy import ESTIMATE, ESTIMATE_WATTS_PER_CORE
-from stallbench.jobs.batching import LengthsOnly, SeenIndices, pad_tokens, token_batching
+from stallbench.jobs.batching import LengthsOnly, SeenIndices, packs_per_step, pad_tokens, token_batching
 from stallbench.jobs.spec import PACKINGS, WorkloadJob
 
 
@@ -71,14 +71,20 @@ def test_padded_batching_hands_out_every_example_once():
     assert all(batch_tokens(b).slots == b[0].numel() for b in batches)
 
 
-def test_packed_batching_fills_packs_up_to_max_len_and_stops_at_max_batches():
+def test_packed_steps_carry_the_token_slots_of_a_padded_step_and_count_the_room_left():
     lengths = np.array([5, 1, 7, 3, 2, 2, 9, 4, 6, 8])
+    padded = list(torch.utils.data.DataLoader(LengthsOnly(lengths), **token_batching(lengths, _job(), None)))
+    padded_slots = np.mean([batch_tokens(b).slots for b in padded])  # 4 examples padded to the longest
+    per_step = packs_per_step(lengths, 4, 10)
+    assert per_step == round(padded_slots / 10) >= 2
     full = token_batching(lengths, _job(packing="ffd", max_len=10), torch.Generator())
-    packs = list(torch.utils.data.DataLoader(LengthsOnly(lengths), **full))
-    assert sum(batch_tokens(p).valid for p in packs) == lengths.sum() == 47
-    assert all(p["input_ids"].shape[1] <= 10 for p in packs) and len(packs) == 5  # the fewest: 47 / 10
-    cut = token_batching(lengths, _job(packing="ffd", max_len=10, max_batches=2), torch.Generator())
-    assert len(list(torch.utils.data.DataLoader(LengthsOnly(lengths), **cut))) == 2
+    steps = list(torch.utils.data.DataLoader(LengthsOnly(lengths), **full))
+    assert sum(batch_tokens(s, per_step * 10).valid for s in steps) == lengths.sum() == 47
+    assert len(steps) == -(-5 // per_step)  # ffd's 5 packs (the fewest: 47 / 10), per_step a step
+    assert all(batch_tokens(s, per_step * 10).slots == per_step * 10 for s in steps)  # the room, used or not
+    assert all(s["input_ids"].shape[1] <= per_step * 10 for s in steps)
+    cut = token_batching(lengths, _job(packing="ffd", max_len=10, max_batches=1), torch.Generator())
+    assert len(list(torch.utils.data.DataLoader(LengthsOnly(lengths), **cut))) == 1
 
 
 def test_a_group_member_does_not_count_unique_examples():

@@ -41,6 +41,14 @@ def test_the_command_output_passes_through_and_it_sees_the_spec():
     assert run.records == () and not run.timed_out
 
 
+def test_the_commands_stderr_goes_to_stderr_and_its_stdout_to_stdout(capfd):
+    code = "import sys; print('to stdout', flush=True); print('to stderr', file=sys.stderr, flush=True)"
+    run_command([sys.executable, "-c", code], SPEC)
+    out, err = capfd.readouterr()
+    assert "to stdout" in out and "to stderr" not in out
+    assert "to stderr" in err and "to stdout" not in err
+
+
 def test_a_time_limit_ends_the_whole_tree_and_keeps_what_was_done(tmp_path):
     marker = tmp_path / "child.pid"
     code = (
@@ -56,3 +64,12 @@ def test_a_time_limit_ends_the_whole_tree_and_keeps_what_was_done(tmp_path):
     assert "started" in log.getvalue()
     child = int(marker.read_text())
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_killed_command_is_named_with_its_signal():
+    code = "import os, signal; print('about to go', flush=True); os.kill(os.getpid(), signal.SIGKILL)"
+    with pytest.raises(CommandFailed) as failed:
+        run_command([sys.executable, "-c", code], SPEC, log=io.StringIO())
+    assert failed.value.returncode == -9
+    assert "was killed by SIGKILL (the kernel's OOM killer, at a memory limit?)" in str(failed.value)
+    assert "about to go" in str(failed.value)

@@ -76,3 +76,14 @@ def test_the_cuda_synchronisation_is_said_with_what_it_cost():
 def test_a_run_without_any_loader_is_named():
     with pytest.raises(NoTrainingLoader, match="the prep run iterated no DataLoader"):
         train_epochs((), "prep")
+
+
+def test_a_column_is_named_by_the_loader_asked_for_and_says_where_its_batches_came_from():
+    asked = user_report(JOB, runs({0: 1.0}), storage_bytes_per_s=1e8, memory_bytes_per_s=1e10, kind="cached")
+    assert asked.loader == "cached"  # compare's two columns never share a name
+    assert asked.advice.startswith(
+        "the batches came from torch.utils.data.DataLoader, not loader.DataLoader: this column measures"
+    )
+    as_is = user_report(JOB, runs({0: 1.0}), storage_bytes_per_s=1e8, memory_bytes_per_s=1e10)
+    assert as_is.loader == "torch" and not as_is.advice.startswith("the batches came from")
+    assert "torch" in format_report([as_is, asked]) and "cached vs torch" in format_report([as_is, asked])

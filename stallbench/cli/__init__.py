@@ -54,9 +54,8 @@ def _workload(p: argparse.ArgumentParser, data_required: bool = True) -> None:
     p.add_argument("--memory-limit", type=types.memory_spec, help="kernel memory limit per job: SIZE or auto")
     p.add_argument("--epochs", type=types.positive_int, default=3)
     p.add_argument("--transform", choices=("train", "eval", "none"), default="train")
-    p.add_argument(
-        "--packing", choices=PACKINGS, help="token data: each loader also runs packed (a pack a step)"
-    )
+    packing = "token data: each loader also runs packed, as many packs a step as fill a padded step"
+    p.add_argument("--packing", choices=PACKINGS, help=packing)
     p.add_argument(
         "--max-len", type=types.positive_int, help="tokens per pack; default: the longest sequence"
     )

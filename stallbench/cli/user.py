@@ -106,8 +106,12 @@ def _apply(args: argparse.Namespace, job: UserJob, reports: Sequence[LoaderRepor
         if not report.predictions:
             print(f"--apply ({report.loader}): no what-if to apply; run without --steps")
             continue
-        with _log(args) as log:
-            applied = apply_advice(job, report, log)
+        try:
+            with _log(args) as log:
+                applied = apply_advice(job, report, log)
+        except (CommandFailed, NoTrainingLoader) as exc:
+            print(f"--apply ({report.loader}): the advised run failed: {exc}")
+            continue
         if applied is None:
             print(f"--apply ({report.loader}): the advice names no setting to run")
             continue

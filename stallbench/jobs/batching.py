@@ -1,5 +1,10 @@
 """How a generated job batches token sequences: padded (``batch_size`` sequences, padded to the longest) or
-packed (one pack of at most ``max_len`` tokens per step, ``loader.packing``), and what it counts of them.
+packed (``loader.packing``: packs of at most ``max_len`` tokens), and what it counts of them.
+
+Packed and padded steps are compared at one budget: a packed step holds as many packs as fill the token
+slots of a padded step (``packs_per_step``: the padded steps' mean slots over ``max_len``, at least one), so
+both sides compute on as many token positions a step; the room a pack leaves short of ``max_len`` counts as
+that step's padding.
 
 The epoch's order is drawn in the job's main process, so the indices it hands out are counted there
 (:class:`SeenIndices`): the unique examples of an epoch. A job in a group (``coordinate``) is not counted:
@@ -16,7 +21,7 @@ import torch
 
 from stallbench.jobs.spec import WorkloadJob
 
-__all__ = ["LengthsOnly", "SeenIndices", "pad_tokens", "token_batching"]
+__all__ = ["LengthsOnly", "SeenIndices", "packs_per_step", "pad_tokens", "token_batching"]
 
 
 class SeenIndices:
@@ -73,15 +78,47 @@ def token_batching(lengths: np.ndarray, job: WorkloadJob, generator: torch.Gener
     if job.packing is not None:
         from loader.packing import PackedBatchSampler, PackingCollator
 
-        packs = PackedBatchSampler(lengths, job.max_len, algorithm=job.packing, seed=job.seed)
+        per_step = packs_per_step(lengths, job.batch_size, job.max_len, job.seed)
+        packs = _Grouped(
+            PackedBatchSampler(lengths, job.max_len, algorithm=job.packing, seed=job.seed), per_step
+        )
         order: Any = _first(packs, job.max_batches) if job.max_batches else packs
-        collate: Any = PackingCollator(job.max_len, block_mask=False)  # attention takes cu_seqlens
+        collate: Any = PackingCollator(per_step * job.max_len, block_mask=False)  # attention takes cu_seqlens
     else:
         samples = min(len(lengths), (job.max_batches or len(lengths)) * job.batch_size)
         drawn = torch.utils.data.RandomSampler(range(len(lengths)), num_samples=samples, generator=generator)
         order, collate = torch.utils.data.BatchSampler(drawn, job.batch_size, drop_last=False), pad_tokens
     counted = SeenIndices(order) if job.coordinate is None else order
     return {"batch_sampler": counted, "collate_fn": collate}
+
+
+def packs_per_step(lengths: np.ndarray, batch_size: int, max_len: int, seed: int = 0) -> int:
+    """Packs of ``max_len`` that hold a padded step's token slots: ``batch_size`` examples of a random order,
+    padded to the longest of them, on average over an epoch."""
+    order = np.random.default_rng(seed).permutation(len(lengths))
+    batches = [lengths[order[i : i + batch_size]] for i in range(0, len(order), batch_size)]
+    slots = np.mean([len(b) * int(b.max()) for b in batches]) if batches else max_len
+    return max(1, round(float(slots) / max_len))
+
+
+class _Grouped:
+    """``per_step`` consecutive packs of ``packs`` as one step's indices (each pack's examples stay whole)."""
+
+    def __init__(self, packs: Any, per_step: int) -> None:
+        self.packs, self.per_step = packs, per_step
+
+    def __len__(self) -> int:
+        return -(-len(self.packs) // self.per_step)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        step: list[int] = []
+        for k, pack in enumerate(self.packs, 1):
+            step.extend(pack)
+            if k % self.per_step == 0:
+                yield step
+                step = []
+        if step:
+            yield step
 
 
 class _first:

@@ -42,9 +42,18 @@ class CommandFailed(RuntimeError):
     def __init__(self, argv: Sequence[str], returncode: int, tail: Sequence[str]) -> None:
         self.returncode, self.tail = returncode, list(tail)
         last = "\n".join(f"    {line}" for line in tail) or "    (it wrote nothing)"
-        super().__init__(
-            f"the command `{' '.join(argv)}` exited with code {returncode}; its last lines:\n{last}"
-        )
+        how = f"exited with code {returncode}"
+        if returncode < 0:
+            how = f"was killed by {_signal_name(-returncode)}"
+            how += " (the kernel's OOM killer, at a memory limit?)" if returncode == -signal.SIGKILL else ""
+        super().__init__(f"the command `{' '.join(argv)}` {how}; its last lines:\n{last}")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 @dataclass(frozen=True)
@@ -122,14 +131,18 @@ def _run(
     time_limit: float | None,
     log: IO[str] | None,
 ) -> tuple[int, list[str], bool]:
-    """Start the command, copy its output to ``log``, stop it at ``time_limit``: (exit code, last lines,
-    whether the time limit ended it)."""
-    options = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, errors="replace")
+    """Start the command, copy its stdout and stderr to ours (or both to ``log``), stop it at ``time_limit``:
+    (exit code, last lines of both, whether the time limit ended it)."""
+    options = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, errors="replace")
     start = cgroup.popen if cgroup is not None else subprocess.Popen
     proc = start(list(argv), start_new_session=True, **options)
     tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
-    copier = threading.Thread(target=_copy, args=(proc.stdout, log or sys.stdout, tail), daemon=True)
-    copier.start()
+    copiers = [
+        threading.Thread(target=_copy, args=(stream, log or to, tail), daemon=True)
+        for stream, to in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))
+    ]
+    for copier in copiers:
+        copier.start()
     timed_out = False
     try:
         try:
@@ -142,8 +155,10 @@ def _run(
         proc.wait()
         raise
     finally:
-        copier.join(timeout=_GRACE)
+        for copier in copiers:
+            copier.join(timeout=_GRACE)
         proc.stdout.close()
+        proc.stderr.close()
     return proc.returncode, list(tail), timed_out
 
 

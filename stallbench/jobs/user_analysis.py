@@ -129,7 +129,7 @@ def analyze_command(
         if machine is None:
             machine = _measure_machine(job, runs["cold"])
             step("machine measured")
-        yield user_report(job, runs, storage_bytes_per_s=machine[0], memory_bytes_per_s=machine[1])
+        yield user_report(job, runs, storage_bytes_per_s=machine[0], memory_bytes_per_s=machine[1], kind=kind)
 
 
 def _measure_machine(job: UserJob, cold: CommandRun) -> tuple[float, float]:
@@ -164,7 +164,7 @@ def apply_advice(job: UserJob, report: LoaderReport, log: IO[str] | None = None)
     """Rerun the cold run with the setting the report's advice names; None where it names none."""
     from stallbench.analysis import advice, whatif
     from stallbench.analysis.results import steady
-    from stallbench.jobs.user_report import train_epochs
+    from stallbench.jobs._training import train_epochs
 
     m = whatif.Measured(
         report.workload, report.breakdown, report.machine, report.loader, report.storage_bytes

@@ -11,7 +11,6 @@ out (run without ``--steps`` to get them).
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from statistics import fmean
 from typing import TYPE_CHECKING
@@ -23,64 +22,26 @@ from stallbench.analysis.results import (
     EpochRecord,
     LoaderReport,
     Machine,
-    OtherLoader,
     RankBreakdown,
     RunRecord,
     Workload,
     steady,
 )
-from stallbench.jobs.kinds import kind_of_class
-from stallbench.jobs.spec import LoaderEpoch
+from stallbench.jobs._training import NoTrainingLoader, other_loaders, train_epochs
+from stallbench.jobs.kinds import KINDS, kind_of_class
+from stallbench.jobs.spec import AS_IS, LoaderEpoch
 
 if TYPE_CHECKING:
     from stallbench.jobs.command import CommandRun
     from stallbench.jobs.user_analysis import UserJob
 
-__all__ = ["NoTrainingLoader", "train_epochs", "user_report"]
+__all__ = ["NoTrainingLoader", "train_epochs", "user_report"]  # the first two from ._training
 
 _CONDITIONS = {
     "ingestion": "the first batches replayed, no worker started: only the step",
     "prep": "every file of --data in memory (warm)",
     "cold": "page cache of --data evicted",
 }
-
-
-class NoTrainingLoader(RuntimeError):
-    """A run of the command iterated no DataLoader the bootstrap could see."""
-
-
-def _by_rank(records: Sequence[LoaderEpoch]) -> dict[int, list[LoaderEpoch]]:
-    """Each rank's records, from its process with the most batches (a rank's helper processes left out)."""
-    by_process: dict[tuple[int, int], list[LoaderEpoch]] = defaultdict(list)
-    for r in records:
-        by_process[r.rank, r.pid].append(r)
-    ranks: dict[int, list[LoaderEpoch]] = {}
-    for (rank, _), rows in sorted(by_process.items(), key=lambda kv: -sum(r.batches for r in kv[1])):
-        ranks.setdefault(rank, rows)
-    return ranks
-
-
-def _train_id(rows: Sequence[LoaderEpoch]) -> str:
-    totals: dict[str, int] = {}
-    for r in rows:
-        totals[r.loader] = totals.get(r.loader, 0) + r.batches
-    order = {loader: int(loader.split(":", 1)[0]) for loader in totals}
-    return min(totals, key=lambda loader: (-totals[loader], order[loader]))
-
-
-def train_epochs(records: Sequence[LoaderEpoch], phase: str = "") -> dict[int, list[LoaderEpoch]]:
-    """Per rank, the training loader's complete epochs in order."""
-    ranks = _by_rank(records)
-    if not ranks:
-        raise NoTrainingLoader(
-            f"the {phase or 'command'} run iterated no DataLoader: does the command run Python with "
-            "torch's DataLoader (or loader.DataLoader) in this environment?"
-        )
-    out = {}
-    for rank, rows in ranks.items():
-        train = _train_id(rows)
-        out[rank] = sorted((r for r in rows if r.loader == train and r.complete), key=lambda r: r.epoch)
-    return out
 
 
 def _epoch(r: LoaderEpoch) -> EpochRecord:
@@ -109,25 +70,16 @@ def _rank_runs(runs: Mapping[str, CommandRun]) -> dict[int, dict[str, RunRecord]
     return out
 
 
-def _others(run: CommandRun, rank: int) -> tuple[OtherLoader, ...]:
-    rows = _by_rank(run.records).get(rank, [])
-    if not rows:
-        return ()
-    train = _train_id(rows)
-    grouped: dict[str, list[LoaderEpoch]] = defaultdict(list)
-    for r in rows:
-        if r.loader != train:
-            grouped[r.loader].append(r)
-    return tuple(
-        OtherLoader(name, len(es), fmean(e.seconds for e in es), fmean(e.batches for e in es))
-        for name, es in sorted(grouped.items())
-    )
-
-
 def user_report(
-    job: UserJob, runs: Mapping[str, CommandRun], *, storage_bytes_per_s: float, memory_bytes_per_s: float
+    job: UserJob,
+    runs: Mapping[str, CommandRun],
+    *,
+    storage_bytes_per_s: float,
+    memory_bytes_per_s: float,
+    kind: str = AS_IS,
 ) -> LoaderReport:
-    """The report of one loader kind's three runs (``ingestion``, ``prep``, ``cold``)."""
+    """The report of the three runs (``ingestion``, ``prep``, ``cold``) of loader ``kind``: its column is
+    named so; where the batches came from another class, the advice says so first."""
     per_rank = _rank_runs(runs)
     ranks = tuple(RankBreakdown(rank, breakdown(p, job.dataset_bytes)) for rank, p in per_rank.items())
     slowest = max(ranks, key=lambda r: r.breakdown.epoch_seconds)
@@ -135,17 +87,22 @@ def user_report(
     cold_rows = train_epochs(runs["cold"].records)[slowest.rank]
     cold = steady(list(phases["cold"].epochs))
     workload, share = _workload(job, cold_rows)
-    loader = kind_of_class(cold_rows[-1].loader_class)
+    made_by = kind_of_class(cold_rows[-1].loader_class)
+    loader = made_by if kind == AS_IS else kind
     machine = _machine(phases, workload, storage_bytes_per_s, memory_bytes_per_s)
     storage = int(fmean(e.storage_bytes for e in cold))
-    measured = whatif.Measured(workload, slowest.breakdown, machine, loader, storage)
+    measured = whatif.Measured(workload, slowest.breakdown, machine, made_by, storage)
     predictions = whatif.what_if(measured) if share >= 0.99 else ()
     said = (
         advice.advise(measured, predictions)
         if predictions
         else f"epochs cut to {job.steps} steps read {share:.0%} of the data: run without --steps for what-if"
     )
+    if made_by != loader:
+        made = f"the batches came from {cold_rows[-1].loader_class}, not {KINDS[loader].label}"
+        said = f"{made}: this column measures that class. {said}"
     hits, misses = sum(e.hits for e in cold), sum(e.misses for e in cold)
+    cold_records = runs["cold"].records
     hit_rate = measured_hit_rate(loader, hits, misses, storage, workload.dataset_bytes)
     return LoaderReport(
         loader=loader, workload=workload, runs=tuple(phases.values()), breakdown=slowest.breakdown,
@@ -153,9 +110,9 @@ def user_report(
         hit_rate=hit_rate, cpu_utilisation=_cpu(cold, slowest, machine),
         samples_per_s=fmean(e.samples for e in cold) / slowest.breakdown.epoch_seconds, machine=machine,
         roofline=whatif.roofline(measured), predictions=predictions, advice=said,
-        ranks=ranks, slowest_rank=slowest.rank, other_loaders=_others(runs["cold"], slowest.rank),
+        ranks=ranks, slowest_rank=slowest.rank, other_loaders=other_loaders(cold_records, slowest.rank),
         prefetch_predictions=whatif.prefetch_what_if(measured) if predictions else (),
-        nodes_predictions=nodes.nodes_what_if(workload, loader) if predictions else (),
+        nodes_predictions=nodes.nodes_what_if(workload, made_by) if predictions else (),
         useful=work.useful_work(cold, target=next(iter(runs["cold"].targets), None)),
     )  # fmt: skip
 

@@ -69,14 +69,17 @@ def ingestion_loader(dl: Any, workers: int, max_batches: int | None = None) -> t
     )
 
 
-def _loop(prof: Any, step: ComputeStep | None, max_batches: int | None) -> tuple[dict[str, Any], float]:
-    """One epoch of ``prof``: its batches, samples, and a token batch's valid tokens and token slots; and the
-    clock at its end, read before a ``break`` shuts the workers down (a script's epoch ends there too)."""
+def _loop(
+    prof: Any, step: ComputeStep | None, max_batches: int | None, room: int | None
+) -> tuple[dict[str, Any], float]:
+    """One epoch of ``prof``: its batches, samples, and a token batch's valid tokens and token slots (a pack's
+    ``room``); and the clock at its end, read before a ``break`` shuts the workers down (a script's epoch ends
+    there too)."""
     batches, samples, valid, slots = 0, 0, 0, 0
     for batch in prof:
         if step is not None:
             step(batch)
-        tokens = batch_tokens(batch)
+        tokens = batch_tokens(batch, room)
         batches, samples = batches + 1, samples + batch_samples(batch)
         valid, slots = valid + (tokens.valid if tokens else 0), slots + (tokens.slots if tokens else 0)
         if batches == max_batches:
@@ -102,7 +105,7 @@ def run_epochs(
     for epoch in range(1, epochs + 1):
         before = (_stat_values(stats), storage_read_bytes(), cpu_seconds(), meter.joules() if meter else None)
         start_time, start = time.monotonic(), time.perf_counter()
-        counts, end = _loop(prof, step, max_batches)
+        counts, end = _loop(prof, step, max_batches, _pack_room(dl))
         record = {"epoch": epoch, "seconds": end - start, **counts}
         record.update(start_time=start_time, end_time=time.monotonic())
         record.update(_profile_fields(prof, last=epoch == epochs))
@@ -126,6 +129,14 @@ def run_epochs(
                 }
             )
         yield record
+
+
+def _pack_room(dl: Any) -> int | None:
+    """The tokens a packed step was packed into (its collator's ``max_len``, inside our loader's timing
+    wrapper where there is one); None for other batches."""
+    collate = getattr(dl, "collate_fn", None)
+    collate = getattr(collate, "collate_fn", collate)
+    return getattr(collate, "max_len", None) if type(collate).__name__ == "PackingCollator" else None
 
 
 def _profile_fields(prof: Any, last: bool) -> dict[str, Any]:
