@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 
 from loader import index_bytes
+from stallbench.analysis.memory import measure_overhead, memory_limit, probe_cache_bytes
 from stallbench.conditions.cgroup import StorageLimits
-from stallbench.conditions.memory import measure_overhead, memory_limit, probe_cache_bytes
 from stallbench.conditions.storage import data_size, evict_page_cache, probe_storage_conditions
 from stallbench.demo import format_table
 from stallbench.jobs.kinds import KINDS, NAMES

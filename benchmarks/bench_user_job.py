@@ -175,8 +175,8 @@ def _terms(split: dict[str, float]) -> str:
 
 def _cold_epoch(data: Path, prefetch_factor: int) -> float:
     """The example's steady epoch, cold, every DataLoader built with ``prefetch_factor``."""
+    from stallbench.analysis.user_report import train_epochs
     from stallbench.conditions.storage import evict_page_cache
-    from stallbench.jobs.user_report import train_epochs
 
     evict_page_cache(data)
     spec = JobSpec(out_dir="", epochs=3, prefetch_factor=prefetch_factor)

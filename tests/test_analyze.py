@@ -18,10 +18,10 @@ import pytest
 from loader._headroom import reserve_for_limit
 from stallbench.analysis import whatif
 from stallbench.analysis.analyze import analyze, prepare
+from stallbench.analysis.memory import OVERHEAD_MARGIN
 from stallbench.analysis.phases import RunPlan
 from stallbench.analysis.request import AnalysisRequest, CacheSpec
 from stallbench.analysis.results import LoaderReport
-from stallbench.conditions.memory import OVERHEAD_MARGIN
 from stallbench.conditions.storage import PAGE, data_size, probe_storage_conditions
 from stallbench.workloads import make_jpeg_folder
 

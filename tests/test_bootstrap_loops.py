@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from stallbench.jobs.user_analysis import replay_lengths
+from stallbench.analysis.user_analysis import replay_lengths
 from tests.test_bootstrap import OUR_CLASS, TORCH_CLASS, _ok, _run
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from stallbench.conditions.memory import OVERHEAD_MARGIN, memory_limit
+from stallbench.analysis.memory import OVERHEAD_MARGIN, memory_limit
 from stallbench.jobs.counters import cpu_seconds
 from stallbench.jobs.run import JobFailed, run_job, run_workload
 from stallbench.jobs.spec import WorkloadJob

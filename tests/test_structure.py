@@ -113,3 +113,27 @@ def test_every_module_is_at_most_320_lines():
 def test_modules_past_200_lines_are_the_known_ones():
     past = {_name(p): _lines(p) for p in MODULES + LOADER_MODULES if _lines(p) > STYLE_LINES}
     assert set(past) == LONG, f"past {STYLE_LINES} lines now: {past}; named in LONG: {sorted(LONG)}"
+
+
+# The flow of stallbench/: each layer imports only those after it (cli -> analysis -> jobs -> conditions).
+LAYERS = ("cli", "report", "analysis", "jobs", "conditions")
+
+
+def _imported(tree: ast.AST) -> Iterator[str]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+        elif isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+
+
+@pytest.mark.parametrize("layer", LAYERS[2:])
+def test_no_import_runs_back_up_the_flow(layer):
+    above = {f"stallbench.{name}" for name in LAYERS[: LAYERS.index(layer)]}
+    back = {
+        f"{_name(path)} imports {module}"
+        for path in sorted((REPO / "stallbench" / layer).rglob("*.py"))
+        for module in _imported(ast.parse(path.read_text()))
+        if any(module == up or module.startswith(f"{up}.") for up in above)
+    }
+    assert not back, sorted(back)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from stallbench.analysis.user_analysis import UserJob
+from stallbench.analysis.user_report import NoTrainingLoader, train_epochs, user_report
 from stallbench.jobs.command import CommandRun
 from stallbench.jobs.spec import LoaderEpoch
-from stallbench.jobs.user_analysis import UserJob
-from stallbench.jobs.user_report import NoTrainingLoader, train_epochs, user_report
 from stallbench.report import format_report, report_to_json, validate_report_json
 
 JOB = UserJob(argv=("python", "train.py"), data=(Path("/data"),), dataset_bytes=1 << 30, record_bytes=1 << 30,

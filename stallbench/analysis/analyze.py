@@ -11,20 +11,16 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from statistics import fmean
 from typing import Any
 
-from stallbench.analysis import advice, whatif
-from stallbench.analysis.breakdown import breakdown
-from stallbench.analysis.hits import measured_hit_rate
+from stallbench.analysis.loader_report import Measurement, loader_report
 from stallbench.analysis.measure import measure_machine
-from stallbench.analysis.nodes import nodes_what_if
+from stallbench.analysis.memory import measure_overhead, memory_limit, probe_cache_bytes
 from stallbench.analysis.phases import RunPlan, run_phases, storage_limits
 from stallbench.analysis.request import AnalysisRequest, CacheSpec, named_workload
 from stallbench.analysis.results import LoaderReport, RunRecord, Workload, steady
 from stallbench.analysis.work import useful_work
 from stallbench.conditions.cgroup import StorageConditionUnavailable
-from stallbench.conditions.memory import measure_overhead, memory_limit, probe_cache_bytes
 from stallbench.conditions.storage import DataSize, data_size, probe_storage_conditions
 from stallbench.jobs.kinds import KINDS
 from stallbench.jobs.spec import WorkloadJob
@@ -89,36 +85,8 @@ def analyze(
 
 
 def _report(kind: str, w: Workload, runs: dict[str, RunRecord], machine, packing: tuple) -> LoaderReport:
-    b = breakdown(runs, w.dataset_bytes)
-    cold = steady(list(runs["cold"].epochs))
-    storage = fmean(e.storage_bytes for e in cold)
-    hit_rate = measured_hit_rate(
-        kind, sum(e.hits for e in cold), sum(e.misses for e in cold), storage, w.dataset_bytes
-    )
-    cpu = fmean(e.cpu_seconds for e in cold) / (b.epoch_seconds * machine.cores) if b.epoch_seconds else 0.0
-    measured = whatif.Measured(
-        workload=w, breakdown=b, machine=machine, loader=kind, storage_bytes=int(storage)
-    )
-    roof, predictions = whatif.roofline(measured), whatif.what_if(measured)
-    return LoaderReport(
-        loader=kind,
-        workload=w,
-        runs=tuple(runs.values()),
-        breakdown=b,
-        storage_bytes=int(storage),
-        dataset_bytes=w.dataset_bytes,
-        record_bytes=w.record_bytes,
-        hit_rate=hit_rate,
-        cpu_utilisation=cpu,
-        samples_per_s=fmean(e.samples for e in cold) / b.epoch_seconds,
-        machine=machine,
-        roofline=roof,
-        predictions=predictions,
-        advice=advice.advise(measured, predictions),
-        prefetch_predictions=whatif.prefetch_what_if(measured),
-        nodes_predictions=nodes_what_if(w, kind),
-        useful=useful_work(cold, *packing),
-    )
+    useful = useful_work(steady(list(runs["cold"].epochs)), *packing)
+    return loader_report(Measurement(kind, kind, w, runs, machine, extra={"useful": useful}))
 
 
 def _packing(req: AnalysisRequest, data: Path) -> dict[str, Any]:

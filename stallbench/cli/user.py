@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import IO
 
 from stallbench.analysis.results import LoaderReport
+from stallbench.analysis.user_analysis import UserJob, analyze_command, apply_advice
+from stallbench.analysis.user_report import NoTrainingLoader
 from stallbench.conditions.cgroup import StorageConditionUnavailable
 from stallbench.conditions.storage import data_size
 from stallbench.jobs.command import CommandFailed
 from stallbench.jobs.spec import AS_IS
-from stallbench.jobs.user_analysis import UserJob, analyze_command, apply_advice
-from stallbench.jobs.user_report import NoTrainingLoader
 
 __all__ = ["run_user_analysis", "split_command"]
 

@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import IO
 
 from stallbench.analysis.results import LoaderReport
+from stallbench.analysis.user_report import user_report
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.storage import evict_page_cache, warm_page_cache
 from stallbench.jobs.command import CommandRun, run_command
 from stallbench.jobs.kinds import CACHED, KINDS
 from stallbench.jobs.run import scratch_cache_dir
 from stallbench.jobs.spec import AS_IS, JobSpec, LoaderEpoch
-from stallbench.jobs.user_report import user_report
 
 __all__ = ["Applied", "UserJob", "analyze_command", "apply_advice", "replay_lengths", "run_user_phases"]
 
@@ -164,7 +164,7 @@ def apply_advice(job: UserJob, report: LoaderReport, log: IO[str] | None = None)
     """Rerun the cold run with the setting the report's advice names; None where it names none."""
     from stallbench.analysis import advice, whatif
     from stallbench.analysis.results import steady
-    from stallbench.jobs._training import train_epochs
+    from stallbench.analysis.training import train_epochs
 
     m = whatif.Measured(
         report.workload, report.breakdown, report.machine, report.loader, report.storage_bytes

@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from statistics import fmean
 from typing import TYPE_CHECKING
 
-from stallbench.analysis import advice, nodes, whatif, work
+from stallbench.analysis import work
 from stallbench.analysis.breakdown import breakdown
-from stallbench.analysis.hits import measured_hit_rate
+from stallbench.analysis.loader_report import Measurement, loader_report
 from stallbench.analysis.results import (
     EpochRecord,
     LoaderReport,
@@ -27,13 +27,13 @@ from stallbench.analysis.results import (
     Workload,
     steady,
 )
-from stallbench.jobs._training import NoTrainingLoader, other_loaders, train_epochs
+from stallbench.analysis.training import NoTrainingLoader, other_loaders, train_epochs
 from stallbench.jobs.kinds import KINDS, kind_of_class
 from stallbench.jobs.spec import AS_IS, LoaderEpoch
 
 if TYPE_CHECKING:
+    from stallbench.analysis.user_analysis import UserJob
     from stallbench.jobs.command import CommandRun
-    from stallbench.jobs.user_analysis import UserJob
 
 __all__ = ["NoTrainingLoader", "train_epochs", "user_report"]  # the first two from ._training
 
@@ -85,36 +85,26 @@ def user_report(
     slowest = max(ranks, key=lambda r: r.breakdown.epoch_seconds)
     phases = per_rank[slowest.rank]
     cold_rows = train_epochs(runs["cold"].records)[slowest.rank]
-    cold = steady(list(phases["cold"].epochs))
     workload, share = _workload(job, cold_rows)
     made_by = kind_of_class(cold_rows[-1].loader_class)
     loader = made_by if kind == AS_IS else kind
+    cut = f"epochs cut to {job.steps} steps read {share:.0%} of the data: run without --steps for what-if"
+    made = cold_rows[-1].loader_class
+    note = f"the batches came from {made}, not {KINDS[loader].label}: this column measures that class."
+    extra = {
+        "ranks": ranks,
+        "slowest_rank": slowest.rank,
+        "other_loaders": other_loaders(runs["cold"].records, slowest.rank),
+        "useful": work.useful_work(
+            steady(list(phases["cold"].epochs)), target=next(iter(runs["cold"].targets), None)
+        ),
+    }
     machine = _machine(phases, workload, storage_bytes_per_s, memory_bytes_per_s)
-    storage = int(fmean(e.storage_bytes for e in cold))
-    measured = whatif.Measured(workload, slowest.breakdown, machine, made_by, storage)
-    predictions = whatif.what_if(measured) if share >= 0.99 else ()
-    said = (
-        advice.advise(measured, predictions)
-        if predictions
-        else f"epochs cut to {job.steps} steps read {share:.0%} of the data: run without --steps for what-if"
-    )
-    if made_by != loader:
-        made = f"the batches came from {cold_rows[-1].loader_class}, not {KINDS[loader].label}"
-        said = f"{made}: this column measures that class. {said}"
-    hits, misses = sum(e.hits for e in cold), sum(e.misses for e in cold)
-    cold_records = runs["cold"].records
-    hit_rate = measured_hit_rate(loader, hits, misses, storage, workload.dataset_bytes)
-    return LoaderReport(
-        loader=loader, workload=workload, runs=tuple(phases.values()), breakdown=slowest.breakdown,
-        storage_bytes=storage, dataset_bytes=workload.dataset_bytes, record_bytes=workload.record_bytes,
-        hit_rate=hit_rate, cpu_utilisation=_cpu(cold, slowest, machine),
-        samples_per_s=fmean(e.samples for e in cold) / slowest.breakdown.epoch_seconds, machine=machine,
-        roofline=whatif.roofline(measured), predictions=predictions, advice=said,
-        ranks=ranks, slowest_rank=slowest.rank, other_loaders=other_loaders(cold_records, slowest.rank),
-        prefetch_predictions=whatif.prefetch_what_if(measured) if predictions else (),
-        nodes_predictions=nodes.nodes_what_if(workload, made_by) if predictions else (),
-        useful=work.useful_work(cold, target=next(iter(runs["cold"].targets), None)),
+    measurement = Measurement(
+        loader, made_by, workload, phases, machine, slowest.breakdown, share >= 0.99, cut,
+        note if made_by != loader else "", extra,
     )  # fmt: skip
+    return loader_report(measurement)
 
 
 def _workload(job: UserJob, cold_rows: Sequence[LoaderEpoch]) -> tuple[Workload, float]:
@@ -147,8 +137,3 @@ def _machine(
     cores = available_cores()
     rate = w.samples / prep_cpu if prep_cpu > 0 else w.samples / (t3 * min(max(w.workers, 1), cores))
     return Machine(cores, storage_bytes_per_s, memory_bytes_per_s, rate)
-
-
-def _cpu(cold: Sequence[EpochRecord], slowest: RankBreakdown, machine: Machine) -> float:
-    seconds = slowest.breakdown.epoch_seconds
-    return fmean(e.cpu_seconds for e in cold) / (seconds * machine.cores) if seconds else 0.0

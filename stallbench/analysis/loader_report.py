@@ -1,0 +1,63 @@
+"""One loader's report from its three runs, the same for a generated job and the user's own command: the
+split (``breakdown``), the figures of the steady cold epochs, the what-if, roofline and advice built on them.
+
+What differs between the two kinds of job is only what they hand in: a generated job's workload and runs
+as planned; a command's slowest rank's runs, its workload as the records describe it, its other loaders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from statistics import fmean
+from typing import Any
+
+from stallbench.analysis import advice, nodes, whatif
+from stallbench.analysis.breakdown import breakdown
+from stallbench.analysis.hits import measured_hit_rate
+from stallbench.analysis.results import Breakdown, LoaderReport, Machine, RunRecord, Workload, steady
+
+__all__ = ["Measurement", "loader_report"]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What a report is made of. ``loader`` names the column; ``model`` is the kind whose caching the what-if
+    models (the loader that made the batches); ``what_if``: False where the epochs read only a share of the
+    data (``said`` then says why instead of the advice); ``note``: a line put before the advice."""
+
+    loader: str
+    model: str
+    workload: Workload
+    runs: Mapping[str, RunRecord]
+    machine: Machine
+    breakdown: Breakdown | None = None  # None: the split of ``runs``
+    what_if: bool = True
+    said: str = ""
+    note: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)  # LoaderReport's own fields for this kind of job
+
+
+def loader_report(m: Measurement) -> LoaderReport:
+    """The report of ``m``: every figure from the steady epochs of its cold run."""
+    w = m.workload
+    b = m.breakdown if m.breakdown is not None else breakdown(m.runs, w.dataset_bytes)
+    cold = steady(list(m.runs["cold"].epochs))
+    storage = int(fmean(e.storage_bytes for e in cold))
+    hits, misses = sum(e.hits for e in cold), sum(e.misses for e in cold)
+    measured = whatif.Measured(w, b, m.machine, m.model, storage)
+    predictions = whatif.what_if(measured) if m.what_if else ()
+    said = advice.advise(measured, predictions) if m.what_if else m.said
+    return LoaderReport(
+        loader=m.loader, workload=w, runs=tuple(m.runs.values()), breakdown=b, storage_bytes=storage,
+        dataset_bytes=w.dataset_bytes, record_bytes=w.record_bytes,
+        hit_rate=measured_hit_rate(m.loader, hits, misses, storage, w.dataset_bytes),
+        cpu_utilisation=fmean(e.cpu_seconds for e in cold) / (b.epoch_seconds * m.machine.cores)
+        if b.epoch_seconds else 0.0,
+        samples_per_s=fmean(e.samples for e in cold) / b.epoch_seconds, machine=m.machine,
+        roofline=whatif.roofline(measured), predictions=predictions,
+        advice=f"{m.note} {said}" if m.note else said,
+        prefetch_predictions=whatif.prefetch_what_if(measured) if m.what_if else (),
+        nodes_predictions=nodes.nodes_what_if(w, m.model) if m.what_if else (),
+        **m.extra,
+    )  # fmt: skip
