@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from stallbench.analysis.nodes import nodes_what_if
@@ -27,7 +28,15 @@ from stallbench.analysis.results import (
     Workload,
 )
 from stallbench.analysis.work import useful_work
-from stallbench.report import format_report, report_to_json, validate_report_json, write_json, write_plot
+from stallbench.report import (
+    REPORT_SCHEMA,
+    format_report,
+    report_to_json,
+    validate_report_json,
+    write_json,
+    write_plot,
+)
+from stallbench.report.concurrent import CONCURRENT_JSON_SCHEMA
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "stallbench-json.md"
 CONCURRENT_SECTION = "\n## `compare --jobs N`"
@@ -346,3 +355,23 @@ def test_doc_example_runs(pair, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     exec(compile(block, str(DOC), "exec"), {})
     assert capsys.readouterr().out == "cached: 1.65x the speed of torch\n"
+
+
+@pytest.mark.parametrize(
+    ("published", "schema"),
+    [
+        ("stallbench-report.schema.json", REPORT_SCHEMA),
+        ("stallbench-concurrent.schema.json", CONCURRENT_JSON_SCHEMA),
+    ],
+)
+def test_the_published_schemas_are_the_ones_checked(published, schema):
+    """docs/ holds each JSON Schema as the code checks it: a reader validates with any JSON Schema tool."""
+    assert json.loads((DOC.parent / published).read_text()) == schema
+    jsonschema.Draft202012Validator.check_schema(schema)
+
+
+def test_a_report_validates_against_the_published_schema_with_jsonschema_itself(pair):
+    schema = json.loads((DOC.parent / "stallbench-report.schema.json").read_text())
+    jsonschema.validate(_roundtrip(report_to_json(pair)), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**_roundtrip(report_to_json(pair)), "loaders": "none"}, schema)

@@ -22,7 +22,6 @@ LONG = {
     "stallbench/jobs/spec.py",
     "stallbench/analysis/results.py",  # plain dataclasses: the source of the JSON schema
     "stallbench/pytest_plugin.py",
-    "stallbench/report/__init__.py",
     "stallbench/report/table.py",
     "stallbench/simulate.py",
     "stallbench/workloads.py",

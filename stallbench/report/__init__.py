@@ -20,76 +20,64 @@ from stallbench.analysis import results
 from stallbench.analysis.results import SCHEMA, LoaderReport, RunRecord
 from stallbench.analysis.work import TimeToTarget, UsefulWork
 from stallbench.report import plot, table
+from stallbench.report._schema import DRAFT, array, check, fields, free_map, kind, obj, or_null
 from stallbench.report.work import column_name
 
-__all__ = ["format_report", "report_to_json", "validate_report_json", "write_json", "write_plot"]
+__all__ = [
+    "REPORT_SCHEMA",
+    "format_report",
+    "report_to_json",
+    "validate_report_json",
+    "write_json",
+    "write_plot",
+]
 
 _RATIO_KEYS = ("epoch_seconds", "fetch_stall_seconds", "storage_bytes")
 
-_NUM = "number|null"  # every measured float: null where it was not finite
-_KIND_OF_TYPE = {"int": "integer", "int | None": "integer|null", "str": "string", "str | None": "string|null"}
-_KIND_OF_TYPE |= dict.fromkeys(("float", "float | None"), _NUM)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Map:
-    """An object whose keys are free (loader or stage names), each value of one kind."""
-
-    values: Any
-
-
-@dataclasses.dataclass(frozen=True)
-class _OrNull:
-    """An object, or null where nothing was measured."""
-
-    spec: Any
-
-
-def _fields(cls: type, but: str = "") -> dict[str, str]:
-    """A results dataclass of plain fields (all ``but`` one) as a schema object: its JSON is ``asdict``."""
-    return {f.name: _KIND_OF_TYPE[str(f.type)] for f in dataclasses.fields(cls) if f.name != but}
-
-
-# The schema as data: a kind ("integer", "number", "string", "|null" allowed), an object (dict), a list of
-# one kind ([kind]) or a _Map. Keys beyond these are allowed.
-_LOADER: dict[str, Any] = {
-    "loader": "string",
-    **_fields(results.Breakdown),
-    **dict.fromkeys(("prep_stall_percent", "fetch_stall_percent"), _NUM),
-    **dict.fromkeys(("storage_bytes", "dataset_bytes", "record_bytes"), "integer"),
-    **dict.fromkeys(("hit_rate", "cpu_utilisation", "samples_per_s"), _NUM),
-    "machine": _fields(results.Machine),
-    "roofline": _fields(results.Roofline),
-    "predictions": [_fields(results.Prediction)],
-    "advice": "string",
-    "useful": _OrNull(
+_NUM = kind("number|null")  # every measured float: null where it was not finite
+_LOADER = obj(
+    {
+        "loader": kind("string"),
+        **fields(results.Breakdown)["properties"],
+        **dict.fromkeys(("prep_stall_percent", "fetch_stall_percent"), _NUM),
+        **dict.fromkeys(("storage_bytes", "dataset_bytes", "record_bytes"), kind("integer")),
+        **dict.fromkeys(("hit_rate", "cpu_utilisation", "samples_per_s"), _NUM),
+        "machine": fields(results.Machine),
+        "roofline": fields(results.Roofline),
+        "predictions": array(fields(results.Prediction)),
+        "advice": kind("string"),
+        "useful": or_null(
+            obj(
+                {
+                    **fields(UsefulWork, but=("time_to_target",))["properties"],
+                    "time_to_target": or_null(fields(TimeToTarget)),
+                }
+            )
+        ),
+        "runs": array(
+            obj(
+                {
+                    "phase": kind("string"),
+                    "condition": kind("string"),
+                    "stage_seconds": free_map(_NUM),
+                    "epochs": array(fields(results.EpochRecord)),
+                    "other_load_cores": _NUM,
+                }
+            )
+        ),
+    }
+)
+REPORT_SCHEMA: dict[str, Any] = {
+    "$schema": DRAFT,
+    "title": f"stallbench report ({SCHEMA}): analyze and compare --json",
+    **obj(
         {
-            **_fields(UsefulWork, but="time_to_target"),
-            "time_to_target": _OrNull({**_fields(TimeToTarget, but="reached"), "reached": "boolean"}),
+            "schema": {"const": SCHEMA},
+            "workload": fields(results.Workload),
+            "loaders": array(_LOADER),
+            "ratios_to_baseline": free_map(obj(dict.fromkeys(_RATIO_KEYS, _NUM))),
         }
     ),
-    "runs": [
-        {
-            "phase": "string",
-            "condition": "string",
-            "stage_seconds": _Map(_NUM),
-            "epochs": [_fields(results.EpochRecord)],
-            "other_load_cores": _NUM,
-        }
-    ],
-}
-_SCHEMA: dict[str, Any] = {
-    "schema": "string",
-    "workload": _fields(results.Workload),
-    "loaders": [_LOADER],
-    "ratios_to_baseline": _Map(dict.fromkeys(_RATIO_KEYS, _NUM)),
-}
-_KINDS = {
-    "null": lambda v: v is None,
-    "string": lambda v: isinstance(v, str),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
-    "boolean": lambda v: isinstance(v, bool),
 }
 
 
@@ -194,38 +182,9 @@ def write_plot(reports: Sequence[LoaderReport], path: str | os.PathLike[str]) ->
     return write_atomic(path, plot.png_bytes(reports))
 
 
-def _check(value: Any, spec: Any, where: str) -> None:
-    if isinstance(spec, _OrNull):
-        if value is not None:
-            _check(value, spec.spec, where)
-        return
-    if isinstance(spec, str):
-        if not any(_KINDS[kind](value) for kind in spec.split("|")):
-            raise ValueError(f"report JSON: {where} must be {spec}, got {type(value).__name__} {value!r:.40}")
-        return
-    expected = list if isinstance(spec, list) else dict
-    if not isinstance(value, expected):
-        raise ValueError(
-            f"report JSON: {where or 'the report'} must be {expected.__name__}, got {value!r:.40}"
-        )
-    if isinstance(spec, list):
-        for i, item in enumerate(value):
-            _check(item, spec[0], f"{where}[{i}]")
-    elif isinstance(spec, _Map):
-        for key, item in value.items():
-            _check(item, spec.values, f"{where}.{key}")
-    else:
-        for key, sub in spec.items():
-            name = f"{where}.{key}" if where else key
-            if key not in value:
-                raise ValueError(f"report JSON: {name} is missing")
-            _check(value[key], sub, name)
-
-
-def validate_report_json(obj: Any) -> None:
-    """Raise ValueError naming the first missing or mistyped key of a report JSON object (parsed)."""
-    _check(obj, _SCHEMA, "")
-    if obj["schema"] != SCHEMA:
-        raise ValueError(f"report JSON: schema must be {SCHEMA!r}, got {obj['schema']!r}")
-    if not obj["loaders"]:
+def validate_report_json(report: Any) -> None:
+    """Raise ValueError naming the first missing or mistyped key of a report JSON object (parsed), checked
+    against :data:`REPORT_SCHEMA` (published as ``docs/stallbench-report.schema.json``)."""
+    check(report, REPORT_SCHEMA)
+    if not report["loaders"]:
         raise ValueError("report JSON: loaders must hold at least one loader, got none")

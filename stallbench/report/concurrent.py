@@ -17,9 +17,11 @@ from stallbench.analysis import results
 from stallbench.analysis.concurrent import ConcurrentRun, JobRun
 from stallbench.analysis.results import Workload
 from stallbench.demo import format_table
-from stallbench.report import _check, _clean, _fields, _Map, _ratio
+from stallbench.report import _clean, _ratio
+from stallbench.report._schema import DRAFT, array, check, fields, free_map, kind, obj, or_null
 
 __all__ = [
+    "CONCURRENT_JSON_SCHEMA",
     "CONCURRENT_SCHEMA",
     "concurrent_to_json",
     "format_concurrent",
@@ -29,32 +31,46 @@ __all__ = [
 
 CONCURRENT_SCHEMA = "stallbench.concurrent/1"
 _WIDTH = 100  # columns of the terminal text
-_COORDINATION = {
-    "group": "string",
-    "status": "string",
-    **dict.fromkeys(("members", "batches_prepared", "batches_consumed"), "integer"),
-    **dict.fromkeys(("prep_cpu_seconds", "prep_cpu_saved_seconds"), "number|null"),
-}
-_JOB = {
-    "job": "integer",
-    "epoch_seconds": ["number|null"],
-    "cpu_seconds": ["number|null"],
-    **dict.fromkeys(("samples", "batches"), "integer"),
-    **dict.fromkeys(("start_time", "end_time"), "number"),
-}  # and "coordination": _COORDINATION or null, checked apart
-_SCHEMA: dict[str, Any] = {
-    "schema": "string",
-    "workload": _fields(results.Workload),
-    "jobs_per_loader": "integer",
-    "loaders": [
+_NUM = kind("number|null")
+_COORDINATION = obj(
+    {
+        "group": kind("string"),
+        "status": kind("string"),
+        **dict.fromkeys(("members", "batches_prepared", "batches_consumed"), kind("integer")),
+        **dict.fromkeys(("prep_cpu_seconds", "prep_cpu_saved_seconds"), _NUM),
+    }
+)
+_JOB = obj(
+    {
+        "job": kind("integer"),
+        "epoch_seconds": array(_NUM),
+        "cpu_seconds": array(_NUM),
+        **dict.fromkeys(("samples", "batches"), kind("integer")),
+        **dict.fromkeys(("start_time", "end_time"), kind("number")),
+        "coordination": or_null(_COORDINATION),
+    }
+)
+CONCURRENT_JSON_SCHEMA: dict[str, Any] = {
+    "$schema": DRAFT,
+    "title": f"stallbench report ({CONCURRENT_SCHEMA}): compare --jobs --json",
+    **obj(
         {
-            "loader": "string",
-            "samples": "integer",
-            **dict.fromkeys(("wall_seconds", "samples_per_s"), "number|null"),
-            "jobs": [_JOB],
+            "schema": {"const": CONCURRENT_SCHEMA},
+            "workload": fields(results.Workload),
+            "jobs_per_loader": kind("integer"),
+            "loaders": array(
+                obj(
+                    {
+                        "loader": kind("string"),
+                        "samples": kind("integer"),
+                        **dict.fromkeys(("wall_seconds", "samples_per_s"), _NUM),
+                        "jobs": array(_JOB),
+                    }
+                )
+            ),
+            "ratios_to_baseline": free_map(obj({"samples_per_s": _NUM})),
         }
-    ],
-    "ratios_to_baseline": _Map({"samples_per_s": "number|null"}),
+    ),
 }
 
 
@@ -153,15 +169,7 @@ def write_concurrent_json(runs: Sequence[ConcurrentRun], workload: Workload, pat
     return write_atomic(Path(path), (text + "\n").encode())
 
 
-def validate_concurrent_json(obj: Any) -> None:
-    """Raise ValueError naming the first missing or mistyped key of a ``compare --jobs`` JSON object."""
-    _check(obj, _SCHEMA, "")
-    if obj["schema"] != CONCURRENT_SCHEMA:
-        raise ValueError(f"report JSON: schema must be {CONCURRENT_SCHEMA!r}, got {obj['schema']!r}")
-    for i, loader in enumerate(obj["loaders"]):
-        for k, job in enumerate(loader["jobs"]):
-            where = f"loaders[{i}].jobs[{k}].coordination"
-            if "coordination" not in job:
-                raise ValueError(f"report JSON: {where} is missing")
-            if job["coordination"] is not None:
-                _check(job["coordination"], _COORDINATION, where)
+def validate_concurrent_json(report: Any) -> None:
+    """Raise ValueError naming the first missing or mistyped key of a ``compare --jobs`` JSON object, checked
+    against :data:`CONCURRENT_JSON_SCHEMA`."""
+    check(report, CONCURRENT_JSON_SCHEMA)
