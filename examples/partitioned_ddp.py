@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
 import loader
-from stallbench.conditions.storage import parse_size
+from stallbench.conditions.sizes import parse_size
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

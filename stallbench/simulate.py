@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from stallbench._policies import FILL, LOCAL, MISS, POLICIES, REMOTE, make_trace
+from stallbench.conditions.sizes import format_bytes
 from stallbench.conditions.storage import PAGE
 
 __all__ = [
@@ -169,15 +170,6 @@ def floor_storage_bytes(
     return missed if device_bytes is None else round(missed * device_bytes / dataset_bytes)
 
 
-def _fmt_bytes(count: float) -> str:
-    """Decimal units, as DESIGN.md writes record sizes: 112000 -> '112.00 KB'."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if count < 1000:
-            return f"{count:.0f} B" if unit == "B" else f"{count:.2f} {unit}"
-        count /= 1000
-    return f"{count:.2f} PB"
-
-
 def _floor(result: SimulationResult) -> int:
     """Storage bytes of the records no packed cache can hold, in device bytes."""
     size, records = result.record_bytes, result.records
@@ -189,9 +181,9 @@ def _floor(result: SimulationResult) -> int:
 def _setup_lines(first: SimulationResult) -> list[str]:
     size, device, nodes = first.record_bytes, first.device_record_bytes, first.nodes
     lines = [
-        f"dataset: {first.records:,} records of {_fmt_bytes(size)} ({_fmt_bytes(first.records * size)}); "
-        f"in whole pages {_fmt_bytes(device)} ({_fmt_bytes(first.records * device)})",
-        f"cache: {_fmt_bytes(first.cache_bytes)} per node, {nodes} node{'s' if nodes > 1 else ''}; it holds "
+        f"dataset: {first.records:,} records of {format_bytes(size)} ({format_bytes(first.records * size)}); "
+        f"in whole pages {format_bytes(device)} ({format_bytes(first.records * device)})",
+        f"cache: {format_bytes(first.cache_bytes)} per node, {nodes} node{'s' * (nodes > 1)}; it holds "
         f"{first.cache_bytes // size:,} records packed (minio), {first.cache_bytes // device:,} "
         "in pages (lru)",
         "each epoch reads every record once in a fresh random order; epoch 1 starts with empty caches",
@@ -203,19 +195,19 @@ def _setup_lines(first: SimulationResult) -> list[str]:
                      f"ratio; byte figures scaled up {first.scale:,.4g}x")  # fmt: skip
     where = " with the cache partitioned across nodes" if nodes > 1 else ""
     floor = _floor(first)
-    per_node = f" ({_fmt_bytes(floor / nodes)} per node)" if nodes > 1 else ""
+    per_node = f" ({format_bytes(floor / nodes)} per node)" if nodes > 1 else ""
     lines.append(
-        f"storage floor per epoch after the first (MinIO bound{where}): {_fmt_bytes(floor)}{per_node}"
+        f"storage floor per epoch after the first (MinIO bound{where}): {format_bytes(floor)}{per_node}"
     )
     return lines
 
 
 def _row(r: SimulationResult, e: EpochResult) -> tuple[str, ...]:
     """One epoch of one policy; with several nodes, its storage bytes per node beside all nodes' together."""
-    per_node = (_fmt_bytes(e.storage_bytes / r.nodes),) if r.nodes > 1 else ()
+    per_node = (format_bytes(e.storage_bytes / r.nodes),) if r.nodes > 1 else ()
     rates = (f"{e.hit_rate:.3f}", f"{e.local_hit_rate:.3f}", f"{e.remote_hit_rate:.3f}")
-    storage = (_fmt_bytes(e.storage_bytes), *per_node)
-    return (r.policy, str(e.epoch), *rates, *storage, _fmt_bytes(e.network_bytes))
+    storage = (format_bytes(e.storage_bytes), *per_node)
+    return (r.policy, str(e.epoch), *rates, *storage, format_bytes(e.network_bytes))
 
 
 def format_simulation(results: SimulationResult | tuple[SimulationResult, ...]) -> str:

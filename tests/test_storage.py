@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 
 from stallbench.conditions.cgroup import StorageConditionUnavailable, StorageLimits
+from stallbench.conditions.sizes import format_bytes, parse_size
 from stallbench.conditions.storage import (
     PAGE,
     DataSize,
     data_size,
     device_bytes,
     evict_page_cache,
-    parse_size,
     probe_storage_conditions,
     resident_bytes,
 )
@@ -292,3 +292,11 @@ def test_resident_bytes_in_whole_pages_counts_the_memory_a_small_file_takes(tmp_
         pytest.skip(f"{tmp_path} keeps no page cache the kernel reports")
     assert resident_bytes(path) == 6000
     assert resident_bytes(path, whole_pages=True) == 2 * mmap.PAGESIZE
+
+
+@pytest.mark.parametrize(
+    ("count", "text"),
+    [(0, "0 B"), (999, "999 B"), (112_000, "112.00 KB"), (1_234_000_000, "1.23 GB"), (float("nan"), "-")],
+)
+def test_format_bytes_in_decimal_units(count: float, text: str) -> None:
+    assert format_bytes(count) == text

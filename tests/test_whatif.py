@@ -175,7 +175,9 @@ def test_advice_for_a_fetch_stall_names_the_cached_loader_and_its_numbers():
     m = measured(loader="torch", t1=60.0, t2=100.0, storage=100e6, rate=2000.0)  # fetch: 84 s at LRU's 0.155
     switch = predict(m, cache_bytes=D // 2, workers=2, loader="cached")
     text = advise(m, what_if(m))
-    assert text.startswith("fetch stall is 40% of the epoch: loader.DataLoader with cache_bytes=5.0 GB")
+    assert text.startswith(
+        "fetch stall is 40% of the epoch: loader.DataLoader with cache_bytes=5_000_000_000 (5.00 GB)"
+    )
     assert f"{switch.epoch_seconds:.1f} s ({100 * (switch.epoch_seconds / 100 - 1):+.0f}%)" in text
 
 

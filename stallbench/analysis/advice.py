@@ -6,17 +6,13 @@ from __future__ import annotations
 from stallbench.analysis.hits import cache_budget
 from stallbench.analysis.results import Prediction
 from stallbench.analysis.whatif import Measured, predict, roofline
+from stallbench.conditions.sizes import format_bytes
 from stallbench.jobs.kinds import CACHED, KINDS
 
 __all__ = ["advise", "advised"]
 
 ACT_ON = 10.0  # a stall under this % of the epoch is not worth acting on
 MIN_GAIN = 0.02  # an action must cut the epoch by at least this fraction to be advised
-
-
-def _size(nbytes: float) -> str:
-    scale, unit = next(((f, u) for f, u in ((1e9, "GB"), (1e6, "MB")) if nbytes >= f), (1e3, "KB"))
-    return f"{nbytes / scale:.1f} {unit}"
 
 
 def _gain(prediction: Prediction, m: Measured) -> str:
@@ -32,11 +28,18 @@ def _fetch_action(m: Measured, predictions: tuple[Prediction, ...]) -> tuple[Pre
         cache = min(m.workload.dataset_bytes, cache_budget(m.workload.cache_bytes))
         switch = predict(m, cache_bytes=cache, workers=m.workload.workers, loader=CACHED)
         if switch.epoch_seconds < worth:
-            return switch, f"{KINDS[CACHED].label} with cache_bytes={_size(cache)}", CACHED
+            return switch, f"{KINDS[CACHED].label} with {_cache_argument(cache)}", CACHED
     options = [p for p in predictions if p.workers == m.workload.workers and p.epoch_seconds < worth]
     best = min(options, key=lambda p: (p.epoch_seconds, p.cache_bytes), default=None)
-    what = "cache_bytes=" if KINDS[m.loader].cached else "a page cache of "
-    return None if best is None else (best, what + _size(best.cache_bytes), m.loader)
+    if best is None:
+        return None
+    what = _cache_argument(best.cache_bytes) if KINDS[m.loader].cached else "a page cache of "
+    return best, what if KINDS[m.loader].cached else what + format_bytes(best.cache_bytes), m.loader
+
+
+def _cache_argument(cache: int) -> str:
+    """The argument as a script writes it (``cache_bytes=344_064_000``), its size beside it."""
+    return f"cache_bytes={cache:_} ({format_bytes(cache)})"
 
 
 def _prep_action(m: Measured, predictions: tuple[Prediction, ...]) -> Prediction | None:
@@ -82,7 +85,7 @@ def advise(m: Measured, predictions: tuple[Prediction, ...]) -> str:
         head, action = f"fetch stall is {fetch:.0f}% of the epoch", _fetch_action(m, predictions)
         head += "" if fetch >= prep else f" and storage bounds it (prep stall {prep:.0f}% waits behind it)"
         if action is None:
-            storage = _size(m.machine.storage_bytes_per_s)
+            storage = format_bytes(m.machine.storage_bytes_per_s)
             return f"{head}: no larger cache predicts a faster epoch; storage reads {storage}/s"
         return f"{head}: {action[1]} would cut the epoch to {_gain(action[0], m)}"
     head, best = f"prep stall is {prep:.0f}% of the epoch", _prep_action(m, predictions)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from stallbench.analysis.request import CacheSpec, named_workload
-from stallbench.conditions.storage import parse_size
+from stallbench.conditions.sizes import parse_size
 
 __all__ = [
     "bandwidth",

@@ -1,7 +1,6 @@
 """Storage conditions the kernel enforces: a cold page cache, a read-bandwidth throttle, a memory limit.
 
-Sizes: ``parse_size`` reads ``K``/``M``/``G``/``T``/``P`` and ``Ki``/``KiB``... as powers of 1024, and
-``KB``/``MB``... as powers of 1000 (so ``"1G"`` is 2**30 bytes and ``"1GB"`` is 10**9), case-insensitively.
+Sizes are read and written in ``stallbench.conditions.sizes``.
 
 Units: the kernel reads files in whole pages, so reading a file costs the device its size rounded up to a page
 (``device_bytes``). Every storage figure stallbench reports (a dataset's size, bytes read per epoch, storage
@@ -13,10 +12,8 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from decimal import Decimal
 
 import numpy as np
 
@@ -35,7 +32,6 @@ __all__ = [
     "device_bytes",
     "evict_page_cache",
     "files_in",
-    "parse_size",
     "probe_storage_conditions",
     "resident_bytes",
     "warm_page_cache",
@@ -43,32 +39,7 @@ __all__ = [
 
 PathArg = str | os.PathLike
 PAGE = mmap.PAGESIZE
-_UNITS = {"": 1, "b": 1} | {
-    f"{prefix}{suffix}": (1000 if suffix == "b" else 1024) ** power
-    for power, prefix in enumerate("kmgtp", start=1)
-    for suffix in ("", "i", "ib", "b")
-}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*")
 _MEMORY_FS = {"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"}
-
-
-def parse_size(text: str | int) -> int:
-    """Bytes in ``text``: ``"1.5G"`` -> 1610612736, ``"112KB"`` -> 112000, ``"4096"`` -> 4096."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        if text < 0:
-            raise ValueError(f"size must not be negative, got {text!r}")
-        return text
-    if not isinstance(text, str):
-        raise ValueError(f"size must be a string like '1.5G' or an int, got {text!r}")
-    match = _SIZE.fullmatch(text.lower())
-    if match is None or match[2] not in _UNITS:
-        why = (
-            "must not be negative"
-            if text.strip().startswith("-")
-            else "is not a size like '512M' or '1.5GiB'"
-        )
-        raise ValueError(f"{text!r} {why}")
-    return round(Decimal(match[1]) * _UNITS[match[2]])
 
 
 def files_in(paths: PathArg | Iterable[PathArg]) -> Iterator[str]:

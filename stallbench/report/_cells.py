@@ -1,4 +1,5 @@
-"""How a value reads in the report's table: bytes, seconds, percentages; a row's spec."""
+"""How a value reads in the report's table: seconds, percentages (bytes: ``stallbench.conditions.sizes``);
+a row's spec."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Callable
 
 from stallbench.analysis.results import LoaderReport
 
-__all__ = ["Cell", "Ratio", "Spec", "bytes_text", "finite", "pct", "sec"]
+__all__ = ["Cell", "Ratio", "Spec", "finite", "pct", "sec"]
 
 Cell = Callable[[LoaderReport], str]
 Ratio = Callable[[LoaderReport, LoaderReport], str]
@@ -17,17 +18,6 @@ Spec = tuple[tuple[str, Cell | None, Ratio | None], ...]
 
 def finite(x: float) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
-
-
-def bytes_text(count: float) -> str:
-    """Decimal units: 1_234_000_000 -> '1.23 GB'."""
-    if not finite(count):
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(count) < 1000:
-            return f"{count:.0f} B" if unit == "B" else f"{count:.2f} {unit}"
-        count /= 1000
-    return f"{count:.2f} PB"
 
 
 def sec(x: float) -> str:

@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 from stallbench.analysis.breakdown import within_noise
 from stallbench.analysis.results import Breakdown, LoaderReport
-from stallbench.report._cells import Cell, Ratio, Spec, bytes_text, finite, pct, sec
+from stallbench.conditions.sizes import format_bytes
+from stallbench.report._cells import Cell, Ratio, Spec, finite, pct, sec
 
 __all__ = ["EPOCH_ROWS"]
 
@@ -97,7 +98,7 @@ EPOCH_ROWS: Spec = (
     ("prep stall", _cell(_prep_stall), _difference(_prep_stall)),
     ("fetch stall", _cell(_fetch_stall), _difference(_fetch_stall)),
     ("warm-up (apart)", lambda r: sec(r.breakdown.warmup_seconds), None),
-    ("storage read", lambda r: bytes_text(r.storage_bytes), _change(_storage)),
+    ("storage read", lambda r: format_bytes(r.storage_bytes), _change(_storage)),
     ("  of the dataset", lambda r: pct(r.storage_bytes / r.dataset_bytes) if r.dataset_bytes else "-", None),
     ("cache hit rate", _hit_rate, None),
     ("CPU utilisation", lambda r: pct(r.cpu_utilisation), None),

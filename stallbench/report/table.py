@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 from stallbench.analysis.results import LoaderReport, Workload
 from stallbench.conditions.load import is_busy
-from stallbench.report._cells import Spec, bytes_text, finite, pct, sec
+from stallbench.conditions.sizes import format_bytes
+from stallbench.report._cells import Spec, finite, pct, sec
 from stallbench.report.epoch_rows import EPOCH_ROWS
 from stallbench.report.work import column_name, work_rows
 
@@ -34,8 +35,8 @@ def _efficiency(r: LoaderReport) -> str:
 _MACHINE_ROWS: Spec = (
     ("machine (measured)", None, None),
     ("cores", lambda r: str(r.machine.cores), None),
-    ("storage bandwidth", lambda r: f"{bytes_text(r.machine.storage_bytes_per_s)}/s", None),
-    ("memory bandwidth", lambda r: f"{bytes_text(r.machine.memory_bytes_per_s)}/s", None),
+    ("storage bandwidth", lambda r: f"{format_bytes(r.machine.storage_bytes_per_s)}/s", None),
+    ("memory bandwidth", lambda r: f"{format_bytes(r.machine.memory_bytes_per_s)}/s", None),
     ("prep per core", lambda r: f"{r.machine.prep_samples_per_s_per_core:,.0f} samples/s", None),
     ("roofline (epoch no faster than)", None, None),
     ("compute", lambda r: sec(r.roofline.compute_seconds), None),
@@ -100,7 +101,7 @@ def _whatif_rows(r: LoaderReport) -> tuple[list[str], list[Row]]:
         for p in r.predictions
     }
     header = [f"{w} worker" + ("s" if w != 1 else "") for w in workers]
-    return header, [(f"  {bytes_text(c)}", [cells.get((c, w), "-") for w in workers]) for c in caches]
+    return header, [(f"  {format_bytes(c)}", [cells.get((c, w), "-") for w in workers]) for c in caches]
 
 
 def _prefetch_lines(r: LoaderReport) -> list[str]:
@@ -126,7 +127,7 @@ def _nodes_lines(r: LoaderReport, label: str) -> list[str]:
     partitioned across them or independent; all nodes together and per node."""
     if not r.nodes_predictions:
         return []
-    cache = bytes_text(r.workload.cache_bytes)
+    cache = format_bytes(r.workload.cache_bytes)
     head = (
         f"nodes what-if{label}: predicted storage read per steady epoch, N nodes with {cache} of cache each"
     )
@@ -135,7 +136,7 @@ def _nodes_lines(r: LoaderReport, label: str) -> list[str]:
     for p in r.nodes_predictions:
         partitioned = (p.partitioned_storage_bytes, p.partitioned_storage_bytes_per_node)
         independent = (p.independent_storage_bytes, p.independent_storage_bytes_per_node)
-        rows.append((f"  {p.nodes}", [bytes_text(n) for n in (*partitioned, *independent)]))
+        rows.append((f"  {p.nodes}", [format_bytes(n) for n in (*partitioned, *independent)]))
     return [*textwrap.wrap(head, WIDTH, subsequent_indent="  "), *_render("  nodes", header, rows), ""]
 
 
@@ -167,7 +168,7 @@ def _render(corner: str, header: list[str], rows: list[Row]) -> list[str]:
 
 def _workload_lines(w: Workload) -> list[str]:
     parts = [
-        f"{bytes_text(w.dataset_bytes)} on the device ({bytes_text(w.record_bytes)} of records)",
+        f"{format_bytes(w.dataset_bytes)} on the device ({format_bytes(w.record_bytes)} of records)",
         f"{w.samples:,} samples",
         f"batch {w.batch_size}",
         f"{w.workers} workers",
@@ -175,11 +176,11 @@ def _workload_lines(w: Workload) -> list[str]:
         f"{w.epochs} epochs",
         "cache budget: the memory available"
         if w.cache_bytes is None
-        else f"cache {bytes_text(w.cache_bytes)}",
+        else f"cache {format_bytes(w.cache_bytes)}",
         "storage not throttled"
         if w.storage_bytes_per_s is None
-        else f"storage throttled to {bytes_text(w.storage_bytes_per_s)}/s",
-        "memory not limited" if w.memory_bytes is None else f"memory limit {bytes_text(w.memory_bytes)}",
+        else f"storage throttled to {format_bytes(w.storage_bytes_per_s)}/s",
+        "memory not limited" if w.memory_bytes is None else f"memory limit {format_bytes(w.memory_bytes)}",
     ]
     head = textwrap.wrap(f"workload: {w.data}", WIDTH, subsequent_indent="  ", break_on_hyphens=False)
     if w.command is not None:
