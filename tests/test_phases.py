@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import astuple
 from pathlib import Path
 
 import pytest
@@ -72,7 +74,9 @@ def test_cached_data_and_cheap_prep_show_no_stall(tmp_path):
 def test_breakdown_adds_up(tmp_path):
     r = run(tmp_path, workers=1, compute="emulated:5", cache=CacheSpec(0.5))
     b = breakdown({run.phase: run for run in r.runs}, r.workload.dataset_bytes)
-    assert b == r.breakdown
+    pairs = zip(astuple(b), astuple(r.breakdown), strict=True)
+    same = [x == y or (math.isnan(x) and math.isnan(y)) for x, y in pairs]
+    assert all(same) and math.isnan(b.epoch_spread_seconds)  # one steady epoch: its spread is unknown
     parts = b.compute_seconds + b.prep_stall_seconds + b.fetch_stall_seconds
     assert parts == pytest.approx(b.epoch_seconds, rel=1e-9)  # by construction
     assert b.prep_stall_seconds + b.fetch_stall_seconds == pytest.approx(b.wait_seconds, rel=1e-9)

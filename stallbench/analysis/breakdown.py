@@ -12,14 +12,15 @@ differences of separate runs:
   (next to) nothing from storage has no fetch stall: its extra wait cannot be storage's.
 
 So compute + prep stall + fetch stall = the epoch, by construction. Each part carries its spread: half the
-range of its per-epoch values over the steady cold epochs (the split also counts the warm run's spread). A
-difference smaller than the spreads is noise (:func:`within_noise`).
+range of its per-epoch values over the steady cold epochs (the split also counts the warm run's spread); NaN,
+unknown, with a single steady epoch. A difference smaller than the spreads is noise (:func:`within_noise`).
 
 ``T1`` and the warm epoch ``T3`` are kept beside the parts: the what-if model is built on them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from statistics import fmean
 
@@ -87,4 +88,5 @@ def _read_nothing(storage_bytes: int, data_bytes: int | None) -> bool:
 
 
 def _half_range(values: Sequence[float]) -> float:
-    return (max(values) - min(values)) / 2 if len(values) > 1 else 0.0
+    """Half the range of ``values``; NaN (unknown, not zero) for a single one."""
+    return (max(values) - min(values)) / 2 if len(values) > 1 else math.nan
