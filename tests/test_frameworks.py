@@ -86,6 +86,7 @@ def test_each_framework_job_is_analyzed_and_agrees_with_its_own_witness(folder, 
     assert parts == pytest.approx(loader["epoch_seconds"], rel=0.02)
     assert report["workload"]["batch_size"] == 32 and report["workload"]["samples"] == 360
     measured, witness = shares(loader), witness_shares(cold)
+    print(f"{section}: stallbench {measured} vs witness {witness} (shares of the epoch)")
     for part in measured:
         assert abs(measured[part] - witness[part]) <= AGREE, (part, measured, witness, cold)
     assert loader["epoch_seconds"] == pytest.approx(fmean(e["seconds"] for e in cold[1:]), rel=AGREE)
