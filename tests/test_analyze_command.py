@@ -232,6 +232,7 @@ def _shares(report: dict) -> dict[str, float]:
 def test_a_cpu_burner_on_every_core_leaves_the_split_or_is_named(images, tmp_path):
     """The same analyze, quiet and with a process burning each core: each part stays within 10 points of the
     epoch, or the report says the machine was busy and its figures cannot be separated from that load."""
+    (tmp_path / "quiet").mkdir()
     quiet = analyze(images, tmp_path / "quiet")
     burn = "import time\nend = time.time() + 300\nwhile time.time() < end: pass\n"
     burners = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(os.cpu_count() or 1)]

@@ -76,7 +76,7 @@ def test_packed_steps_carry_the_token_slots_of_a_padded_step_and_count_the_room_
     padded = list(torch.utils.data.DataLoader(LengthsOnly(lengths), **token_batching(lengths, _job(), None)))
     padded_slots = np.mean([batch_tokens(b).slots for b in padded])  # 4 examples padded to the longest
     per_step = packs_per_step(lengths, 4, 10)
-    assert per_step == round(padded_slots / 10) >= 2
+    assert per_step >= 2 and abs(per_step * 10 - padded_slots) <= 10  # within a pack of a padded step
     full = token_batching(lengths, _job(packing="ffd", max_len=10), torch.Generator())
     steps = list(torch.utils.data.DataLoader(LengthsOnly(lengths), **full))
     assert sum(batch_tokens(s, per_step * 10).valid for s in steps) == lengths.sum() == 47
