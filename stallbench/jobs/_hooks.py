@@ -29,8 +29,9 @@ _Hook = tuple[Callable[[], None] | None, Callable[[Any], None]]  # (before, afte
 
 
 def install_hooks(spec: JobSpec, iterate: Iterate) -> None:
-    """Patch ``DataLoader.__iter__`` (to ``iterate(loader, original)``) and swap the loader classes as
-    ``spec.loader`` asks, each right after its module is imported (now, for one imported already)."""
+    """Patch ``DataLoader.__iter__`` (to ``iterate(loader, original, layer, source)``), its subclasses' and
+    the known wrappers' own, and swap the loader classes as ``spec.loader`` asks, each right after its module
+    is imported (now, for one imported already)."""
     originals: dict[str, type] = {}
     swapped: dict[str, type] = {}
 
@@ -59,8 +60,9 @@ def install_hooks(spec: JobSpec, iterate: Iterate) -> None:
 
     def wrappers_imported(module: Any) -> None:
         for name in WRAPPERS[module.__name__]:
-            if isinstance(getattr(module, name, None), type) and "__iter__" in vars(getattr(module, name)):
-                _patch_iter(getattr(module, name), iterate, source=False)
+            wrapper = getattr(module, name, None)
+            if isinstance(wrapper, type) and "__iter__" in vars(wrapper):
+                _patch_iter(wrapper, iterate, source=False)
 
     hooks: dict[str, _Hook] = {_TORCH: (None, torch_imported)}
     hooks |= dict.fromkeys(WRAPPERS, (None, wrappers_imported))

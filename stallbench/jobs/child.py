@@ -144,7 +144,8 @@ class _Run:
             c.__module__ == "loader.dataloader" and c.__name__ == "DataLoader" for c in type(inner).mro()
         )
         settings = loader_settings(dl)
-        state = self._rebuilt(dl, settings) or LoaderState(
+        shape = loader_shape(dl, settings)
+        state = self._rebuilt(shape) or LoaderState(
             id=f"{len(self.order)}:{type(dl.dataset).__name__}",
             order=len(self.order),
             loader_class="loader.DataLoader" if ours else "torch.utils.data.DataLoader",
@@ -152,7 +153,7 @@ class _Run:
             settings=settings,
             stats=inner.stats if ours else None,
             served=None if ours and getattr(inner, "cache", None) is not None else self.served,
-            shape=loader_shape(dl, settings),
+            shape=shape,
         )
         if state.order == len(self.order):
             self.order.append(state)
@@ -162,9 +163,8 @@ class _Run:
             self.exit_hooked = True
         return state
 
-    def _rebuilt(self, dl: Any, settings: dict[str, Any]) -> LoaderState | None:
-        """The state of an earlier loader of the same shape, not in an epoch now: ``dl`` rebuilds it."""
-        shape = loader_shape(dl, settings)
+    def _rebuilt(self, shape: tuple[Any, ...]) -> LoaderState | None:
+        """The state of an earlier loader of ``shape``, not in an epoch now: the new loader rebuilds it."""
         for state in self.order:
             if state.shape == shape and state.open is None:
                 state.replay = None  # the batches of the loader it was (its Dataset may differ in content)
