@@ -1,7 +1,8 @@
 """One job of a coordinated group, as a user's script runs it: ``python _coordinated_job.py CONFIG.json``.
 
-Prints ``batch <epoch> <k>`` as it takes each batch (the tests time their kills by it), then one JSON line
-per epoch: each batch's SHA-256 over all its tensors and the sample indices it held; then its stats.
+Prints ``ready`` when asked to wait for a go file, ``batch <epoch> <k>`` as it takes each batch (the tests
+time their kills by it), then one JSON line per epoch: each batch's SHA-256 over all its tensors and the
+sample indices it held; then its stats.
 """
 
 from __future__ import annotations
@@ -45,7 +46,16 @@ def digest(batch) -> str:
     return sha.hexdigest()
 
 
+def wait_for_go(config: dict) -> None:
+    """Imports done, the job waits for the test's go (a file), so that it joins when the test chose."""
+    if "go" in config:
+        print("ready", flush=True)
+        while not Path(config["go"]).exists():
+            time.sleep(0.01)
+
+
 def main(config: dict) -> None:
+    wait_for_go(config)
     options = loader.Coordination(
         group=config.get("group"),
         min_members=config.get("min_members", 1),

@@ -115,10 +115,14 @@ def test_a_slow_job_is_detached_and_goes_on_alone(tmp_path, shm_dir):
 
 
 def test_a_job_that_comes_mid_epoch_joins_at_the_next_epoch(tmp_path, shm_dir):
-    config = dict(data="indexed", samples=SAMPLES, group="late", staging=str(shm_dir))
+    # two staged batches: the group's next epoch is not begun before this one's end, so "mid-epoch" is sure
+    config = dict(data="indexed", samples=SAMPLES, group="late", staging=str(shm_dir), staged=2)
+    go = tmp_path / "go"
+    late = start(tmp_path, "late", **config, epochs=2, go=str(go))
+    wait_for_line(late, "ready")  # its imports done: it joins the moment it is told
     first = start(tmp_path, "first", **config, epochs=3, step=0.2)
     wait_for_line(first, "batch 0 4")
-    late = start(tmp_path, "late", **config, epochs=2)
+    go.touch()
     first_epochs, _, _ = finish(first)
     late_epochs, late_stats, late_err = finish(late)
     assert "mid-epoch" in late_err and late_stats["status"] == "member"
