@@ -18,8 +18,9 @@ from stallbench.analysis.request import AnalysisRequest, CacheSpec
 from stallbench.analysis.results import LoaderReport
 from stallbench.conditions.storage import probe_storage_conditions
 from stallbench.jobs.kinds import KINDS, NAMES
+from stallbench.report._grid import plain_table
 
-__all__ = ["DEMO_BPS", "concurrent_hint", "demo_request", "describe", "epoch_table", "format_table"]
+__all__ = ["DEMO_BPS", "concurrent_hint", "demo_request", "describe", "epoch_table"]
 
 DEMO_BPS = 75_000_000  # a network filesystem: reading what half a cache misses takes about a decode
 _NEEDED = ("memory_limit", "read_throttle", "page_cache_eviction")
@@ -74,14 +75,6 @@ def concurrent_hint(req: AnalysisRequest) -> str:
     )
 
 
-def format_table(headers: list[str], rows: list[list[object]]) -> str:
-    """A plain text table, columns right-aligned, floats with two decimals."""
-    cells = [headers] + [[f"{c:.2f}" if isinstance(c, float) else str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join([lines[0], "  ".join("-" * w for w in widths), *lines[1:]])
-
-
 def epoch_table(reports: Sequence[LoaderReport]) -> str:
     """Cold runs, epoch by epoch: seconds and storage MB of each loader side by side."""
     cold = {r.loader: next(run for run in r.runs if run.phase == "cold").epochs for r in reports}
@@ -89,4 +82,4 @@ def epoch_table(reports: Sequence[LoaderReport]) -> str:
     rows = []
     for epochs in zip(*cold.values(), strict=True):
         rows.append([epochs[0].epoch, *[v for e in epochs for v in (e.seconds, e.storage_bytes / MB)]])
-    return format_table(headers, rows)
+    return plain_table(headers, rows)

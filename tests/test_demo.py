@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from stallbench import demo
-from stallbench.demo import format_table
 from stallbench.report import validate_report_json
+from stallbench.report._grid import plain_table
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--num-images", "48", "--epochs", "2", "--batch-size", "16", "--no-progress"]
@@ -65,6 +65,6 @@ def test_demo_throttles_where_it_can(tmp_path: Path, monkeypatch) -> None:
     assert (req.storage_bytes_per_s, req.memory, req.data) == (demo.DEMO_BPS, "auto", "images:32")
 
 
-def test_format_table_aligns_columns() -> None:
-    text = format_table(["a", "bb"], [[1, 2.5], [100, 0.125]])
-    assert text.splitlines() == ["  a    bb", "---  ----", "  1  2.50", "100  0.12"]
+def test_plain_table_aligns_labels_left_and_values_right() -> None:
+    text = plain_table(["a", "bb"], [[1, 2.5], [100, 0.125]])
+    assert text.splitlines() == ["a      bb", "1    2.50", "100  0.12"]

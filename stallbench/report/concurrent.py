@@ -16,8 +16,8 @@ from stallbench._files import write_atomic
 from stallbench.analysis import results
 from stallbench.analysis.concurrent import ConcurrentRun, JobRun
 from stallbench.analysis.results import Workload
-from stallbench.demo import format_table
 from stallbench.report import _clean, _ratio
+from stallbench.report._grid import plain_table
 from stallbench.report._schema import DRAFT, array, check, fields, free_map, kind, obj, or_null
 
 __all__ = [
@@ -107,10 +107,10 @@ def format_concurrent(runs: Sequence[ConcurrentRun], workload: Workload) -> str:
     """The terminal text: the workload, aggregate samples/s per loader with its ratio, then each job."""
     _check_runs(runs)
     w, base = workload, runs[0].loader
-    summary = format_table(
+    summary = plain_table(
         ["loader", "jobs", "samples", "wall s", "samples/s", f"vs {base}"], _summary_rows(runs)
     )
-    jobs = format_table(
+    jobs = plain_table(
         ["loader", "job", "s/epoch", "CPU s/epoch", "prepared", "consumed", "CPU saved s", "group"],
         [_job_row(r.loader, j) for r in runs for j in r.jobs],
     )

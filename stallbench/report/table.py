@@ -13,6 +13,7 @@ from stallbench.analysis.results import LoaderReport, Workload
 from stallbench.conditions.load import is_busy
 from stallbench.conditions.sizes import format_bytes
 from stallbench.report._cells import Spec, finite, pct, sec
+from stallbench.report._grid import Row, grid
 from stallbench.report.epoch_rows import EPOCH_ROWS
 from stallbench.report.work import column_name, work_rows
 
@@ -20,8 +21,6 @@ __all__ = ["table_text"]
 
 WIDTH = 100
 _STAGES = ("fetch", "decode", "collate")
-
-Row = tuple[str, list[str]]  # label, one cell per column; no cells: a section heading
 
 
 def _efficiency(r: LoaderReport) -> str:
@@ -137,33 +136,7 @@ def _nodes_lines(r: LoaderReport, label: str) -> list[str]:
         partitioned = (p.partitioned_storage_bytes, p.partitioned_storage_bytes_per_node)
         independent = (p.independent_storage_bytes, p.independent_storage_bytes_per_node)
         rows.append((f"  {p.nodes}", [format_bytes(n) for n in (*partitioned, *independent)]))
-    return [*textwrap.wrap(head, WIDTH, subsequent_indent="  "), *_render("  nodes", header, rows), ""]
-
-
-def _chunks(first: int, widths: list[int]) -> list[range]:
-    """Consecutive value columns that fit ``WIDTH`` after a label column ``first`` wide."""
-    chunks, start, used = [], 0, first
-    for i, w in enumerate(widths):
-        if i > start and used + 2 + w > WIDTH:
-            chunks.append(range(start, i))
-            start, used = i, first
-        used += 2 + w
-    return [*chunks, range(start, len(widths))]
-
-
-def _render(corner: str, header: list[str], rows: list[Row]) -> list[str]:
-    """Aligned lines; columns past ``WIDTH`` go to further blocks, which leave out rows empty there."""
-    label_w = max(len(label) for label, cells in [(corner, header), *rows] if cells)
-    widths = [max(len(h), *(len(cells[i]) for _, cells in rows if cells)) for i, h in enumerate(header)]
-    lines: list[str] = []
-    for n, cols in enumerate(_chunks(label_w, widths)):
-        lines += [""] if n else []
-        lines.append(corner.ljust(label_w) + "".join("  " + header[i].rjust(widths[i]) for i in cols))
-        for label, cells in rows:
-            text = "".join("  " + cells[i].rjust(widths[i]) for i in cols) if cells else ""
-            if n == 0 or text.strip():
-                lines.append((label.ljust(label_w) + text).rstrip())
-    return lines
+    return [*textwrap.wrap(head, WIDTH, subsequent_indent="  "), *grid("  nodes", header, rows, WIDTH), ""]
 
 
 def _workload_lines(w: Workload) -> list[str]:
@@ -218,7 +191,7 @@ def _loader_lines(r: LoaderReport, label: str) -> list[str]:
     lines = [*_rank_lines(r, label), ""]
     if r.predictions:
         lines.append(f"what-if{label}: predicted steady epoch and what binds it (* = as run)")
-        lines += _render("  cache", *_whatif_rows(r))
+        lines += grid("  cache", *_whatif_rows(r), WIDTH)
         lines += _prefetch_lines(r)
         lines.append("")
     lines += _nodes_lines(r, label)
@@ -232,7 +205,7 @@ def _loader_lines(r: LoaderReport, label: str) -> list[str]:
 def table_text(reports: Sequence[LoaderReport]) -> str:
     """The whole report: workload, the side-by-side table, then each loader's what-if and advice."""
     lines = [*_workload_lines(reports[0].workload), ""]
-    lines += _render("", *_main_rows(reports))
+    lines += grid("", *_main_rows(reports), WIDTH)
     for r in reports:
         lines += _loader_lines(r, f" ({column_name(r)})" if len(reports) > 1 else "")
     return "\n".join(lines) + "\n"
