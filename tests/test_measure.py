@@ -1,22 +1,22 @@
-"""stallbench.analysis.measure: memory and storage bandwidth, prep rate on one core, and their Machine."""
+"""stallbench.analysis.measure: memory and storage bandwidth; and the Machine a report builds from them and
+the runs' CPU (``loader_report.measured_machine``)."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
-import torch
 from _data import make_image_folder
 
-from loader import ImageFolder
+from stallbench.analysis.loader_report import measured_machine
 from stallbench.analysis.measure import (
     _read_files,
     available_cores,
-    measure_machine,
+    measure_bandwidths,
     measure_memory_bandwidth,
-    measure_prep_rate,
     measure_storage_bandwidth,
 )
+from stallbench.analysis.results import Breakdown, Machine, Workload
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.storage import (
     data_size,
@@ -112,56 +112,28 @@ def test_storage_bandwidth_needs_bytes(tmp_path):
         measure_storage_bandwidth(tmp_path)
 
 
-class _Probe:
-    """A dataset that records the affinity and torch threads it runs with, and can fail."""
-
-    def __init__(self, size: int, fail: bool = False) -> None:
-        self.size, self.fail, self.seen = size, fail, set()
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> int:
-        if self.fail:
-            raise RuntimeError(f"bad record {index}")
-        self.seen.add((len(os.sched_getaffinity(0)), torch.get_num_threads()))
-        return index
-
-
-def test_prep_rate_of_a_real_image_folder(tmp_path):
-    make_image_folder(tmp_path, {"cat": 6, "dog": 6})
-    assert measure_prep_rate(ImageFolder(str(tmp_path), transform="train"), seconds=0.2) > 0
-
-
-@pytest.mark.parametrize("fail", [False, True])
-def test_prep_rate_runs_on_one_core_and_one_thread_then_restores_both(fail):
-    cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
-    probe = _Probe(50, fail=fail)
-    if fail:
-        with pytest.raises(RuntimeError, match="bad record"):
-            measure_prep_rate(probe, seconds=0.1)
-    else:
-        assert measure_prep_rate(probe, seconds=0.1) > 0
-        assert probe.seen == {(1, 1)}
-    assert (os.sched_getaffinity(0), torch.get_num_threads()) == (cores, threads)
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "match"), [({"seconds": 0}, "seconds"), ({"max_samples": 0}, "max_samples")]
-)
-def test_prep_rate_refuses_bad_arguments(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        measure_prep_rate(_Probe(5), **kwargs)
-
-
-def test_prep_rate_refuses_an_empty_dataset():
-    with pytest.raises(ValueError, match="empty"):
-        measure_prep_rate(_Probe(0))
-
-
-def test_machine_holds_the_four_measured_figures(tmp_path):
+def test_bandwidths_are_storage_then_memory(tmp_path):
     make_image_folder(tmp_path, {"a": 4, "b": 4})
-    machine = measure_machine(ImageFolder(str(tmp_path)), tmp_path)
-    assert machine.cores == available_cores()
-    assert machine.storage_bytes_per_s > 0 and machine.memory_bytes_per_s > 1e8
-    assert machine.prep_samples_per_s_per_core > 0
+    storage, memory = measure_bandwidths(tmp_path, readers=2)
+    assert storage > 0 and memory > 1e8
+
+
+def _breakdown(**figures: float) -> Breakdown:
+    parts = dict(compute_seconds=6.0, prep_stall_seconds=2.0, fetch_stall_seconds=2.0, warmup_seconds=0.0)
+    return Breakdown(epoch_seconds=10.0, **parts, **figures)
+
+
+def _workload(workers: int) -> Workload:
+    return Workload("/d", 10**6, 10**6, 1200, 64, workers, "x", 3, None, None, None)
+
+
+def test_the_prep_rate_is_the_samples_over_the_cpu_prep_took():
+    b = _breakdown(warm_epoch_seconds=8.0, step_cpu_seconds=5.0, prep_cpu_seconds=4.0)
+    machine = measured_machine(_workload(2), b, 100e6, 5e9)
+    assert machine == Machine(available_cores(), 100e6, 5e9, 1200 / 4.0)
+
+
+def test_without_a_measurable_prep_cpu_the_rate_is_the_warm_epoch_on_the_workers_cores():
+    b = _breakdown(warm_epoch_seconds=8.0, step_cpu_seconds=5.0, prep_cpu_seconds=0.0)
+    cores = min(2, available_cores())
+    assert measured_machine(_workload(2), b, 1.0, 1.0).prep_samples_per_s_per_core == 1200 / (8.0 * cores)

@@ -75,12 +75,29 @@ def advised(m: Measured, predictions: tuple[Prediction, ...]) -> tuple[Predictio
     return None if best is None else (best, m.loader)
 
 
+def _no_stall(m: Measured, stalls: float) -> str:
+    """No stall to act on; where the roofline's bound is not the step alone, what it is instead: the step
+    sharing the cores with prep (its contention), or storage that a faster step would meet."""
+    bound = roofline(m).bound
+    if bound == "compute":
+        return f"no stall worth acting on: the epoch is compute-bound (stalls {stalls:.0f}%)"
+    head = f"no stall worth acting on (stalls {stalls:.0f}%)"
+    if bound == "prep":
+        b = m.breakdown
+        slower = b.contention_seconds / b.step_alone_seconds if b.step_alone_seconds > 0 else 0.0
+        return (
+            f"{head}, but the cores bound the epoch: the step shares {m.machine.cores} cores with prep "
+            f"and ran {slower:.0%} slower than alone; a faster decode or more cores would help"
+        )
+    return f"{head}, but storage bounds the epoch: a faster step would wait for it"
+
+
 def advise(m: Measured, predictions: tuple[Prediction, ...]) -> str:
     """One line: the stall that bounds the epoch and the action that cuts it, with numbers."""
     b = m.breakdown
     prep, fetch = b.percent(b.prep_stall_seconds), b.percent(b.fetch_stall_seconds)
     if max(prep, fetch) < ACT_ON:
-        return f"no stall worth acting on: the epoch is compute-bound (stalls {prep + fetch:.0f}%)"
+        return _no_stall(m, prep + fetch)
     if _dominant(m, prep, fetch) == "fetch":
         head, action = f"fetch stall is {fetch:.0f}% of the epoch", _fetch_action(m, predictions)
         head += "" if fetch >= prep else f" and storage bounds it (prep stall {prep:.0f}% waits behind it)"

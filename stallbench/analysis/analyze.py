@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from stallbench.analysis.loader_report import Measurement, loader_report
-from stallbench.analysis.measure import measure_machine
+from stallbench.analysis.measure import measure_bandwidths
 from stallbench.analysis.memory import measure_overhead, memory_limit, probe_cache_bytes
 from stallbench.analysis.phases import RunPlan, run_phases, storage_limits
 from stallbench.analysis.request import AnalysisRequest, CacheSpec, named_workload
@@ -67,13 +67,9 @@ def analyze(
 ) -> Iterator[LoaderReport]:
     """One report per loader kind (with ``plan.packing``, two: padded, then packed), yielded as each is done:
     an interrupted compare keeps the finished ones."""
-    from stallbench.jobs.data import make_dataset
-
     w = plan.workload
-    transform = None if plan.transform == "none" else plan.transform
     step = on_step or (lambda label: None)
-    dataset, limits = make_dataset(w.data, transform), storage_limits(w)
-    machine = measure_machine(dataset, [w.data], limits=limits, readers=max(1, w.workers))
+    bandwidths = measure_bandwidths([w.data], limits=storage_limits(w), readers=max(1, w.workers))
     step("machine measured")
     batching = [(None, None), (plan.packing, plan.max_len)] if plan.packing else [(None, None)]
     for kind, packing in itertools.product(kinds, batching):
@@ -81,12 +77,14 @@ def analyze(
         for run in run_phases(plan, kind, packed=packing[0] is not None):
             runs[run.phase] = run
             step(f"{kind}{'+' if packing[0] else ''}{packing[0] or ''}: {run.phase} done")
-        yield _report(kind, w, runs, machine, packing)
+        yield _report(kind, w, runs, bandwidths, packing)
 
 
-def _report(kind: str, w: Workload, runs: dict[str, RunRecord], machine, packing: tuple) -> LoaderReport:
+def _report(
+    kind: str, w: Workload, runs: dict[str, RunRecord], bandwidths: tuple[float, float], packing: tuple
+) -> LoaderReport:
     useful = useful_work(steady(list(runs["cold"].epochs)), *packing)
-    return loader_report(Measurement(kind, kind, w, runs, machine, extra={"useful": useful}))
+    return loader_report(Measurement(kind, kind, w, runs, *bandwidths, extra={"useful": useful}))
 
 
 def _packing(req: AnalysisRequest, data: Path) -> dict[str, Any]:

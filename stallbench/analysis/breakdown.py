@@ -15,7 +15,10 @@ So compute + prep stall + fetch stall = the epoch, by construction. Each part ca
 range of its per-epoch values over the steady cold epochs (the split also counts the warm run's spread); NaN,
 unknown, with a single steady epoch. A difference smaller than the spreads is noise (:func:`within_noise`).
 
-``T1`` and the warm epoch ``T3`` are kept beside the parts: the what-if model is built on them.
+``T1`` and the warm epoch ``T3`` (with its wait for the first batch) are kept beside the parts, and so are
+the CPU the step took alone (the ingestion run's) and the CPU prep took (the warm run's beyond it), each per
+batch times the cold epoch's batches: the what-if model is built on them. CPU seconds, unlike wall seconds,
+do not grow when other work shares the cores.
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ def breakdown(runs: Mapping[str, RunRecord], data_bytes: int | None = None) -> B
     fetch = [_fetch(e, fmean(warm_wait), data_bytes) for e in cold]
     wait = [_wait(e) for e in cold]
     compute = [e.seconds - w for e, w in zip(cold, wait, strict=True)]
-    step_alone = fmean(e.step_seconds / max(e.batches, 1) for e in alone) * fmean(e.batches for e in cold)
+    batches = fmean(e.batches for e in cold)
+    step_alone = fmean(e.step_seconds / max(e.batches, 1) for e in alone) * batches
+    step_cpu = _per_batch(alone, "cpu_seconds") * batches
     first = runs["cold"].epochs[0].seconds
     epoch = fmean(e.seconds for e in cold)
     return Breakdown(
@@ -56,6 +61,9 @@ def breakdown(runs: Mapping[str, RunRecord], data_bytes: int | None = None) -> B
         wait_seconds=fmean(wait),
         step_alone_seconds=step_alone,
         warm_epoch_seconds=fmean(e.seconds for e in warm),
+        warm_first_batch_seconds=fmean(e.first_batch_seconds for e in warm),
+        step_cpu_seconds=step_cpu,
+        prep_cpu_seconds=max(0.0, _per_batch(warm, "cpu_seconds") * batches - step_cpu),
         epoch_spread_seconds=_half_range([e.seconds for e in cold]),
         compute_spread_seconds=_half_range(compute),
         prep_stall_spread_seconds=_half_range([w - f for w, f in zip(wait, fetch, strict=True)])
@@ -68,6 +76,10 @@ def breakdown(runs: Mapping[str, RunRecord], data_bytes: int | None = None) -> B
 def within_noise(a: float, a_spread: float, b: float, b_spread: float) -> bool:
     """Whether ``a`` and ``b`` differ by no more than their spreads together."""
     return abs(a - b) <= a_spread + b_spread
+
+
+def _per_batch(epochs: Sequence[EpochRecord], name: str) -> float:
+    return fmean(getattr(e, name) / max(e.batches, 1) for e in epochs)
 
 
 def _wait(e: EpochRecord) -> float:

@@ -3,8 +3,10 @@
 * storage bandwidth: a random sample of the dataset's files read whole, in random order, by as many readers
   as the job has workers, from a cold page cache (inside the run's ``StorageLimits`` when given, so a kernel
   throttle applies), in device bytes per second: the bytes the kernel read, as a job's storage bytes are;
-* memory bandwidth: bytes per second of a numpy copy, best of a few;
-* prep rate: samples per second of the full per-sample pipeline (``dataset[i]``) on one core, records warm.
+* memory bandwidth: bytes per second of a numpy copy, best of a few.
+
+The prep rate is not measured here: the runs count the CPU prep takes
+(``stallbench.analysis.loader_report.measured_machine``), for a generated job and a user's Dataset alike.
 
 The storage reader always runs in a fresh ``python -I`` child that imports nothing but the standard
 library (and ``stallbench.jobs.counters``, loaded alone from its file, for the kernel's count of the bytes it
@@ -20,26 +22,24 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-import torch
 
-from stallbench.analysis.results import Machine
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.storage import device_bytes, evict_page_cache, files_in
 from stallbench.jobs import counters
 
 __all__ = [
     "available_cores",
-    "measure_machine",
+    "measure_bandwidths",
     "measure_memory_bandwidth",
-    "measure_prep_rate",
     "measure_storage_bandwidth",
 ]
 
 PathArg = str | os.PathLike
+_PROBE_BYTES, _PROBE_SECONDS = 128 << 20, 4  # the storage probe reads at most this, or this long throttled
 _READER = """
 import json, runpy, sys, time
 from concurrent.futures import ThreadPoolExecutor
@@ -139,62 +139,13 @@ def measure_memory_bandwidth(nbytes: int = 256 << 20, *, repeats: int = 3) -> fl
     return nbytes / best
 
 
-@contextlib.contextmanager
-def _one_core() -> Iterator[None]:
-    """This thread pinned to one of its cores and torch on one thread; both restored on exit."""
-    cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
-    os.sched_setaffinity(0, {min(cores)})
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-        os.sched_setaffinity(0, cores)
-
-
-def _timed_pass(dataset: Any, indices: Sequence[int], seconds: float) -> tuple[int, float]:
-    """``dataset[i]`` over ``indices`` until they are done or ``seconds`` pass: (samples, seconds)."""
-    start, done, now = time.perf_counter(), 0, 0.0
-    for index in indices:
-        dataset[index]
-        done += 1
-        now = time.perf_counter() - start
-        if now >= seconds:
-            break
-    return done, now
-
-
-def measure_prep_rate(dataset: Any, *, seconds: float = 1.0, max_samples: int = 400, seed: int = 0) -> float:
-    """Samples/s of ``dataset[i]`` (fetch, decode, augment) on one core, its records in the page cache.
-
-    A first pass over a random sample reads every record it times (warming the page cache and the decoder);
-    the second pass, over the same records, is timed. Each pass stops after ``seconds``.
-    """
-    if not seconds > 0:
-        raise ValueError(f"seconds must be positive, got {seconds!r}")
-    _check_positive_int("max_samples", max_samples)
-    if len(dataset) == 0:
-        raise ValueError("the dataset is empty: there is no sample to time")
-    indices = random.Random(seed).sample(range(len(dataset)), min(len(dataset), max_samples))
-    with _one_core():
-        warmed, _ = _timed_pass(dataset, indices, seconds)
-        done, elapsed = _timed_pass(dataset, indices[:warmed], seconds)
-    return done / elapsed
-
-
-def measure_machine(
-    dataset: Any,
-    paths: PathArg | Iterable[PathArg],
-    *,
-    limits: StorageLimits | None = None,
-    readers: int = 1,
-) -> Machine:
-    """All four figures, storage read by ``readers`` threads (a job's workers read at once); the prep rate
-    first, so the storage sample's final eviction comes last."""
-    prep = measure_prep_rate(dataset)
-    return Machine(
-        cores=available_cores(),
-        storage_bytes_per_s=measure_storage_bandwidth(paths, limits=limits, readers=readers),
-        memory_bytes_per_s=measure_memory_bandwidth(),
-        prep_samples_per_s_per_core=prep,
-    )
+def measure_bandwidths(
+    paths: PathArg | Iterable[PathArg], *, limits: StorageLimits | None = None, readers: int = 1
+) -> tuple[float, float]:
+    """(storage, memory) bytes per second; storage read by ``readers`` threads (a job's workers read at
+    once) inside ``limits``: 128 MB at most, or a few seconds' worth under a read throttle."""
+    sample = _PROBE_BYTES
+    if limits is not None and limits.read_bps is not None:
+        sample = min(sample, max(_PROBE_SECONDS * limits.read_bps, 1 << 20))
+    storage = measure_storage_bandwidth(paths, limits=limits, readers=readers, sample_bytes=sample)
+    return storage, measure_memory_bandwidth()

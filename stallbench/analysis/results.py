@@ -28,7 +28,7 @@ __all__ = [
     "Workload",
 ]
 
-SCHEMA = "stallbench.report/3"
+SCHEMA = "stallbench.report/4"
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,9 @@ class Breakdown:
     wait_seconds: float = 0.0  # the wait for batches the cold run measured: prep stall + fetch stall
     step_alone_seconds: float = 0.0  # T1: the steps of an ingestion epoch, as many batches (what-if)
     warm_epoch_seconds: float = 0.0  # T3: the prep run's epoch, every record in memory (what-if)
+    warm_first_batch_seconds: float = 0.0  # T3's wait for its first batch: workers start, one batch made
+    step_cpu_seconds: float = 0.0  # CPU the steps took alone (the ingestion run's), as many batches
+    prep_cpu_seconds: float = 0.0  # CPU the prep run took beyond its steps: decode, augment, collate
     epoch_spread_seconds: float = 0.0  # half the range over the steady cold epochs
     compute_spread_seconds: float = 0.0
     prep_stall_spread_seconds: float = 0.0
@@ -115,7 +118,7 @@ class Machine:
     cores: int
     storage_bytes_per_s: float  # device bytes per second, read by as many readers as the job has workers
     memory_bytes_per_s: float
-    prep_samples_per_s_per_core: float
+    prep_samples_per_s_per_core: float  # samples per CPU second of prep (the runs' own CPU counts)
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,20 @@ from stallbench.conditions.storage import evict_page_cache, warm_page_cache
 from stallbench.jobs.command import CommandRun, run_command
 from stallbench.jobs.kinds import CACHED, KINDS
 from stallbench.jobs.run import scratch_cache_dir
-from stallbench.jobs.spec import AS_IS, JobSpec, LoaderEpoch
+from stallbench.jobs.spec import JobSpec, LoaderEpoch
 
-__all__ = ["Applied", "UserJob", "analyze_command", "apply_advice", "replay_lengths", "run_user_phases"]
+__all__ = [
+    "Applied",
+    "NotRunnable",
+    "UserJob",
+    "analyze_command",
+    "apply_advice",
+    "replay_lengths",
+    "run_setting",
+    "run_user_phases",
+]
 
 _FULL_MARGIN = 64 << 20  # the prep run's cache: every record, its index, a margin
-_PROBE_BYTES, _PROBE_SECONDS = 128 << 20, 4  # the storage probe reads at most this, or this long throttled
 
 
 @dataclass(frozen=True)
@@ -135,16 +143,39 @@ def analyze_command(
 def _measure_machine(job: UserJob, cold: CommandRun) -> tuple[float, float]:
     """Storage (inside the cold run's limits, as many readers as the training loader has workers) and
     memory bandwidth."""
-    from stallbench.analysis.measure import measure_memory_bandwidth, measure_storage_bandwidth
+    from stallbench.analysis.measure import measure_bandwidths
 
     workers = max((r.workers for r in cold.records), default=1)
-    sample = _PROBE_BYTES
-    if job.storage_bytes_per_s is not None:  # a few seconds' worth under a throttle, not 128 MB
-        sample = min(sample, max(_PROBE_SECONDS * job.storage_bytes_per_s, 1 << 20))
-    storage = measure_storage_bandwidth(
-        list(job.data), limits=_limits(job), readers=max(1, workers), sample_bytes=sample
-    )
-    return storage, measure_memory_bandwidth()
+    return measure_bandwidths(list(job.data), limits=_limits(job), readers=max(1, workers))
+
+
+def run_setting(
+    job: UserJob,
+    kind: str,
+    *,
+    workers: int | None = None,
+    cache_bytes: int | None = None,
+    prefetch_factor: int | None = None,
+    log: IO[str] | None = None,
+) -> float:
+    """The steady epoch of the training loader in one cold run of ``job`` with loaders ``kind`` ("as-is",
+    "torch" or "cached"), every DataLoader built with ``workers`` and ``prefetch_factor`` (None: as the
+    script wrote them) and our cache at ``cache_bytes``: how a what-if or an advice is checked."""
+    from stallbench.analysis.results import steady
+    from stallbench.analysis.training import train_epochs
+
+    cache_dir = scratch_cache_dir(job.cache_dir)
+    try:
+        spec = _spec(
+            job, kind, cache_bytes=cache_bytes, cache_dir=str(cache_dir), workers=workers,
+            prefetch_factor=prefetch_factor,
+        )  # fmt: skip
+        evict_page_cache(job.data)
+        run = run_command(job.argv, spec, limits=_limits(job), time_limit=job.time_limit, log=log)
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    epochs = max(train_epochs(run.records, "the run").values(), key=lambda rows: rows[-1].seconds)
+    return sum(r.seconds for r in steady(epochs)) / len(steady(epochs))
 
 
 @dataclass(frozen=True)
@@ -160,11 +191,15 @@ class Applied:
         return self.measured_seconds / self.predicted_seconds - 1.0
 
 
-def apply_advice(job: UserJob, report: LoaderReport, log: IO[str] | None = None) -> Applied | None:
-    """Rerun the cold run with the setting the report's advice names; None where it names none."""
+class NotRunnable(ValueError):
+    """The advice names a setting no run can make as it stands (a page cache of a given size)."""
+
+
+def apply_advice(job: UserJob, report: LoaderReport, kind: str, log: IO[str] | None = None) -> Applied | None:
+    """Rerun the cold run of loaders ``kind`` (as analyzed) with the setting the report's advice names, and
+    only that setting changed; None where it names none."""
     from stallbench.analysis import advice, whatif
-    from stallbench.analysis.results import steady
-    from stallbench.analysis.training import train_epochs
+    from stallbench.conditions.sizes import format_bytes
 
     m = whatif.Measured(
         report.workload, report.breakdown, report.machine, report.loader, report.storage_bytes
@@ -174,18 +209,14 @@ def apply_advice(job: UserJob, report: LoaderReport, log: IO[str] | None = None)
         return None
     prediction, loader = chosen
     cached = KINDS[loader].cached
-    kind = CACHED if cached else AS_IS
+    if not cached and prediction.workers == report.workload.workers:  # torch's advice: a cache, not workers
+        raise NotRunnable(
+            f"the advice is a page cache of {format_bytes(prediction.cache_bytes)}, which a run cannot set"
+        )
     cache = prediction.cache_bytes if cached else job.cache_bytes
-    cache_dir = scratch_cache_dir(job.cache_dir)
-    try:
-        spec = _spec(job, kind, cache_bytes=cache, cache_dir=str(cache_dir), workers=prediction.workers)
-        evict_page_cache(job.data)
-        run = run_command(job.argv, spec, limits=_limits(job), time_limit=job.time_limit, log=log)
-    finally:
-        shutil.rmtree(cache_dir, ignore_errors=True)
-    epochs = max(train_epochs(run.records, "--apply").values(), key=lambda rows: rows[-1].seconds)
-    measured = sum(r.seconds for r in steady(epochs)) / len(steady(epochs))
+    kind = CACHED if cached else kind  # our loader, with the advised cache, whatever the script builds
+    measured = run_setting(job, kind, workers=prediction.workers, cache_bytes=cache, log=log)
     where = f"{prediction.workers} workers" + (
-        f", {KINDS[CACHED].label} with cache_bytes={cache}" if cached else ""
+        f", {KINDS[CACHED].label} with cache_bytes={cache:_}" if cached else ""
     )
     return Applied(where, prediction.epoch_seconds, measured)

@@ -21,7 +21,6 @@ from stallbench.analysis.loader_report import Measurement, loader_report
 from stallbench.analysis.results import (
     EpochRecord,
     LoaderReport,
-    Machine,
     RankBreakdown,
     RunRecord,
     Workload,
@@ -99,10 +98,10 @@ def user_report(
             steady(list(phases["cold"].epochs)), target=next(iter(runs["cold"].targets), None)
         ),
     }
-    machine = _machine(phases, workload, storage_bytes_per_s, memory_bytes_per_s)
     measurement = Measurement(
-        loader, made_by, workload, phases, machine, slowest.breakdown, share >= 0.99, cut,
-        note if made_by != loader else "", extra,
+        loader, made_by, workload, phases, storage_bytes_per_s, memory_bytes_per_s,
+        breakdown=slowest.breakdown, what_if=share >= 0.99, said=cut,
+        note=note if made_by != loader else "", extra=extra,
     )  # fmt: skip
     return loader_report(measurement)
 
@@ -122,18 +121,3 @@ def _workload(job: UserJob, cold_rows: Sequence[LoaderEpoch]) -> tuple[Workload,
         command=" ".join(job.argv), prefetch_factor=last.prefetch_factor if last.workers else None,
     )  # fmt: skip
     return workload, share
-
-
-def _machine(
-    phases: Mapping[str, RunRecord], w: Workload, storage_bytes_per_s: float, memory_bytes_per_s: float
-) -> Machine:
-    """The prep rate per core from the runs themselves (the user's Dataset cannot be called from here):
-    samples over the CPU the prep run spent beyond the ingestion run, per epoch."""
-    from stallbench.analysis.measure import available_cores
-
-    cpu = {p: fmean(e.cpu_seconds for e in steady(list(phases[p].epochs))) for p in ("ingestion", "prep")}
-    prep_cpu = cpu["prep"] - cpu["ingestion"]
-    t3 = fmean(e.seconds for e in steady(list(phases["prep"].epochs)))
-    cores = available_cores()
-    rate = w.samples / prep_cpu if prep_cpu > 0 else w.samples / (t3 * min(max(w.workers, 1), cores))
-    return Machine(cores, storage_bytes_per_s, memory_bytes_per_s, rate)

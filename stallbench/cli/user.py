@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import IO
 
 from stallbench.analysis.results import LoaderReport
-from stallbench.analysis.user_analysis import UserJob, analyze_command, apply_advice
+from stallbench.analysis.user_analysis import NotRunnable, UserJob, analyze_command, apply_advice
 from stallbench.analysis.user_report import NoTrainingLoader
 from stallbench.conditions.cgroup import StorageConditionUnavailable
 from stallbench.conditions.storage import data_size
@@ -94,21 +94,26 @@ def run_user_analysis(args: argparse.Namespace, command: list[str]) -> int:
         return 1
     report_outputs(args, reports)
     if args.apply:
-        _apply(args, job, reports)
+        _apply(args, job, reports, kinds)
     if args.quiet:
         print(f"the command's output is in {args.log}", file=sys.stderr)
     return 0
 
 
-def _apply(args: argparse.Namespace, job: UserJob, reports: Sequence[LoaderReport]) -> None:
+def _apply(
+    args: argparse.Namespace, job: UserJob, reports: Sequence[LoaderReport], kinds: Sequence[str]
+) -> None:
     """``--apply``: each report's advised setting run cold, predicted against measured."""
-    for report in reports:
+    for report, kind in zip(reports, kinds, strict=True):
         if not report.predictions:
             print(f"--apply ({report.loader}): no what-if to apply; run without --steps")
             continue
         try:
             with _log(args) as log:
-                applied = apply_advice(job, report, log)
+                applied = apply_advice(job, report, kind, log)
+        except NotRunnable as exc:
+            print(f"--apply ({report.loader}): not run: {exc}")
+            continue
         except (CommandFailed, NoTrainingLoader) as exc:
             print(f"--apply ({report.loader}): the advised run failed: {exc}")
             continue
