@@ -19,7 +19,7 @@ import torch
 from _prep_job import small_cnn_step  # the script's folder is on sys.path
 
 import loader
-from stallbench.jobs.counters import cpu_seconds
+from loader.system.counters import cpu_seconds
 
 BATCH, WORKERS, STEP_S = 64, 2, 0.01
 

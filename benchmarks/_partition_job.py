@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 import loader
+from loader.system.counters import storage_read_bytes
 from stallbench.conditions.storage import evict_page_cache, files_in
-from stallbench.jobs.counters import storage_read_bytes
 
 
 def main(config: dict) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 import loader
-from stallbench.jobs.counters import cpu_seconds
+from loader.system.counters import cpu_seconds
 
 BATCH, WORKERS = 64, 2
 

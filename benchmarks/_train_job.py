@@ -18,7 +18,7 @@ import torch
 from _prep_job import small_cnn_step
 
 import loader
-from stallbench.jobs.counters import storage_read_bytes
+from loader.system.counters import storage_read_bytes
 
 
 def make(kind: str, data: str, cache_dir: str, cache_bytes: str) -> torch.utils.data.DataLoader:

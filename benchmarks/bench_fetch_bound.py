@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from loader import index_bytes
+from loader.cache import index_bytes
 from stallbench.analysis.memory import measure_overhead, memory_limit, probe_cache_bytes
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.storage import data_size, evict_page_cache, probe_storage_conditions

@@ -1,11 +1,7 @@
 """A drop-in PyTorch DataLoader with a shared minimal-miss cache: change one import, add a cache size."""
 
-from loader._collate import TimedCollate
-from loader._headroom import reserve_for_limit
 from loader._pil import PilBuild, pil_build
 from loader.cache import CacheInfo, MinIOCache
-from loader.cache._layout import index_bytes
-from loader.cache._private import open_private
 from loader.coordinated import Coordination, CoordinationStats, CoordinationWarning, PrepFailed
 from loader.dataloader import DataLoader
 from loader.datasets import SKIPPED, ArrowDataset, ImageFolder, LMDBDataset, SourceDataset
@@ -21,7 +17,7 @@ from loader.sources import (
     Source,
     image_folder_to_lmdb,
 )
-from loader.stats import LoaderStats, StatsBoard
+from loader.stats import LoaderStats
 
 __all__ = [
     "SKIPPED",
@@ -48,12 +44,7 @@ __all__ = [
     "SourceDataset",
     "SourceError",
     "Source",
-    "StatsBoard",
-    "TimedCollate",
     "TrainTransform",
     "image_folder_to_lmdb",
-    "index_bytes",
-    "open_private",
     "pil_build",
-    "reserve_for_limit",
 ]

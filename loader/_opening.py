@@ -7,13 +7,13 @@ import os
 import warnings
 from typing import Any
 
-from loader._headroom import auto_cache_bytes
-from loader._memory import format_bytes
 from loader.cache import MinIOCache
 from loader.cache._layout import index_bytes
 from loader.datasets import SourceDataset
 from loader.partition.options import partition_from
 from loader.partition.wiring import PartitionedCache, check_partition_args
+from loader.system.headroom import auto_cache_bytes
+from loader.system.memory import format_bytes
 
 __all__ = ["auto_capacity", "open_cache", "open_partition"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from loader.cache import store_path
-from loader.cache._private import open_private, private_dir
+from loader.system.private import open_private, private_dir
 
 __all__ = ["SharedCounts"]
 

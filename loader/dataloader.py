@@ -12,11 +12,11 @@ from torch.utils.data import Dataset, Sampler
 from torch.utils.data._utils.collate import default_collate, default_convert
 from torch.utils.data.dataloader import _DatasetKind
 
-from loader._collate import TimedCollate
 from loader._opening import open_cache, open_partition
 from loader._resumable import ResumableEpochs
 from loader._resume import ReplayableSampler, counting_iterator
 from loader.cache import MinIOCache
+from loader.collate import TimedCollate
 from loader.coordinated import Coordination
 from loader.coordinated.options import coordination_from
 from loader.coordinated.wiring import CoordinatedEpochs

@@ -18,12 +18,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
-from loader._headroom import auto_cache_bytes
 from loader._shared_counts import SharedCounts
 from loader.cache import CorruptRecordError, MinIOCache
 from loader.cache._layout import index_bytes
-from loader.sources._pagecache import read_admitting
 from loader.sources.file_tree import FileTreeSource
+from loader.system.headroom import auto_cache_bytes
+from loader.system.pagecache import read_admitting
 
 __all__ = ["LARGEST_FILE", "CachedFiles"]
 

@@ -15,6 +15,7 @@ import torch.utils.data
 
 from loader.cache import CacheInfo
 from loader.coordinated.options import CoordinationStats
+from loader.system.counters import own_read_bytes
 
 __all__ = ["LoaderStats", "StatsBoard"]
 
@@ -117,7 +118,7 @@ class StatsBoard:
         if self._local_pid != _pid:
             self._start_local()
         if storage:
-            now = _read_bytes_of_self()
+            now = own_read_bytes()
             self._pending[_STORAGE] += now - self._io_seen
             self._io_seen = now
         self._row()[:] += self._pending
@@ -141,7 +142,7 @@ class StatsBoard:
     def start_storage_count(self) -> None:
         """Count storage reads of the calling (main) process from now on, not since it started."""
         self._start_local()
-        self._io_seen = _read_bytes_of_self()
+        self._io_seen = own_read_bytes()
 
     def totals(self, cache: CacheInfo | None, cache_sizing: str = "") -> LoaderStats:
         if self._local_pid == os.getpid():
@@ -164,7 +165,7 @@ class StatsBoard:
         process counts from here (and from each epoch's start, see ``start_storage_count``)."""
         self._local_pid = os.getpid()
         self._pending = [0.0] * len(FIELDS)
-        self._io_seen = 0 if torch.utils.data.get_worker_info() is not None else _read_bytes_of_self()
+        self._io_seen = 0 if torch.utils.data.get_worker_info() is not None else own_read_bytes()
         self._view = np.frombuffer(self._shared, dtype=np.float64).reshape(self._rows, len(FIELDS))
 
     def _table(self) -> np.ndarray:
@@ -175,17 +176,3 @@ class StatsBoard:
     def _row(self) -> np.ndarray:
         info = torch.utils.data.get_worker_info()
         return self._table()[0 if info is None else 1 + info.id % (self._rows - 1)]
-
-
-_proc_io: tuple[int, int] = (-1, -1)  # (pid, fd of /proc/self/io), one per process
-
-
-def _read_bytes_of_self() -> int:
-    """The kernel's count of bytes this process caused to be read from storage."""
-    global _proc_io
-    if _proc_io[0] != os.getpid():
-        _proc_io = (os.getpid(), os.open("/proc/self/io", os.O_RDONLY | os.O_CLOEXEC))
-    for line in os.pread(_proc_io[1], 4096, 0).splitlines():
-        if line.startswith(b"read_bytes:"):
-            return int(line.split()[1])
-    return 0

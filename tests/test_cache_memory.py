@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from helpers import MemorySource, first_index
 
-import loader._memory
+import loader.system.memory
 from loader import DataLoader, SourceDataset
-from loader._headroom import reserve_bytes
-from loader._memory import MemoryView
 from loader.cache._layout import index_bytes
+from loader.system.headroom import reserve_bytes
+from loader.system.memory import MemoryView
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.storage import evict_page_cache, probe_storage_conditions, resident_bytes
 
@@ -32,7 +32,7 @@ def free(headroom: int, limit: int = 16 << 30) -> MemoryView:
 @pytest.fixture
 def memory(monkeypatch):
     """Set what the memory view reports: ``memory(view)``."""
-    return lambda view: monkeypatch.setattr(loader._memory, "memory_view", lambda: view)
+    return lambda view: monkeypatch.setattr(loader.system.memory, "memory_view", lambda: view)
 
 
 def dataset(nbytes: int | None = RECORDS * SIZE) -> SourceDataset:

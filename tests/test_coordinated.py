@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import loader
-from loader.cache._private import UntrustedCacheError
 from loader.coordinated._batchfile import BadBatchFile, read_batch, write_batch
+from loader.system.private import UntrustedCacheError
 from tests._coordinated_job import Indexed
 from tests.helpers import make_jpeg_folder
 

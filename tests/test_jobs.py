@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from loader.system.counters import cpu_seconds
 from stallbench.analysis.memory import OVERHEAD_MARGIN, memory_limit
-from stallbench.jobs.counters import cpu_seconds
 from stallbench.jobs.run import JobFailed, run_job, run_workload
 from stallbench.jobs.spec import WorkloadJob
 
@@ -93,7 +93,7 @@ def _live_workers() -> list[psutil.Process]:
 
 @pytest.mark.parametrize("cache", [0, 100 << 20, 4 << 30, 40 << 30])
 def test_the_memory_limit_leaves_the_cache_its_budget_beside_the_reserve_it_keeps(cache):
-    from loader import reserve_for_limit
+    from loader.system import reserve_for_limit
 
     overheads = {"torch": 300 << 20, "cached": 250 << 20}
     base = cache + (300 << 20) + OVERHEAD_MARGIN

@@ -15,9 +15,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from loader import _headroom, _memory
-from loader._headroom import PressureGauge, auto_cache_bytes, reserve_bytes
-from loader._memory import MemoryView, memory_view
+from loader.system import headroom as _headroom
+from loader.system import memory as _memory
+from loader.system.headroom import PressureGauge, auto_cache_bytes, reserve_bytes
+from loader.system.memory import MemoryView, memory_view
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.storage import evict_page_cache, probe_storage_conditions
 
@@ -337,7 +338,8 @@ def _child_env() -> dict[str, str]:
 @pytest.mark.multiproc
 def test_a_fork_finds_its_cgroup_again():
     code = (
-        "import os\nfrom loader import _memory\n_memory.memory_view()\nif (pid := os.fork()) == 0:\n"
+        "import os\nfrom loader.system import memory as _memory\n_memory.memory_view()\n"
+        "if (pid := os.fork()) == 0:\n"
         "    os._exit(10 + _memory._hierarchy.cache_info().currsize)\n"
         "print(_memory._hierarchy.cache_info().currsize, os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))"
     )
@@ -347,7 +349,7 @@ def test_a_fork_finds_its_cgroup_again():
 
 CHILD = """
 import dataclasses, json, sys
-from loader._memory import memory_view
+from loader.system.memory import memory_view
 
 shm_file, disk_file = sys.argv[1:]
 views = [memory_view()]

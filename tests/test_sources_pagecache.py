@@ -10,8 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from loader.sources import ArrowSource, ImageFolderSource, LMDBSource, _pagecache, image_folder_to_lmdb
-from loader.sources._pagecache import PAGE
+from loader.sources import ArrowSource, ImageFolderSource, LMDBSource, image_folder_to_lmdb
+from loader.system import pagecache as _pagecache
+from loader.system.pagecache import PAGE
 from stallbench.conditions.storage import evict_page_cache, resident_bytes
 
 RECORDS, RECORD_BYTES = 8, 1 << 20  # 8 MB in all

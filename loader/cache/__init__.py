@@ -1,7 +1,8 @@
 """The node-local minimal-miss cache of raw records."""
 
-from loader.cache._private import UntrustedCacheError
+from loader.cache._layout import index_bytes
 from loader.cache.minio import LOCK_TIMEOUT, CacheInfo, CorruptRecordError, MinIOCache, store_path
+from loader.system.private import UntrustedCacheError
 
 __all__ = [
     "LOCK_TIMEOUT",
@@ -9,5 +10,6 @@ __all__ = [
     "CorruptRecordError",
     "MinIOCache",
     "UntrustedCacheError",
+    "index_bytes",
     "store_path",
 ]

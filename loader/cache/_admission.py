@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from loader._headroom import PressureGauge, reserve_bytes
-from loader._memory import format_bytes
+from loader.system.headroom import PressureGauge, reserve_bytes
+from loader.system.memory import format_bytes
 
 __all__ = ["ADMIT_PAUSE", "MEMORY_PAUSE", "AdmissionGate"]
 

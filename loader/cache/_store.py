@@ -22,9 +22,9 @@ import numpy as np
 
 from loader.cache._admission import AdmissionGate
 from loader.cache._layout import HEADER_BYTES, HEADER_DTYPE, READY, SLOT_DTYPE, index_bytes
-from loader.cache._locks import StoreMutex, forget_writer
-from loader.cache._private import check_private, open_private, private_dir
 from loader.cache._storefiles import StoreDamaged, check_capacity, check_header, create_store
+from loader.system.locks import StoreMutex, forget_writer
+from loader.system.private import check_private, open_private, private_dir
 
 __all__ = ["LOCK_TIMEOUT", "CacheInfo", "SharedStore", "store_path"]
 

@@ -22,8 +22,8 @@ from loader.cache._layout import (
     SLOT_DTYPE,
     checksum,
 )
-from loader.cache._locks import LockTimeout, writer_alive, writer_id
 from loader.cache._store import LOCK_TIMEOUT, CacheInfo, SharedStore, store_path
+from loader.system.locks import LockTimeout, writer_alive, writer_id
 
 __all__ = ["LOCK_TIMEOUT", "CacheInfo", "CorruptRecordError", "MinIOCache", "store_path"]
 

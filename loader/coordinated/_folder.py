@@ -1,9 +1,9 @@
 """A group's folder: private to this user, attached once per process, with the lock and the table.
 
 Every process that uses it (each job's main process and its workers) takes a writer id, a byte lock the
-kernel releases when the process dies (see ``loader.cache._locks``): a claim or a membership names its writer,
+kernel releases when the process dies (see ``loader.system.locks``): a claim or a membership names its writer,
 so a job killed with SIGKILL is seen as dead by the next process that looks. The folder is made 0700 and
-used only when it is ours and private (``loader.cache._private``).
+used only when it is ours and private (``loader.system.private``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from loader.cache._locks import LockTimeout, forget_writer, writer_alive, writer_id
-from loader.cache._private import open_private, private_dir
 from loader.coordinated._order import read_order
 from loader.coordinated._state import ACTIVE, State
+from loader.system.locks import LockTimeout, forget_writer, writer_alive, writer_id
+from loader.system.private import open_private, private_dir
 
 __all__ = ["Folder", "LockTimeout"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from loader.cache._private import open_private
+from loader.system.private import open_private
 
 __all__ = ["read_order", "write_order"]
 

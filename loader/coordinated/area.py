@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from loader.cache._private import open_private
 from loader.coordinated._batchfile import BadBatchFile, read_batch
 from loader.coordinated._folder import Folder, LockTimeout
 from loader.coordinated._order import write_order
@@ -31,6 +30,7 @@ from loader.coordinated._state import (
     State,
 )
 from loader.coordinated.options import CoordinationWarning
+from loader.system.private import open_private
 
 __all__ = ["DONE", "WAIT", "Area", "LockTimeout"]
 

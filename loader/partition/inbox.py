@@ -20,7 +20,7 @@ from pathlib import Path
 
 import xxhash
 
-from loader.cache._private import open_private
+from loader.system.private import open_private
 
 __all__ = ["Inbox"]
 

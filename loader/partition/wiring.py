@@ -15,12 +15,12 @@ import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 from loader.cache import MinIOCache
-from loader.cache._private import private_dir
 from loader.partition.exchange import Exchange
 from loader.partition.inbox import Inbox
 from loader.partition.options import Partition
 from loader.partition.peers import PeerRecords
 from loader.partition.plan import Layout, order_of
+from loader.system.private import private_dir
 
 __all__ = ["PartitionedCache", "check_partition_args"]
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from loader.errors import SourceError
 from loader.sources._mapped import MappedFile
-from loader.sources._pagecache import prefetch
+from loader.system.pagecache import prefetch
 
 __all__ = ["IpcFile", "ParquetFile", "binary_value", "open_file", "token_value"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from loader.errors import BadRecordError
-from loader.sources._pagecache import read_admitting
 from loader.sources.base import Source
+from loader.system.pagecache import read_admitting
 
 __all__ = ["FileRecords"]
 
@@ -24,7 +24,8 @@ class FileRecords(Source):
             raise BadRecordError(path, i, f"cannot read the file: {e.strerror or e}") from e
 
     def read_admitting(self, index: int, admit: Callable[[bytes], bool]) -> tuple[bytes, bool]:
-        """Once admitted, the file's pages that this read brought in are evicted (see _pagecache)."""
+        """Once admitted, the file's pages that this read brought in are evicted
+        (``loader.system.pagecache``)."""
         i = self.check_index(index)
         path = self.describe(i)
         try:

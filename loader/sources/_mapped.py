@@ -1,5 +1,5 @@
 """The pages of a file read through a memory map (Arrow IPC): what was resident before a copy, and evicting
-the rest once the record is admitted (see ``_pagecache``)."""
+the rest once the record is admitted (see ``loader.system.pagecache``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import weakref
 
 import numpy as np
 
-from loader._libc import libc as _libc
-from loader.sources._pagecache import PAGE, can_tell, cold_runs, drop_file, mincore
+from loader.system.libc import libc as _libc
+from loader.system.pagecache import PAGE, can_tell, cold_runs, drop_file, mincore
 
 __all__ = ["MappedFile"]
 

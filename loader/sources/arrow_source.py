@@ -101,7 +101,8 @@ class ArrowSource(Source):
         return self._io().copy(self._view(index), self._convert)
 
     def read_admitting(self, index: int, admit: Callable[[bytes], bool]) -> tuple[bytes, bool]:
-        """Once admitted, an IPC value's pages that this read brought in are evicted (see _pagecache)."""
+        """Once admitted, an IPC value's pages that this read brought in are evicted
+        (``loader.system.pagecache``)."""
         return self._io().copy_admitting(self._view(index), self._convert, admit)
 
     def _view(self, index: int) -> np.ndarray:

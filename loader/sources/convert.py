@@ -10,10 +10,10 @@ import lmdb
 import numpy as np
 import pyarrow as pa
 
-from loader.sources._pagecache import PAGE
 from loader.sources.arrow_source import ArrowSource
 from loader.sources.image_folder import ImageFolderSource
 from loader.sources.lmdb_source import CLASSES_KEY, LABELS_KEY, LEN_KEY, LMDBSource, pack_record, record_key
+from loader.system.pagecache import PAGE
 
 __all__ = ["image_folder_to_arrow", "image_folder_to_lmdb"]
 

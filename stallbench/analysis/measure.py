@@ -9,7 +9,7 @@ The prep rate is not measured here: the runs count the CPU prep takes
 (``stallbench.analysis.loader_report.measured_machine``), for a generated job and a user's Dataset alike.
 
 The storage reader always runs in a fresh ``python -I`` child that imports nothing but the standard
-library (and ``stallbench.jobs.counters``, loaded alone from its file, for the kernel's count of the bytes it
+library (and ``loader.system.counters``, loaded alone from its file, for the kernel's count of the bytes it
 read), so that a memory limit is spent on the page cache, not on torch.
 """
 
@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from loader.system import counters
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.storage import device_bytes, evict_page_cache, files_in
-from stallbench.jobs import counters
 
 __all__ = [
     "available_cores",
@@ -111,7 +111,7 @@ def measure_storage_bandwidth(
     The sample is evicted from the page cache before and again after, so a cold run that follows starts
     cold. The files are read whole, in random order, by ``readers`` threads of a child process (inside
     ``limits`` when given). The bytes are the kernel's count of what the child read from the device
-    (``stallbench.jobs.counters``: whole pages, as a job's storage bytes are counted); where the kernel
+    (``loader.system.counters``: whole pages, as a job's storage bytes are counted); where the kernel
     counts none (storage outside the block layer), the files' sizes rounded up to whole pages.
     """
     _check_positive_int("sample_bytes", sample_bytes)

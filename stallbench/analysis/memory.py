@@ -31,7 +31,7 @@ EXTRA_WORKER_MARGIN = 24 << 20
 
 def probe_cache_bytes(num_records: int) -> int:
     """A cache that holds its index and no record: the cached loader's probe then admits nothing."""
-    from loader import index_bytes  # here: the command line starts without torch
+    from loader.cache import index_bytes  # here: the command line starts without torch
 
     return index_bytes(num_records) + mmap.PAGESIZE
 
@@ -67,7 +67,7 @@ def memory_limit(cache_bytes: int, overheads: dict[str, int], workers: int = 2) 
     """The one limit every loader of a comparison gets: the cache budget plus the largest job overhead, and
     the memory the cached loader keeps free under that limit (it stops admitting short of it), so its cache
     can fill to the budget. The page cache of torch's loader gets to use the same memory."""
-    from loader import reserve_for_limit  # here: the command line starts without torch
+    from loader.system import reserve_for_limit  # here: the command line starts without torch
 
     extra = max(0, workers - (os.cpu_count() or 1)) * EXTRA_WORKER_MARGIN
     base = cache_bytes + max(overheads.values()) + OVERHEAD_MARGIN + extra

@@ -9,15 +9,11 @@ bandwidth) is in these device bytes; the records' own bytes are shown beside the
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-import numpy as np
-
-from stallbench.conditions._libc import MAP_FAILED, libc
 from stallbench.conditions.cgroup import (
     StorageConditionUnavailable,
     block_device,
@@ -74,21 +70,16 @@ def data_size(paths: PathArg | Iterable[PathArg]) -> DataSize:
 
 
 def _resident_fd(fd: int, size: int, whole_pages: bool = False) -> int:
-    """Bytes of open file ``fd`` in the page cache (mincore on a mapping that touches no page); with
-    ``whole_pages`` the pages' whole size, a partial last page counted whole."""
-    if size == 0:
+    """Bytes of open file ``fd`` in the page cache (``loader.system.resident_pages``: mincore on a mapping
+    that touches no page), 0 where the kernel will not tell; with ``whole_pages`` the pages' whole size, a
+    partial last page counted whole."""
+    from loader.system import resident_pages  # here: the command line starts without torch
+
+    pages = resident_pages(fd, size)
+    if pages is None:
         return 0
-    addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-    if addr in (None, MAP_FAILED):
-        raise OSError(ctypes.get_errno(), f"mmap failed: {os.strerror(ctypes.get_errno())}")
-    try:
-        vec = (ctypes.c_ubyte * -(-size // mmap.PAGESIZE))()
-        if libc.mincore(addr, size, vec) != 0:
-            raise OSError(ctypes.get_errno(), f"mincore failed: {os.strerror(ctypes.get_errno())}")
-        pages = int((np.frombuffer(vec, np.uint8) & 1).sum())
-    finally:
-        libc.munmap(addr, size)
-    return pages * mmap.PAGESIZE if whole_pages else min(pages * mmap.PAGESIZE, size)
+    resident = int(pages.sum()) * mmap.PAGESIZE
+    return resident if whole_pages else min(resident, size)
 
 
 def resident_bytes(paths: PathArg | Iterable[PathArg], *, whole_pages: bool = False) -> int:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from stallbench.jobs.counters import cpu_seconds, storage_read_bytes
+from loader.system.counters import cpu_seconds, storage_read_bytes
 
 __all__ = ["Counters", "EpochMeter", "TimedIterator", "batch_samples", "handing_out", "read_counters", "say"]
 
@@ -109,7 +109,7 @@ def read_counters(stats: Callable[[], Any] | None, served: Callable[[], tuple[in
 
 
 def _process_tree() -> tuple[int, float]:
-    """The process tree's storage bytes and CPU seconds (``stallbench.jobs.counters``): workers that have
+    """The process tree's storage bytes and CPU seconds (``loader.system.counters``): workers that have
     exited (a non-persistent loader's, at each epoch's end) still count."""
     try:
         return storage_read_bytes(), cpu_seconds()

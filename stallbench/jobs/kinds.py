@@ -37,11 +37,12 @@ def _torch(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> 
     group: N torch jobs are N independent loaders, each preparing every batch (``coordinate`` ignored)."""
     import torch
 
-    import loader
+    from loader.collate import TimedCollate
+    from loader.stats import StatsBoard
 
-    board = loader.StatsBoard(job.workers)
+    board = StatsBoard(job.workers)
     bound = dataset.bind(cache=None, board=board, on_error="raise")
-    timed = loader.TimedCollate(collate, board, batched=True)
+    timed = TimedCollate(collate, board, batched=True)
     return torch.utils.data.DataLoader(bound, collate_fn=timed, **common), lambda: board.totals(None)
 
 

@@ -31,7 +31,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from loader import CachedFiles, open_private
+from loader import CachedFiles
+from loader.system import open_private
 from stallbench.jobs._served_file import ServedFile, served_text
 from stallbench.jobs.spec import JobSpec
 

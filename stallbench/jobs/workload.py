@@ -6,7 +6,7 @@ transform of its own; ``JOB.json`` holds a :class:`~stallbench.jobs.spec.Workloa
 through the compute model (``compute``); ``mode="ingestion"`` takes one batch and then only runs the step,
 the differential method's first run (token data: every batch in its real shape, made of zeros, so that a
 step whose cost follows the tokens costs what it does on the real ones). Storage bytes and CPU seconds are
-the process tree's (``stallbench.jobs.counters``: the job and its workers); every loader kind is
+the process tree's (``loader.system.counters``: the job and its workers); every loader kind is
 instrumented the same way (stage times come from the dataset and a timed collate in either loader). Each
 epoch's ``start_time`` and ``end_time`` are read from ``time.monotonic()``, one clock for every process of
 the machine, so jobs run at once can be lined up (``compare --jobs``); a loader in a group adds its
@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
+from loader.system.counters import cpu_seconds, storage_read_bytes
 from stallbench.batches import batch_samples, batch_tokens
 from stallbench.compute import ComputeStep, parse_compute
 from stallbench.energy import open_meter
 from stallbench.jobs._fresh import fresh_copy
 from stallbench.jobs.batching import SeenIndices
-from stallbench.jobs.counters import cpu_seconds, storage_read_bytes
 from stallbench.jobs.data import make_loader, shapes_loader, token_lengths
 from stallbench.jobs.spec import WorkloadJob
 from stallbench.profile import profile

@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from loader._libc import MAP_FAILED
-from loader._libc import libc as _libc
+from loader.system.libc import MAP_FAILED
+from loader.system.libc import libc as _libc
 
 __all__ = [
     "PAGE",

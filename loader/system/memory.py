@@ -1,4 +1,4 @@
-"""How much memory the job may still take: the memory view (what the cache makes of it: ``_headroom.py``).
+"""How much memory the job may still take: the memory view (what the cache makes of it: ``headroom.py``).
 
 The cache lives in /dev/shm: its pages are shmem, which the kernel cannot reclaim without swap, so a cache
 that outgrows the job's memory gets the job killed. What the cache may take is therefore a limit less the

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from loader.cache._private import open_private
+from loader.system.private import open_private
 
 __all__ = ["MAX_WRITERS", "LockTimeout", "StoreMutex", "forget_writer", "writer_alive", "writer_id"]
 

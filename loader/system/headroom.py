@@ -1,4 +1,4 @@
-"""What the cache makes of the memory view (``_memory.py``): the reserve it leaves free for the job's own
+"""What the cache makes of the memory view (``memory.py``): the reserve it leaves free for the job's own
 growth, the size ``cache_bytes="auto"`` gives it, and a gauge that says, cheaply and often, whether memory
 is short now."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from time import monotonic
 
-from loader import _memory
-from loader._memory import MemoryView, format_bytes
+from loader.system import memory as _memory
+from loader.system.memory import MemoryView, format_bytes
 
 __all__ = ["PressureGauge", "auto_cache_bytes", "reserve_bytes", "reserve_for_limit"]
 
