@@ -107,7 +107,7 @@ def prediction_table(rows: list[tuple[Config, Prediction, LoaderReport]]) -> str
     cells = []
     for config, p, r in rows:
         error = 100.0 * (p.epoch_seconds - r.breakdown.epoch_seconds) / r.breakdown.epoch_seconds
-        memory = (r.workload.memory_bytes or 0) / MB
+        memory = (r.workload.memory_limit or 0) / MB
         cells.append([str(config), p.bound, p.epoch_seconds, r.breakdown.epoch_seconds, f"{error:+.1f}"])
         cells[-1] += [r.storage_bytes / MB, memory]
     return format_table(headers, cells)

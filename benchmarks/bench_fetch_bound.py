@@ -107,7 +107,7 @@ def _run(d: Data, kind: str, limit: int | None, cache_bytes: int | str, epochs: 
     cache_dir = scratch_cache_dir()
     try:
         evict_page_cache(d.path)
-        with StorageLimits(memory_bytes=limit, read_bps=READ_BPS, device_path=d.path) as limits:
+        with StorageLimits(memory_limit=limit, storage_bandwidth=READ_BPS, device_path=d.path) as limits:
             job = _job(d, kind, cache_dir, dict(cache_bytes=cache_bytes), epochs)
             records = run_workload(job, limits, script=SCRIPT)
     finally:
@@ -230,5 +230,5 @@ def test_a_fresh_job_reads_exactly_its_floor_in_device_bytes(bench_data_root, da
 
 def _fresh_job(d: Data, kind: str, limit: int, cache: str, cache_dir: Path) -> dict:
     evict_page_cache(d.path)
-    with StorageLimits(memory_bytes=limit, read_bps=READ_BPS, device_path=d.path) as limits:
+    with StorageLimits(memory_limit=limit, storage_bandwidth=READ_BPS, device_path=d.path) as limits:
         return run_workload(_job(d, kind, cache_dir, dict(cache_bytes=cache)), limits, script=SCRIPT)[0]

@@ -59,7 +59,7 @@ def run(data: Path, partition: bool) -> list[dict]:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     argv = [*torchrun, "--master-port", str(port), str(SCRIPT), str(Path(tmp) / "config.json")]
     try:
-        with StorageLimits(read_bps=READ_BPS, device_path=data) as limits:
+        with StorageLimits(storage_bandwidth=READ_BPS, device_path=data) as limits:
             done = limits.run(argv, capture_output=True, text=True, timeout=900, env=child_env(tmp))
     finally:
         shutil.rmtree(cache_root, ignore_errors=True)

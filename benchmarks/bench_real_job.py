@@ -62,7 +62,7 @@ def _run(data: Path, name: str) -> list[dict]:
     argv = [sys.executable, str(SCRIPT), kind, str(data), str(EPOCHS), str(cache_dir), cache_bytes]
     try:
         evict_page_cache(data)
-        with StorageLimits(read_bps=READ_BPS, device_path=data) as limits:
+        with StorageLimits(storage_bandwidth=READ_BPS, device_path=data) as limits:
             return run_job(argv, limits, timeout=1200)
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)

@@ -61,9 +61,10 @@ def reports() -> dict[str, LoaderReport]:
 def _record(benchmark, report: LoaderReport) -> None:
     w = report.workload
     info = benchmark.extra_info
-    info.update(figures(report), cache_bytes=w.cache_bytes, memory_bytes=w.memory_bytes)
+    info.update(figures(report), cache_bytes=w.cache_bytes, memory_limit=w.memory_limit)
     info.update(dataset_bytes=w.dataset_bytes, record_bytes=w.record_bytes, workers=w.workers)
-    info.update(read_bps=w.storage_bytes_per_s, measured_storage_bps=report.machine.storage_bytes_per_s)
+    info.update(storage_bandwidth=w.storage_bandwidth)
+    info.update(measured_storage_bps=report.machine.storage_bytes_per_s)
     info.update(roofline_bound_ratio=report.roofline.bound_ratio)
     info.update(prep_per_core_per_s=report.machine.prep_samples_per_s_per_core)
     info.update({f"{run.phase}_epoch_s": [e.seconds for e in run.epochs] for run in report.runs})
@@ -84,7 +85,7 @@ def test_compare_target(reports: dict[str, LoaderReport]) -> None:
     device, records = w.dataset_bytes / 1e6, w.record_bytes / 1e6
     print(f"\ncompare on the demo: D = {device:.1f} MB on the device ({records:.1f} MB of records),")
     print(f"cache {w.cache_bytes / 1e6:.1f} MB,")
-    print(f"storage {DEMO_BPS / 1e6:.0f} MB/s, memory limit {(w.memory_bytes or 0) / 1e6:.1f} MB for both")
+    print(f"storage {DEMO_BPS / 1e6:.0f} MB/s, memory limit {(w.memory_limit or 0) / 1e6:.1f} MB for both")
     print(compare_table(torch, cached))
     limit = MAX_FETCH_RATIO * torch.breakdown.fetch_stall_seconds
     fetch = cached.breakdown.fetch_stall_seconds

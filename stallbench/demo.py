@@ -23,7 +23,7 @@ from stallbench.report._grid import plain_table
 __all__ = ["DEMO_BPS", "concurrent_hint", "demo_request", "describe", "epoch_table"]
 
 DEMO_BPS = 75_000_000  # a network filesystem: reading what half a cache misses takes about a decode
-_NEEDED = ("memory_limit", "read_throttle", "page_cache_eviction")
+_NEEDED = ("memory_limit", "storage_bandwidth", "page_cache_eviction")
 MB = 1e6
 
 
@@ -35,8 +35,8 @@ def demo_request(args: argparse.Namespace) -> tuple[AnalysisRequest, tuple[str, 
     req = AnalysisRequest(
         data="images" if args.num_images is None else f"images:{args.num_images}",
         data_dir=args.data_dir, workers=args.workers, batch_size=args.batch_size, compute="emulated:10",
-        cache=CacheSpec(0.5), storage_bytes_per_s=DEMO_BPS if limited else None,
-        memory="auto" if limited else None, epochs=args.epochs,
+        cache=CacheSpec(0.5), storage_bandwidth=DEMO_BPS if limited else None,
+        memory_limit="auto" if limited else None, epochs=args.epochs,
     )  # fmt: skip
     if not limited:
         reasons = "; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in problems.items() if v)
@@ -49,10 +49,10 @@ def describe(req: AnalysisRequest, out=sys.stdout) -> None:
 
     build = loader.pil_build()
     print(f"PIL build: {build.distribution} {build.version} (JPEG: {build.jpeg})", file=out)
-    if req.storage_bytes_per_s:
+    if req.storage_bandwidth:
         print(
             f"both loaders run in a cgroup: storage reads throttled to "
-            f"{req.storage_bytes_per_s / MB:.0f} MB/s, "
+            f"{req.storage_bandwidth / MB:.0f} MB/s, "
             "memory limited to the same budget (half the data + the job's measured memory + the memory the "
             "cached loader keeps free)",
             file=out,

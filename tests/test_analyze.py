@@ -45,7 +45,7 @@ def _request(data: Path, kind: str) -> AnalysisRequest:
     memory = "auto" if kind == "torch" else None  # the cached loader holds every record: no page cache used
     return AnalysisRequest(
         data=str(data), workers=2, batch_size=64, compute="emulated:15", cache=CacheSpec(0.8),
-        storage_bytes_per_s=THROTTLE, memory=memory, epochs=2, transform="none",
+        storage_bandwidth=THROTTLE, memory_limit=memory, epochs=2, transform="none",
     )  # fmt: skip
 
 
@@ -54,10 +54,10 @@ def _plan(data: Path, kind: str) -> RunPlan:
     loader's reserve: with a dataset this small, that much more page cache would hold all of it."""
     plan = prepare(_request(data, kind), [kind])
     w = plan.workload
-    if w.memory_bytes is None:
+    if w.memory_limit is None:
         return plan
-    budget = w.memory_bytes - reserve_for_limit(w.memory_bytes) - OVERHEAD_MARGIN
-    tight = dataclasses.replace(w, memory_bytes=budget)
+    budget = w.memory_limit - reserve_for_limit(w.memory_limit) - OVERHEAD_MARGIN
+    tight = dataclasses.replace(w, memory_limit=budget)
     return dataclasses.replace(plan, workload=tight)
 
 

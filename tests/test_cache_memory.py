@@ -169,7 +169,7 @@ def test_at_a_limit_of_cache_plus_job_memory_the_job_completes_and_warns(big_fol
     cache_bytes = FILES * RECORD_BYTES
     limit = job_memory(big_folder, shm_dir) + cache_bytes
     evict_page_cache(big_folder)
-    with StorageLimits(memory_bytes=limit) as limits:
+    with StorageLimits(memory_limit=limit) as limits:
         stats, stderr = run_job(limits, big_folder, shm_dir, str(cache_bytes))
     assert stats["samples"] == 2 * FILES
     assert stats["memory_pauses"] >= 1 and "memory is short" in stderr
@@ -181,7 +181,7 @@ def test_at_a_limit_of_cache_plus_job_memory_the_job_completes_and_warns(big_fol
 def test_auto_under_a_cgroup_limit_picks_a_size_within_it(big_folder, shm_dir):
     limit = job_memory(big_folder, shm_dir) + 256 * MIB  # the reserve (128 MiB) and about 128 MiB for data
     evict_page_cache(big_folder)
-    with StorageLimits(memory_bytes=limit) as limits:
+    with StorageLimits(memory_limit=limit) as limits:
         stats, _ = run_job(limits, big_folder, shm_dir, "auto")
     assert stats["samples"] == 2 * FILES
     assert 0 < stats["cache_capacity"] < limit

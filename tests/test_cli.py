@@ -90,7 +90,7 @@ def test_cgroups_without_permission_exit_2(tmp_path, monkeypatch, capsys):
     from stallbench.cli import main
 
     reason = "creating a cgroup needs root (running as uid 65534)"
-    probe = {"page_cache_eviction": None, "memory_limit": reason, "read_throttle": reason}
+    probe = {"page_cache_eviction": None, "memory_limit": reason, "storage_bandwidth": reason}
     monkeypatch.setattr(analyze, "probe_storage_conditions", lambda path: probe)
     argv = [
         "analyze",

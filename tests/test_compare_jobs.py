@@ -110,7 +110,7 @@ def test_table_shortens_a_job_left_alone():
 def test_json_holds_the_figures_and_its_schema():
     obj = json.loads(json.dumps(concurrent_to_json(_runs(), WORKLOAD), allow_nan=False))
     validate_concurrent_json(obj)
-    assert obj["schema"] == "stallbench.concurrent/1" and obj["jobs_per_loader"] == 3
+    assert obj["schema"] == "stallbench.concurrent/2" and obj["jobs_per_loader"] == 3
     assert obj["workload"]["data"] == "images-48"
     torch, ours = obj["loaders"]
     assert (torch["loader"], torch["samples"], torch["wall_seconds"]) == ("torch", 288, pytest.approx(4.0))
@@ -137,7 +137,7 @@ def test_json_of_an_empty_window_has_null_not_nan():
         (("loaders", 1, "jobs", 2, "coordination"), None, "loaders[1].jobs[2].coordination is missing"),
         (("loaders", 0, "jobs", 1, "epoch_seconds"), 1.0, "loaders[0].jobs[1].epoch_seconds must be list"),
         (("ratios_to_baseline", "cached", "samples_per_s"), "2x", "cached.samples_per_s"),
-        (("schema",), "stallbench.report/2", "schema must be 'stallbench.concurrent/1'"),
+        (("schema",), "stallbench.report/2", "schema must be 'stallbench.concurrent/2'"),
     ],
 )
 def test_broken_json_is_named(path, value, named):

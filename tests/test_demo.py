@@ -47,7 +47,7 @@ def test_demo_compares_both_loaders_and_writes_a_plot(tmp_path: Path) -> None:
 
 def test_demo_says_when_storage_cannot_be_throttled(tmp_path: Path, monkeypatch, capsys) -> None:
     reason = "cannot create cgroup: needs root"
-    probe = {"page_cache_eviction": None, "memory_limit": reason, "read_throttle": reason}
+    probe = {"page_cache_eviction": None, "memory_limit": reason, "storage_bandwidth": reason}
     monkeypatch.setattr(demo, "probe_storage_conditions", lambda path: probe)
     args = argparse.Namespace(data_dir=tmp_path, workers=2, batch_size=16, epochs=1, num_images=32)
     req, kinds = demo.demo_request(args)
@@ -55,14 +55,14 @@ def test_demo_says_when_storage_cannot_be_throttled(tmp_path: Path, monkeypatch,
         f"storage is NOT throttled and memory is NOT limited (memory limit: {reason}"
         in capsys.readouterr().out
     )
-    assert req.storage_bytes_per_s is None and req.memory is None and kinds == ("torch", "cached")
+    assert req.storage_bandwidth is None and req.memory_limit is None and kinds == ("torch", "cached")
 
 
 def test_demo_throttles_where_it_can(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(demo, "probe_storage_conditions", lambda path: dict.fromkeys(demo._NEEDED))
     args = argparse.Namespace(data_dir=tmp_path, workers=2, batch_size=16, epochs=1, num_images=32)
     req, _ = demo.demo_request(args)
-    assert (req.storage_bytes_per_s, req.memory, req.data) == (demo.DEMO_BPS, "auto", "images:32")
+    assert (req.storage_bandwidth, req.memory_limit, req.data) == (demo.DEMO_BPS, "auto", "images:32")
 
 
 def test_plain_table_aligns_labels_left_and_values_right() -> None:

@@ -46,10 +46,10 @@ def test_available_cores_is_the_affinity_mask():
 
 @pytest.mark.slow
 def test_storage_bandwidth_sees_the_kernel_throttle_and_leaves_the_sample_cold(data_files):
-    problem = probe_storage_conditions(data_files)["read_throttle"]
+    problem = probe_storage_conditions(data_files)["storage_bandwidth"]
     if problem is not None:
         pytest.skip(f"no read throttle here: {problem}")
-    limits = StorageLimits(read_bps=THROTTLE, device_path=data_files)
+    limits = StorageLimits(storage_bandwidth=THROTTLE, device_path=data_files)
     throttled = measure_storage_bandwidth(data_files, sample_bytes=64 << 20, limits=limits)
     free = measure_storage_bandwidth(data_files, sample_bytes=64 << 20)
     assert throttled == pytest.approx(THROTTLE, rel=0.25)
@@ -79,10 +79,10 @@ def test_the_reader_counts_the_kernel_bytes_beside_the_file_bytes(small_files):
 @pytest.mark.slow
 def test_storage_bandwidth_of_small_files_is_in_device_bytes(small_files):
     """A throttle limits device bytes: a 6 KB file reads 8 KB, its own bytes flow at 0.73 x the throttle."""
-    problem = probe_storage_conditions(small_files)["read_throttle"]
+    problem = probe_storage_conditions(small_files)["storage_bandwidth"]
     if problem is not None:
         pytest.fail(f"this test needs a kernel read throttle: {problem}")
-    limits = StorageLimits(read_bps=8_000_000, device_path=small_files)
+    limits = StorageLimits(storage_bandwidth=8_000_000, device_path=small_files)
     bandwidth = measure_storage_bandwidth(small_files, sample_bytes=6_000_000, limits=limits, readers=2)
     assert 0.9 * 8e6 < bandwidth < 1.25 * 8e6  # the throttle, plus the cgroup's first slice of burst
     assert data_size(small_files).device_bytes == 8_192_000

@@ -380,7 +380,7 @@ def in_a_cgroup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list
     shm = Path("/dev/shm") / f"sbtest-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     shm.mkdir(mode=0o700)
     try:
-        with StorageLimits(memory_bytes=512 * MIB) as limits:
+        with StorageLimits(memory_limit=512 * MIB) as limits:
             argv = [sys.executable, "-c", CHILD, str(shm / "cache"), str(disk_file)]
             done = limits.run(argv, capture_output=True, text=True, timeout=120, env=_child_env())
             assert done.returncode == 0, done.stderr

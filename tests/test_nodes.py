@@ -16,8 +16,8 @@ D = RECORDS * RECORD_BYTES
 def workload(cache_bytes: int | None, *, dataset_bytes: int = D, record_bytes: int = D) -> Workload:
     return Workload(
         data="/data", dataset_bytes=dataset_bytes, record_bytes=record_bytes, samples=RECORDS, batch_size=32,
-        workers=2, compute="emulated:10", epochs=4, cache_bytes=cache_bytes, storage_bytes_per_s=None,
-        memory_bytes=None,
+        workers=2, compute="emulated:10", epochs=4, cache_bytes=cache_bytes, storage_bandwidth=None,
+        memory_limit=None,
     )  # fmt: skip
 
 

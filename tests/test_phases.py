@@ -42,7 +42,7 @@ def test_slow_prep_shows_as_prep_stall(tmp_path):
 def test_throttled_storage_shows_as_fetch_stall(tmp_path):
     """One epoch, so that it is the cold one: every record comes from storage whatever the page cache keeps
     of the records the cache does not admit (with no memory limit, all of them)."""
-    reason = probe_storage_conditions(tmp_path)["read_throttle"]
+    reason = probe_storage_conditions(tmp_path)["storage_bandwidth"]
     if reason is not None:
         pytest.fail(f"this test needs a kernel read throttle: {reason}")
     r = run(
@@ -50,7 +50,7 @@ def test_throttled_storage_shows_as_fetch_stall(tmp_path):
         workers=1,
         compute="emulated:1",
         cache=CacheSpec(0.5),
-        storage_bytes_per_s=2_000_000,
+        storage_bandwidth=2_000_000,
         epochs=1,
     )
     b = r.breakdown

@@ -187,7 +187,7 @@ def test_wide_compare_wraps_to_100_columns(pair):
 
 
 def test_table_without_a_cache_budget_marks_nothing():
-    workload = dataclasses.replace(WORKLOAD, cache_bytes=None, storage_bytes_per_s=None, memory_bytes=None)
+    workload = dataclasses.replace(WORKLOAD, cache_bytes=None, storage_bandwidth=None, memory_limit=None)
     text = format_report([make_report("torch", 15.25, 8.0, GB, workload=workload)])
     words = " ".join(text.split())
     assert "the memory available" in words and "not throttled" in words and "not limited" in words

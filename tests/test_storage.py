@@ -120,19 +120,19 @@ def test_page_cache_helpers_name_a_missing_path(tmp_path: Path) -> None:
 
 def test_probe_explains_memory_only_filesystems() -> None:
     probe = probe_storage_conditions("/dev/shm")
-    assert set(probe) == {"page_cache_eviction", "memory_limit", "read_throttle"}
+    assert set(probe) == {"page_cache_eviction", "memory_limit", "storage_bandwidth"}
     if not Path("/dev/shm").is_dir() or probe["page_cache_eviction"] is None:
         pytest.skip("/dev/shm is not a memory filesystem here")
     assert "tmpfs" in probe["page_cache_eviction"]
-    assert "no block device" in probe["read_throttle"]
+    assert "no block device" in probe["storage_bandwidth"]
 
 
 def test_throttle_on_a_memory_filesystem_is_refused_cleanly() -> None:
-    if "tmpfs" not in (probe_storage_conditions("/dev/shm")["read_throttle"] or ""):
+    if "tmpfs" not in (probe_storage_conditions("/dev/shm")["storage_bandwidth"] or ""):
         pytest.skip("/dev/shm is not tmpfs here")
     with (
         pytest.raises(StorageConditionUnavailable, match="/dev/shm is on tmpfs"),
-        StorageLimits(read_bps=MB, device_path="/dev/shm"),
+        StorageLimits(storage_bandwidth=MB, device_path="/dev/shm"),
     ):
         pass
 
@@ -179,10 +179,10 @@ def test_resident_bytes_refuses_what_the_kernel_would_misreport(shm_dir: Path) -
 
 
 def test_limits_validate_arguments() -> None:
-    with pytest.raises(ValueError, match="memory_bytes"):
-        StorageLimits(memory_bytes=0)
-    with pytest.raises(ValueError, match="read_bps"):
-        StorageLimits(read_bps=-1)
+    with pytest.raises(ValueError, match="memory_limit"):
+        StorageLimits(memory_limit=0)
+    with pytest.raises(ValueError, match="storage_bandwidth"):
+        StorageLimits(storage_bandwidth=-1)
     with pytest.raises(RuntimeError, match="not active"):
         StorageLimits().popen(["true"])
 
@@ -191,9 +191,9 @@ def test_counters_say_why_they_are_missing(conditions: dict[str, str | None]) ->
     with pytest.raises(StorageConditionUnavailable, match="never entered"):
         StorageLimits().read_bytes()
     need(conditions, "memory_limit")
-    if "tmpfs" not in (probe_storage_conditions("/dev/shm")["read_throttle"] or ""):
+    if "tmpfs" not in (probe_storage_conditions("/dev/shm")["storage_bandwidth"] or ""):
         pytest.skip("/dev/shm is not tmpfs here")
-    with StorageLimits(memory_bytes=64 * MB, device_path="/dev/shm") as limits:
+    with StorageLimits(memory_limit=64 * MB, device_path="/dev/shm") as limits:
         assert limits.memory_failcnt() == 0
         with pytest.raises(
             StorageConditionUnavailable, match="read_bytes is not counted: /dev/shm is on tmpfs"
@@ -222,7 +222,7 @@ def test_the_kernel_reads_small_files_in_whole_pages(
     tmp_path: Path, conditions: dict[str, str | None]
 ) -> None:
     """What ``device_bytes`` assumes, checked against the kernel's own count: 6 KB files cost two pages."""
-    need(conditions, "read_throttle", "page_cache_eviction")
+    need(conditions, "storage_bandwidth", "page_cache_eviction")
     for i in range(200):
         _cold_file(tmp_path / f"r{i:03d}.bin", 6_000)
     with StorageLimits(device_path=tmp_path) as limits:
@@ -234,9 +234,9 @@ def test_the_kernel_reads_small_files_in_whole_pages(
 
 @pytest.mark.slow
 def test_read_throttle_and_kernel_byte_count(tmp_path: Path, conditions: dict[str, str | None]) -> None:
-    need(conditions, "read_throttle", "page_cache_eviction")
+    need(conditions, "storage_bandwidth", "page_cache_eviction")
     path = _cold_file(tmp_path / "cold.bin", 64 * MB)
-    with StorageLimits(read_bps=32 * MB, device_path=tmp_path) as limits:
+    with StorageLimits(storage_bandwidth=32 * MB, device_path=tmp_path) as limits:
         start = time.perf_counter()
         limits.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)
         elapsed = time.perf_counter() - start
@@ -248,7 +248,7 @@ def test_read_throttle_and_kernel_byte_count(tmp_path: Path, conditions: dict[st
 @pytest.mark.slow
 def test_memory_limit_stops_an_allocation(conditions: dict[str, str | None]) -> None:
     need(conditions, "memory_limit")
-    with StorageLimits(memory_bytes=64 * MB) as limits:
+    with StorageLimits(memory_limit=64 * MB) as limits:
         done = limits.run(
             [sys.executable, "-c", "b = b'x' * (256 << 20); print(len(b))"], capture_output=True
         )
@@ -259,9 +259,9 @@ def test_memory_limit_stops_an_allocation(conditions: dict[str, str | None]) -> 
 
 @pytest.mark.multiproc
 def test_cleanup_kills_everything_left_in_the_cgroup(conditions: dict[str, str | None]) -> None:
-    need(conditions, "memory_limit", "read_throttle")
+    need(conditions, "memory_limit", "storage_bandwidth")
     script = "trap '' TERM; sleep 300 & echo $!; exec sleep 300"  # an orphan-to-be and a stubborn child
-    with StorageLimits(memory_bytes=256 * MB, read_bps=100 * MB) as limits:
+    with StorageLimits(memory_limit=256 * MB, storage_bandwidth=100 * MB) as limits:
         child = limits.popen(["sh", "-c", script], stdout=subprocess.PIPE, text=True)
         grandchild = int(child.stdout.readline())
         child.stdout.close()
@@ -275,7 +275,7 @@ def test_cleanup_kills_everything_left_in_the_cgroup(conditions: dict[str, str |
 @pytest.mark.parametrize("error", [ValueError, KeyboardInterrupt])
 def test_cleanup_on_an_exception(conditions: dict[str, str | None], error: type[BaseException]) -> None:
     need(conditions, "memory_limit")
-    with pytest.raises(error), StorageLimits(memory_bytes=256 * MB) as limits:
+    with pytest.raises(error), StorageLimits(memory_limit=256 * MB) as limits:
         child = limits.popen(["sleep", "300"])
         dirs = limits.paths
         raise error("interrupted")

@@ -40,8 +40,8 @@ def measured(
         compute="emulated:20",
         epochs=3,
         cache_bytes=cache,
-        storage_bytes_per_s=None,
-        memory_bytes=None,
+        storage_bandwidth=None,
+        memory_limit=None,
     )
     breakdown = Breakdown(
         epoch_seconds=t2,

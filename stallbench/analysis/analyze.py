@@ -52,13 +52,13 @@ def prepare(
         compute=req.compute,
         epochs=req.epochs,
         cache_bytes=cache,
-        storage_bytes_per_s=req.storage_bytes_per_s,
-        memory_bytes=req.memory if isinstance(req.memory, int) else None,
+        storage_bandwidth=req.storage_bandwidth,
+        memory_limit=req.memory_limit if isinstance(req.memory_limit, int) else None,
         prefetch_factor=_PREFETCH if req.workers > 0 else None,
     )
     plan = RunPlan(workload=workload, transform=req.transform, seed=req.seed, **_packing(req, data))
-    if req.memory == "auto":
-        plan = replace(plan, workload=replace(workload, memory_bytes=_auto_memory(plan, kinds)))
+    if req.memory_limit == "auto":
+        plan = replace(plan, workload=replace(workload, memory_limit=_auto_memory(plan, kinds)))
     return plan
 
 
@@ -137,10 +137,10 @@ def _hidden(path: Path, root: Path) -> bool:
 
 def _check_conditions(req: AnalysisRequest, data: Path, cold: bool) -> None:
     problems = probe_storage_conditions(data)
-    wanted = {"read_throttle": req.storage_bytes_per_s, "memory_limit": req.memory}
+    wanted = {"storage_bandwidth": req.storage_bandwidth, "memory_limit": req.memory_limit}
     for key, asked in wanted.items():
         if asked is not None and problems[key] is not None:
-            option = "--storage-bandwidth" if key == "read_throttle" else "--memory-limit"
+            option = "--" + key.replace("_", "-")
             raise StorageConditionUnavailable(f"{option} cannot be enforced here: {problems[key]}")
     if cold and problems["page_cache_eviction"] is not None:
         raise StorageConditionUnavailable(

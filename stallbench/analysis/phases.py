@@ -99,16 +99,13 @@ def _record(phase: str, condition: str, records: list[dict], other_load_cores: f
 
 
 def storage_limits(w: Workload) -> StorageLimits | None:
-    if w.storage_bytes_per_s is None and w.memory_bytes is None:
-        return None
-    bps = int(w.storage_bytes_per_s) if w.storage_bytes_per_s else None
-    return StorageLimits(memory_bytes=w.memory_bytes, read_bps=bps, device_path=w.data)
+    return StorageLimits.asked(w.storage_bandwidth, w.memory_limit, w.data)
 
 
 def _condition(w: Workload) -> str:
     parts = ["page cache evicted"]
-    if w.storage_bytes_per_s:
-        parts.append(f"storage reads throttled to {w.storage_bytes_per_s / 1e6:.0f} MB/s by the kernel")
-    if w.memory_bytes:
-        parts.append(f"memory limited to {w.memory_bytes / 1e6:.0f} MB by the kernel")
+    if w.storage_bandwidth:
+        parts.append(f"storage reads throttled to {w.storage_bandwidth / 1e6:.0f} MB/s by the kernel")
+    if w.memory_limit:
+        parts.append(f"memory limited to {w.memory_limit / 1e6:.0f} MB by the kernel")
     return ", ".join(parts)

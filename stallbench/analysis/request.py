@@ -45,8 +45,8 @@ class AnalysisRequest:
     batch_size: int = 64
     compute: str = "emulated:0"
     cache: int | CacheSpec = HALF
-    storage_bytes_per_s: int | None = None
-    memory: int | str | None = None  # bytes, "auto" (cache budget + measured job memory) or None
+    storage_bandwidth: int | None = None
+    memory_limit: int | str | None = None  # bytes, "auto" (cache budget + measured job memory) or None
     epochs: int = 3
     transform: str = "train"
     seed: int = 0

@@ -44,8 +44,8 @@ class Workload:
     compute: str  # compute model, e.g. "emulated:20"
     epochs: int
     cache_bytes: int | None  # the cached loader's capacity; also the memory budget given to every loader
-    storage_bytes_per_s: float | None  # kernel read throttle, None when not throttled
-    memory_bytes: int | None  # kernel memory limit of each job, None when not limited
+    storage_bandwidth: int | None  # --storage-bandwidth: the kernel's read throttle, bytes/s; None: none
+    memory_limit: int | None  # --memory-limit: the kernel's memory limit of each job; None: none
     command: str | None = None  # the user's own command (``analyze -- CMD``); None for a generated job
     prefetch_factor: int | None = None  # batches each worker keeps ready; None without workers
 

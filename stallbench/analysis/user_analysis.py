@@ -50,8 +50,8 @@ class UserJob:
     dataset_bytes: int  # device bytes of ``data``
     record_bytes: int
     cache_bytes: int | None  # our loader's cache in the cold run (compare, or a script that uses ours)
-    storage_bytes_per_s: int | None = None
-    memory_bytes: int | None = None
+    storage_bandwidth: int | None = None
+    memory_limit: int | None = None
     steps: int | None = None
     epochs: int = 3
     time_limit: float | None = None
@@ -111,11 +111,7 @@ def _with_cache(
 
 
 def _limits(job: UserJob) -> StorageLimits | None:
-    if job.storage_bytes_per_s is None and job.memory_bytes is None:
-        return None
-    return StorageLimits(
-        memory_bytes=job.memory_bytes, read_bps=job.storage_bytes_per_s, device_path=job.data[0]
-    )
+    return StorageLimits.asked(job.storage_bandwidth, job.memory_limit, job.data[0])
 
 
 def analyze_command(

@@ -117,7 +117,7 @@ def _workload(job: UserJob, cold_rows: Sequence[LoaderEpoch]) -> tuple[Workload,
         record_bytes=scale(job.record_bytes), samples=samples, batch_size=last.batch_size or 1,
         workers=last.workers, compute="the command's own step", epochs=len(cold_rows),
         cache_bytes=scale(job.cache_bytes) if job.cache_bytes is not None else None,
-        storage_bytes_per_s=job.storage_bytes_per_s, memory_bytes=job.memory_bytes,
+        storage_bandwidth=job.storage_bandwidth, memory_limit=job.memory_limit,
         command=" ".join(job.argv), prefetch_factor=last.prefetch_factor if last.workers else None,
     )  # fmt: skip
     return workload, share

@@ -51,7 +51,7 @@ def _job(args: argparse.Namespace, command: list[str]) -> UserJob:
     cache = round(args.cache * size.device_bytes) if isinstance(args.cache, CacheSpec) else args.cache
     return UserJob(
         argv=tuple(command), data=(data,), dataset_bytes=size.device_bytes, record_bytes=size.record_bytes,
-        cache_bytes=cache, storage_bytes_per_s=args.storage_bandwidth, memory_bytes=args.memory_limit,
+        cache_bytes=cache, storage_bandwidth=args.storage_bandwidth, memory_limit=args.memory_limit,
         steps=args.steps, epochs=args.epochs, time_limit=args.time_limit,
     )  # fmt: skip
 

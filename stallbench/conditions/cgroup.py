@@ -119,23 +119,34 @@ def _pids(path: Path) -> list[int]:
 class StorageLimits:
     """A fresh cgroup (memory and blkio, v1) for child processes; removed with all its processes on exit.
 
-    ``memory_bytes`` caps memory including the page cache; ``read_bps`` throttles reads from the disk that
-    holds ``device_path``. Either may be None (no limit; the cgroup still counts). The cgroup does not evict
-    what is already cached: call ``evict_page_cache`` first for a cold run.
+    ``memory_limit`` caps memory including the page cache; ``storage_bandwidth`` throttles reads (bytes per
+    second) from the disk that holds ``device_path``: the names of ``--memory-limit`` and
+    ``--storage-bandwidth``, which come here unchanged. Either may be None (no limit; the cgroup still
+    counts). The cgroup does not evict what is already cached: call ``evict_page_cache`` first for a cold run.
     """
+
+    @classmethod
+    def asked(
+        cls, storage_bandwidth: int | None, memory_limit: int | None, device_path: str | os.PathLike
+    ) -> StorageLimits | None:
+        """The limits a run was asked for; None where it was asked for neither."""
+        if storage_bandwidth is None and memory_limit is None:
+            return None
+        return cls(memory_limit=memory_limit, storage_bandwidth=storage_bandwidth, device_path=device_path)
 
     def __init__(
         self,
         *,
-        memory_bytes: int | None = None,
-        read_bps: int | None = None,
+        memory_limit: int | None = None,
+        storage_bandwidth: int | None = None,
         device_path: str | os.PathLike = ".",
         kill_timeout: float = 5.0,
     ) -> None:
-        for name, value in (("memory_bytes", memory_bytes), ("read_bps", read_bps)):
+        for name, value in (("memory_limit", memory_limit), ("storage_bandwidth", storage_bandwidth)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ValueError(f"{name} must be a positive int or None, got {value!r}")
-        self.memory_bytes, self.read_bps, self.kill_timeout = memory_bytes, read_bps, kill_timeout
+        self.memory_limit, self.storage_bandwidth = memory_limit, storage_bandwidth
+        self.kill_timeout = kill_timeout
         self.device_path = Path(device_path)
         self.device: str | None = None
         self._dirs: dict[str, Path] = {}
@@ -159,11 +170,11 @@ class StorageLimits:
         try:
             self.device = block_device(self.device_path)
         except StorageConditionUnavailable as e:
-            if self.read_bps is not None:
+            if self.storage_bandwidth is not None:
                 raise
             self._missing["blkio"] = str(e)
         name = f"stallbench-{os.getpid()}-{next(_counter)}"
-        for controller, limit in (("memory", self.memory_bytes), ("blkio", self.read_bps)):
+        for controller, limit in (("memory", self.memory_limit), ("blkio", self.storage_bandwidth)):
             try:
                 self._dirs[controller] = _make_cgroup(controller, name)
             except StorageConditionUnavailable as e:
@@ -172,10 +183,10 @@ class StorageLimits:
                 self._missing.setdefault(controller, str(e))
         if not self._dirs:
             raise StorageConditionUnavailable("; ".join(self._missing.values()))
-        if self.memory_bytes is not None:
-            _write(self._dirs["memory"] / _SETTINGS["memory"], str(self.memory_bytes))
-        if self.read_bps is not None:
-            _write(self._dirs["blkio"] / _SETTINGS["blkio"], f"{self.device} {self.read_bps}")
+        if self.memory_limit is not None:
+            _write(self._dirs["memory"] / _SETTINGS["memory"], str(self.memory_limit))
+        if self.storage_bandwidth is not None:
+            _write(self._dirs["blkio"] / _SETTINGS["blkio"], f"{self.device} {self.storage_bandwidth}")
 
     @property
     def paths(self) -> list[Path]:

@@ -149,14 +149,14 @@ def _throttle_problem(path: PathArg) -> str | None:
 def probe_storage_conditions(path: PathArg = ".") -> dict[str, str | None]:
     """Which conditions can be set up here for data under ``path``: None if possible, else the reason.
 
-    Keys: ``page_cache_eviction``, ``memory_limit``, ``read_throttle``. The cgroup ones are tried for real
+    Keys: ``page_cache_eviction``, ``memory_limit``, ``storage_bandwidth``. The cgroup ones are tried for real
     on a scratch cgroup that is removed again.
     """
     try:
         return {
             "page_cache_eviction": _eviction_problem(path),
             "memory_limit": try_cgroup("memory", str(1 << 30)),
-            "read_throttle": _throttle_problem(path),
+            "storage_bandwidth": _throttle_problem(path),
         }
     except StorageConditionUnavailable as e:  # no mount table at all
-        return dict.fromkeys(("page_cache_eviction", "memory_limit", "read_throttle"), str(e))
+        return dict.fromkeys(("page_cache_eviction", "memory_limit", "storage_bandwidth"), str(e))

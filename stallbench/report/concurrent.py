@@ -1,5 +1,5 @@
 """What ``compare --jobs N`` prints and writes: a table per loader and per job, and its JSON
-(``stallbench.concurrent/1``, documented in ``docs/stallbench-json.md`` and held by
+(``stallbench.concurrent/2``, documented in ``docs/stallbench-json.md`` and held by
 :func:`validate_concurrent_json`). The first loader is the baseline of the ratios."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ __all__ = [
     "write_concurrent_json",
 ]
 
-CONCURRENT_SCHEMA = "stallbench.concurrent/1"
+CONCURRENT_SCHEMA = "stallbench.concurrent/2"
 _WIDTH = 100  # columns of the terminal text
 _NUM = kind("number|null")
 _COORDINATION = obj(
