@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from stallbench.analysis.request import AnalysisRequest, CacheSpec
+from stallbench.analysis.request import AnalysisRequest, CacheSpec, NamedWorkload
 from stallbench.analysis.results import LoaderReport
 from stallbench.conditions.storage import probe_storage_conditions
 from stallbench.jobs.kinds import KINDS, NAMES
@@ -33,7 +33,7 @@ def demo_request(args: argparse.Namespace) -> tuple[AnalysisRequest, tuple[str, 
     problems = probe_storage_conditions(args.data_dir)
     limited = all(problems[k] is None for k in _NEEDED)
     req = AnalysisRequest(
-        data="images" if args.num_images is None else f"images:{args.num_images}",
+        data=NamedWorkload("images", args.num_images),
         data_dir=args.data_dir, workers=args.workers, batch_size=args.batch_size, compute="emulated:10",
         cache=CacheSpec(0.5), storage_bandwidth=DEMO_BPS if limited else None,
         memory_limit="auto" if limited else None, epochs=args.epochs,

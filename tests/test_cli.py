@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from stallbench.analysis.request import NamedWorkload, parse_data
 from stallbench.report import validate_report_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,6 +67,20 @@ def test_bad_input_exits_2_naming_the_culprit(tmp_path, args, culprit):
     done = stallbench(*args, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert culprit in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("images", NamedWorkload("images", None)),
+        ("tokens:2000", NamedWorkload("tokens", 2000)),
+        ("/data/train", Path("/data/train")),
+        ("images-backup", Path("images-backup")),
+    ],
+)
+def test_data_is_parsed_once_into_a_path_or_a_named_workload(text, parsed):
+    assert parse_data(text) == parsed
+    assert str(parsed) == text
 
 
 @pytest.mark.parametrize("command", [["demo"], ["analyze", "--data", "images:8"]])

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from stallbench import demo
+from stallbench.analysis.request import NamedWorkload
 from stallbench.report import validate_report_json
 from stallbench.report._grid import plain_table
 
@@ -62,7 +63,11 @@ def test_demo_throttles_where_it_can(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(demo, "probe_storage_conditions", lambda path: dict.fromkeys(demo._NEEDED))
     args = argparse.Namespace(data_dir=tmp_path, workers=2, batch_size=16, epochs=1, num_images=32)
     req, _ = demo.demo_request(args)
-    assert (req.storage_bandwidth, req.memory_limit, req.data) == (demo.DEMO_BPS, "auto", "images:32")
+    assert (req.storage_bandwidth, req.memory_limit, req.data) == (
+        demo.DEMO_BPS,
+        "auto",
+        NamedWorkload("images", 32),
+    )
 
 
 def test_plain_table_aligns_labels_left_and_values_right() -> None:

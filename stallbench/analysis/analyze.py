@@ -13,11 +13,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from stallbench.analysis.loader_report import Measurement, loader_report
 from stallbench.analysis.measure import measure_bandwidths
 from stallbench.analysis.memory import measure_overhead, memory_limit, probe_cache_bytes
 from stallbench.analysis.phases import RunPlan, run_phases, storage_limits
-from stallbench.analysis.request import AnalysisRequest, CacheSpec, named_workload
+from stallbench.analysis.request import AnalysisRequest, CacheSpec, NamedWorkload
 from stallbench.analysis.results import LoaderReport, RunRecord, Workload, steady
 from stallbench.analysis.work import useful_work
 from stallbench.conditions.cgroup import StorageConditionUnavailable
@@ -39,7 +41,7 @@ def prepare(
     ``progress(done, total)`` is told how the generation of a named workload goes. ``cold=False``: no run
     will evict the page cache (``compare --jobs`` runs warm), so data on a memory filesystem will do."""
     data = _materialise(req, progress)
-    size, samples = _dataset_size(data)
+    size, samples, lengths = _opened(data)
     cache = round(req.cache * size.device_bytes) if isinstance(req.cache, CacheSpec) else req.cache
     _check_conditions(req, data, cold)
     workload = Workload(
@@ -56,7 +58,7 @@ def prepare(
         memory_limit=req.memory_limit if isinstance(req.memory_limit, int) else None,
         prefetch_factor=_PREFETCH if req.workers > 0 else None,
     )
-    plan = RunPlan(workload=workload, transform=req.transform, seed=req.seed, **_packing(req, data))
+    plan = RunPlan(workload=workload, transform=req.transform, seed=req.seed, **_packing(req, data, lengths))
     if req.memory_limit == "auto":
         plan = replace(plan, workload=replace(workload, memory_limit=_auto_memory(plan, kinds)))
     return plan
@@ -87,14 +89,11 @@ def _report(
     return loader_report(Measurement(kind, kind, w, runs, *bandwidths, extra={"useful": useful}))
 
 
-def _packing(req: AnalysisRequest, data: Path) -> dict[str, Any]:
+def _packing(req: AnalysisRequest, data: Path, lengths: np.ndarray | None) -> dict[str, Any]:
     """The plan's packing and pack length: ValueError where the data holds no token sequences to pack, or
     one longer than ``max_len``; the longest sequence when no ``max_len`` is given."""
     if req.packing is None:
         return {}
-    from stallbench.jobs.data import token_lengths
-
-    lengths = token_lengths(data)
     if lengths is None:
         raise ValueError(
             f"--packing needs token sequences (tokens[:N] or an Arrow file of them); {data} has none"
@@ -109,10 +108,9 @@ def _packing(req: AnalysisRequest, data: Path) -> dict[str, Any]:
 def _materialise(req: AnalysisRequest, progress: Progress | None) -> Path:
     from stallbench import workloads
 
-    named = named_workload(req.data)
-    if named is None:
+    if not isinstance(req.data, NamedWorkload):
         return Path(req.data)
-    kind, count = named
+    kind, count = req.data.kind, req.data.count
     if kind == "images":
         count = workloads.DEFAULT_IMAGE_COUNT if count is None else count
         return workloads.default_image_workload(req.data_dir, num_images=count, progress=progress)
@@ -121,14 +119,18 @@ def _materialise(req: AnalysisRequest, progress: Progress | None) -> Path:
     return workloads.make_token_arrow(path, num_sequences=count, min_len=16, max_len=2048)
 
 
-def _dataset_size(data: Path) -> tuple[DataSize, int]:
-    """The size of the data's files (device and record bytes) and its number of samples.
+def _opened(data: Path) -> tuple[DataSize, int, np.ndarray | None]:
+    """The data opened once: the size of its files (device and record bytes), its number of samples and,
+    for token sequences, each one's length.
 
     Hidden files are left out: no source reads them (a generated workload keeps its manifest in one)."""
     from stallbench.jobs.data import make_dataset
 
     files = [data] if data.is_file() else [p for p in data.rglob("*") if p.is_file() and not _hidden(p, data)]
-    return data_size(files), len(make_dataset(data, None))
+    dataset = make_dataset(data, None)
+    source = dataset.source
+    lengths = source.token_lengths() if getattr(source, "kind", None) == "tokens" else None
+    return data_size(files), len(dataset), lengths
 
 
 def _hidden(path: Path, root: Path) -> bool:

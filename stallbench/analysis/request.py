@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["HALF", "AnalysisRequest", "CacheSpec", "named_workload"]
+__all__ = ["HALF", "AnalysisRequest", "CacheSpec", "NamedWorkload", "parse_data"]
 
 _NAMED = re.compile(r"^(images|tokens)(?::(.*))?$")
 
@@ -16,20 +16,31 @@ class CacheSpec(float):
     """A cache size given as a fraction of the dataset (``"50%"``); resolved once the dataset is known."""
 
 
-def named_workload(text: str) -> tuple[str, int | None] | None:
-    """``("images", 48)`` for ``"images:48"``, ``("images", None)`` for ``"images"``; None for a path.
+@dataclass(frozen=True)
+class NamedWorkload:
+    """A generated workload asked for by name: ``images``, ``images:48``, ``tokens:2000``."""
+
+    kind: str  # "images" or "tokens"
+    count: int | None  # None: the default count
+
+    def __str__(self) -> str:
+        return self.kind if self.count is None else f"{self.kind}:{self.count}"
+
+
+def parse_data(text: str) -> Path | NamedWorkload:
+    """``--data``, parsed once: a :class:`NamedWorkload` for ``"images:48"``, ``"tokens"``...; else the path.
 
     A count that is not a positive integer (``"images:0"``, ``"tokens:-5"``, ``"images:many"``) raises
     ``ValueError`` naming it."""
     match = _NAMED.match(text)
     if match is None:
-        return None
+        return Path(text)
     kind, count = match[1], match[2]
     if count is None:
-        return kind, None
+        return NamedWorkload(kind, None)
     if not (count.isascii() and count.isdigit() and int(count) > 0):
         raise ValueError(f"the count in {text!r} must be a positive integer ({kind}:<count>), got {count!r}")
-    return kind, int(count)
+    return NamedWorkload(kind, int(count))
 
 
 HALF = CacheSpec(0.5)
@@ -39,7 +50,7 @@ HALF = CacheSpec(0.5)
 class AnalysisRequest:
     """What the command line asked for, before the dataset is known."""
 
-    data: str
+    data: Path | NamedWorkload
     data_dir: Path = Path("stallbench-data")
     workers: int = 2
     batch_size: int = 64

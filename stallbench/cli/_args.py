@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from stallbench.analysis.request import CacheSpec, named_workload
+from stallbench.analysis.request import CacheSpec, NamedWorkload, parse_data
 from stallbench.conditions.sizes import parse_size
 
 __all__ = [
@@ -86,13 +86,14 @@ def memory_spec(text: str) -> int | str:
     return value
 
 
-def data_spec(text: str) -> str:
+def data_spec(text: str) -> Path | NamedWorkload:
     """An existing path (image folder, LMDB folder, Arrow/Parquet file) or a named generated workload."""
     try:
-        if named_workload(text) is not None or Path(text).exists():
-            return text
+        data = parse_data(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if isinstance(data, NamedWorkload) or data.exists():
+        return data
     raise argparse.ArgumentTypeError(
         f"no such data: {text!r} (give an image folder, an LMDB folder, an Arrow/Parquet file, "
         "or a generated workload: images, images:<count>, tokens, tokens:<count>)"

@@ -10,7 +10,6 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import IO
 
 from stallbench.analysis.results import LoaderReport
@@ -35,15 +34,15 @@ def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def _job(args: argparse.Namespace, command: list[str]) -> UserJob:
     """The job from the options; ValueError (a usage error) for what a user command cannot take."""
-    from stallbench.analysis.request import CacheSpec, named_workload
+    from stallbench.analysis.request import CacheSpec, NamedWorkload
 
-    if not Path(args.data).exists() and named_workload(args.data) is not None:
+    if isinstance(args.data, NamedWorkload):
         raise ValueError(
             f"--data must name the files your command reads, not a generated workload ({args.data})"
         )
     if args.memory_limit == "auto":
         raise ValueError("--memory-limit auto needs a generated workload; give a size, e.g. 4G")
-    data = Path(args.data).resolve()
+    data = args.data.resolve()
     files = [data] if data.is_file() else [p for p in data.rglob("*") if p.is_file()]
     if not files:
         raise ValueError(f"--data {data} holds no file")
