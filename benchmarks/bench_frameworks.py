@@ -2,10 +2,11 @@
 CPU burner on every core.
 
 Each of ``examples/frameworks/{lightning_train,hf_trainer_train,accelerate_train}.py`` times its own epochs
-through its framework's hooks (``--witness``). The how-to's command for it (``docs/how-to/analyze-your-job.md``)
-is run as written, quiet, then again with one process spinning on each core: stallbench's compute share and
-stall share of the steady epoch must each be within 10 points of the witness's in the same run, or, with the
-burner, the report must say that the machine was busy and it cannot separate the figures from that load.
+through its framework's hooks (``--witness``). The how-to's command for it
+(``docs/how-to/analyze-your-job.md``) is run as written, quiet, then again with one process spinning on each
+core: stallbench's compute share and stall share of the steady epoch must each be within 10 points of the
+witness's in the same run, or, with the burner, the report must say that the machine was busy and it cannot
+separate the figures from that load.
 
     python -m pytest benchmarks/bench_frameworks.py -p no:cacheprovider --benchmark-enable -s
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_frameworks import REPO, AGREE, analyzed, blocks, run, shares, witness_shares
+from tests.test_frameworks import AGREE, REPO, analyzed, blocks, run, shares, witness_shares
 
 SECTIONS = ("PyTorch Lightning", "Hugging Face Trainer", "accelerate")
 BURN = "import time\nend = time.time() + 900\nwhile time.time() < end: pass\n"
