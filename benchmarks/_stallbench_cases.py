@@ -14,7 +14,8 @@ from stallbench.analysis.phases import RunPlan
 from stallbench.analysis.request import AnalysisRequest, CacheSpec
 from stallbench.analysis.results import LoaderReport, Prediction
 from stallbench.conditions.storage import probe_storage_conditions
-from stallbench.demo import demo_request, format_table
+from stallbench.demo import demo_request
+from stallbench.report import plain_table
 
 __all__ = [
     "Config",
@@ -76,7 +77,7 @@ def compare_table(torch: LoaderReport, cached: LoaderReport) -> str:
     """Steady cold epoch, figure by figure: torch, ours and ours / torch."""
     t, c = figures(torch), figures(cached)
     rows = [[k, t[k], c[k], f"{c[k] / t[k]:.2f}" if t[k] else "-"] for k in _FIGURES]
-    return format_table(["figure", "torch", "cached", "cached/torch"], rows)
+    return plain_table(["figure", "torch", "cached", "cached/torch"], rows)
 
 
 def predict(base: LoaderReport, config: Config) -> Prediction:
@@ -110,4 +111,4 @@ def prediction_table(rows: list[tuple[Config, Prediction, LoaderReport]]) -> str
         memory = (r.workload.memory_limit or 0) / MB
         cells.append([str(config), p.bound, p.epoch_seconds, r.breakdown.epoch_seconds, f"{error:+.1f}"])
         cells[-1] += [r.storage_bytes / MB, memory]
-    return format_table(headers, cells)
+    return plain_table(headers, cells)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from stallbench.demo import format_table
+from stallbench.report import plain_table
 from stallbench.workloads import make_jpeg_folder
 
 SCRIPT = Path(__file__).with_name("_coordinated_job.py")
@@ -88,5 +88,5 @@ def test_coordinated_prep_three_jobs(benchmark, data: Path, mode: str) -> None:
     print(f"\n3 concurrent jobs, {mode} step: aggregate images/s, coordinated / 3 torch loaders")
     print(f"per round {each}; median {ratio:.2f} (target >= {MIN_RATIO[mode]})")
     headers = ["loader", "job", "round images/s", "epoch s", "CPU s/epoch", "prepared", "consumed"]
-    print(format_table(headers, [row for p in pairs for kind in KINDS for row in job_rows(p[kind])]))
+    print(plain_table(headers, [row for p in pairs for kind in KINDS for row in job_rows(p[kind])]))
     assert ratio >= MIN_RATIO[mode], f"coordinated/torch aggregate images per second {ratio:.2f}"

@@ -35,10 +35,10 @@ from loader.cache import index_bytes
 from stallbench.analysis.memory import measure_overhead, memory_limit, probe_cache_bytes
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.storage import data_size, evict_page_cache, probe_storage_conditions
-from stallbench.demo import format_table
 from stallbench.jobs.kinds import KINDS, NAMES
 from stallbench.jobs.run import run_workload, scratch_cache_dir
 from stallbench.jobs.spec import WorkloadJob
+from stallbench.report import plain_table
 from stallbench.workloads import make_jpeg_folder
 
 READ_BPS = 200_000_000
@@ -150,7 +150,7 @@ def _table(case: str, pair: int, runs: dict) -> str:
         ratio = f"{o['storage_bytes'] / floor:.4f}" if floor else "-"
         rows.append([t["epoch"], t["seconds"], t["storage_bytes"] / GB, o["seconds"]])
         rows[-1] += [o["storage_bytes"] / GB, ratio, o["hit_rate"], t["seconds"] / o["seconds"]]
-    return format_table(headers, rows)
+    return plain_table(headers, rows)
 
 
 def _report(case: str, pair: int, runs: dict) -> None:

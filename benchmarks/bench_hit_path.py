@@ -24,8 +24,8 @@ from loader._fetched import Fetched
 from loader.cache import MinIOCache
 from loader.cache._layout import checksum
 from loader.stats import StatsBoard
-from stallbench.demo import format_table
 from stallbench.jobs.run import scratch_cache_dir
+from stallbench.report import plain_table
 from stallbench.workloads import make_jpeg_folder
 
 SIZES = {"6KB": 6 * 1024, "112KB": 112 * 1024}
@@ -138,5 +138,5 @@ def test_hit_path_share_of_decode() -> None:
         "% of decode",
     ]
     print(f"\nper record; one train decode of a 500x375 JPEG: {decode * 1e6:.0f} us")
-    print(format_table(headers, rows))
+    print(plain_table(headers, rows))
     assert all(row[-1] <= 100 * MAX_SHARE for row in rows), "the hit path adds more than 2% of a decode"

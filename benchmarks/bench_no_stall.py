@@ -30,8 +30,8 @@ from torch.utils.data import TensorDataset
 
 import loader
 from loader.sources._fingerprint import digest
-from stallbench.demo import format_table
 from stallbench.jobs.run import scratch_cache_dir
+from stallbench.report import plain_table
 
 NUM_SAMPLES, BATCH, WORKERS, ROUNDS = 20_000, 16, 2, 9
 RECORD_BYTES = 64
@@ -129,6 +129,6 @@ def test_no_stall_ratio(pair: Pair) -> None:
     wanted = MIN_RATIO[pair.name]
     target = f"target >= {wanted}" if wanted is not None else "reported, not asserted"
     print(f"\n{pair.name}: median batches/s, ours / torch = {pair.ratio():.3f} ({target})")
-    print(format_table(["loader", "epochs", "median", "min", "max"], rows))
+    print(plain_table(["loader", "epochs", "median", "min", "max"], rows))
     if wanted is not None:
         assert pair.ratio() >= wanted, f"{pair.name}: ours/torch batches per second {pair.ratio():.3f}"

@@ -28,7 +28,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 import loader
 from loader.packing import ALGORITHMS, IGNORE_INDEX, PackedBatchSampler, PackingCollator, packing_report
-from stallbench.demo import format_table
+from stallbench.report import plain_table
 from stallbench.workloads import make_token_arrow
 from tests._causal_lm import CausalLM, token_losses
 
@@ -133,7 +133,7 @@ def test_packing_training(benchmark, training: Training) -> None:
         for k in KINDS
     ]
     print(f"\npacking: valid tokens/s, packed / padded = {ratio:.2f} (target >= {MIN_RATIO})")
-    print(format_table(["batches", "steps", "token slots", "valid tokens", "valid tokens/s"], rows))
+    print(plain_table(["batches", "steps", "token slots", "valid tokens", "valid tokens/s"], rows))
     assert training.tokens["packed"] == training.tokens["padded"] == EPOCHS * int(training.lengths.sum())
     assert ratio >= MIN_RATIO, f"packed/padded valid tokens per second {ratio:.2f}"
 
@@ -156,5 +156,5 @@ def test_packing_efficiency(bench_data_root: Path) -> None:
         fractions = [report.padded_fraction, report.packed_fraction, report.efficiency]
         rows.append([algorithm, report.packs, report.fewest_packs, *(f"{f:.4f}" for f in fractions), seconds])
     print(f"\npacking {len(lengths):,} examples, {int(np.sum(lengths)):,} tokens, at max_len {MAX_LEN}:")
-    print(format_table(["algorithm", "packs", "fewest", "padded", "packed", "efficiency", "seconds"], rows))
+    print(plain_table(["algorithm", "packs", "fewest", "padded", "packed", "efficiency", "seconds"], rows))
     assert min(reports["ffd"].efficiency, reports["spfhp"].efficiency) >= MIN_EFFICIENCY

@@ -26,8 +26,8 @@ import pytest
 from loader.cache._layout import index_bytes
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.storage import data_size, probe_storage_conditions
-from stallbench.demo import format_table
 from stallbench.jobs.run import child_env, job_tmpdir, scratch_cache_dir
+from stallbench.report import plain_table
 from stallbench.workloads import make_jpeg_folder
 
 SCRIPT = Path(__file__).with_name("_partition_job.py")
@@ -99,7 +99,7 @@ def test_partitioned_cache_two_nodes(benchmark, data: Path) -> None:
         partitioned_share=shares[True], independent_share=shares[False], speedup=ratios
     )
     print(f"\ntwo nodes, cache 50% each, storage 200 MB/s, D = {dataset_bytes / 1e6:.0f} MB")
-    print(format_table(["round", "caches", "epoch", "seconds", "storage MB", "of D"], rows))
+    print(plain_table(["round", "caches", "epoch", "seconds", "storage MB", "of D"], rows))
     independent = f"{min(shares[False]):.1%}-{max(shares[False]):.1%}"
     print(f"storage per epoch after the first: partitioned at most {worst:.2%} of D "
           f"(target <= {MAX_STORAGE_SHARE:.0%}), independent {independent}")  # fmt: skip

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from stallbench.demo import format_table
 from stallbench.jobs.run import scratch_cache_dir
+from stallbench.report import plain_table
 from stallbench.workloads import make_jpeg_folder
 
 SCRIPT = Path(__file__).with_name("_prep_job.py")
@@ -78,5 +78,5 @@ def test_prep_bound_ratio(runs: Runs) -> None:
     rows = [[k, len(runs.epochs[k]), runs.median(k), runs.median(k, "cpu_us_per_image")] for k in KINDS]
     ratio = runs.median("ours") / runs.median("torch")
     print(f"\nprep-bound: median images/s, ours / torch = {ratio:.3f} (target >= {MIN_RATIO})")
-    print(format_table(["loader", "epochs", "images/s", "CPU us/image"], rows))
+    print(plain_table(["loader", "epochs", "images/s", "CPU us/image"], rows))
     assert ratio >= MIN_RATIO, f"prep-bound: ours/torch images per second {ratio:.3f}"

@@ -21,8 +21,8 @@ import pytest
 
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.storage import evict_page_cache, probe_storage_conditions
-from stallbench.demo import format_table
 from stallbench.jobs.run import run_job, scratch_cache_dir
+from stallbench.report import plain_table
 from stallbench.workloads import make_jpeg_folder
 
 RECORDS, RECORD_BYTES, EPOCHS = 11_520, 6_000, 4
@@ -86,7 +86,7 @@ def test_real_job_targets(runs: dict) -> None:
     print(
         f"\nreal job: {RECORDS:,} JPEGs of {RECORD_BYTES} B, storage throttled to {READ_BPS / 1e6:.0f} MB/s"
     )
-    print(format_table(headers, rows))
+    print(plain_table(headers, rows))
     total = {n: sum(e["seconds"] for e in runs[n]) for n in RUNS}
     print(
         "torch/ours total time: "

@@ -206,7 +206,8 @@ def _what_if_checks(report: dict, w: dict) -> list[tuple[str, dict, float]]:
 @pytest.mark.benchmark(group="user-job")
 @pytest.mark.parametrize("job", list(WHAT_IF_JOBS))
 def test_each_what_if_holds(benchmark, bench_data_root: Path, tmp_path: Path, job: str) -> None:
-    from stallbench.analysis.user_analysis import UserJob, run_setting
+    from stallbench.analysis.apply import run_setting
+    from stallbench.analysis.user_analysis import UserJob
 
     script_options, folder, options = WHAT_IF_JOBS[job]
     data = _what_if_data(bench_data_root, folder)

@@ -23,20 +23,10 @@ from stallbench.analysis.user_report import user_report
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.storage import evict_page_cache, warm_page_cache
 from stallbench.jobs.command import CommandRun, run_command
-from stallbench.jobs.kinds import CACHED, KINDS
 from stallbench.jobs.run import scratch_cache_dir
 from stallbench.jobs.spec import JobSpec, LoaderEpoch
 
-__all__ = [
-    "Applied",
-    "NotRunnable",
-    "UserJob",
-    "analyze_command",
-    "apply_advice",
-    "replay_lengths",
-    "run_setting",
-    "run_user_phases",
-]
+__all__ = ["UserJob", "analyze_command", "replay_lengths", "run_once", "run_user_phases"]
 
 _FULL_MARGIN = 64 << 20  # the prep run's cache: every record, its index, a margin
 
@@ -57,10 +47,14 @@ class UserJob:
     time_limit: float | None = None
     cache_dir: str = "/dev/shm"
 
+    def spec(self, kind: str, **options: object) -> JobSpec:
+        """A run of the command with loaders ``kind``; ``options``: the rest of the :class:`JobSpec`."""
+        data = tuple(str(p) for p in self.data)
+        return JobSpec(out_dir="", steps=self.steps, epochs=self.epochs, loader=kind, data=data, **options)
 
-def _spec(job: UserJob, kind: str, **options: object) -> JobSpec:
-    data = tuple(str(p) for p in job.data)
-    return JobSpec(out_dir="", steps=job.steps, epochs=job.epochs, loader=kind, data=data, **options)
+    def limits(self) -> StorageLimits | None:
+        """The cold run's limits: ``--storage-bandwidth`` and ``--memory-limit``, as asked."""
+        return StorageLimits.asked(self.storage_bandwidth, self.memory_limit, self.data[0])
 
 
 def run_user_phases(job: UserJob, kind: str, log: IO[str] | None = None) -> Iterator[tuple[str, CommandRun]]:
@@ -68,13 +62,13 @@ def run_user_phases(job: UserJob, kind: str, log: IO[str] | None = None) -> Iter
     that ingestion hands out as many batches an epoch as the pipeline did."""
     warm_page_cache(job.data)
     full = int(job.dataset_bytes * 1.01) + _FULL_MARGIN
-    prep = _with_cache(job, kind, full, None, log)
+    prep = run_once(job, kind, full, None, log)
     yield "prep", prep
-    ingestion = _spec(job, kind, mode="ingestion", replay_lengths=replay_lengths(prep.records))
+    ingestion = job.spec(kind, mode="ingestion", replay_lengths=replay_lengths(prep.records))
     yield "ingestion", run_command(job.argv, ingestion, time_limit=job.time_limit, log=log)
     evict_page_cache(job.data)
-    limits = _limits(job)
-    yield "cold", _with_cache(job, kind, job.cache_bytes, limits, log)
+    limits = job.limits()
+    yield "cold", run_once(job, kind, job.cache_bytes, limits, log)
 
 
 def replay_lengths(records: Sequence[LoaderEpoch]) -> dict[str, tuple[int, ...]]:
@@ -94,24 +88,22 @@ def replay_lengths(records: Sequence[LoaderEpoch]) -> dict[str, tuple[int, ...]]
     return {loader: tuple(counts) for loader, counts in lengths.items()}
 
 
-def _with_cache(
+def run_once(
     job: UserJob,
     kind: str,
     cache_bytes: int | None,
     limits: StorageLimits | None,
     log: IO[str] | None,
+    **options: object,
 ) -> CommandRun:
-    """One pipeline run with a fresh, private cache folder (removed after) for our loader's store."""
+    """One pipeline run with a fresh, private cache folder (removed after) for our loader's store;
+    ``options``: the rest of the :class:`JobSpec` (``workers``, ``prefetch_factor``)."""
     cache_dir = scratch_cache_dir(job.cache_dir)
     try:
-        spec = _spec(job, kind, cache_bytes=cache_bytes, cache_dir=str(cache_dir))
+        spec = job.spec(kind, cache_bytes=cache_bytes, cache_dir=str(cache_dir), **options)
         return run_command(job.argv, spec, limits=limits, time_limit=job.time_limit, log=log)
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
-
-
-def _limits(job: UserJob) -> StorageLimits | None:
-    return StorageLimits.asked(job.storage_bandwidth, job.memory_limit, job.data[0])
 
 
 def analyze_command(
@@ -142,77 +134,4 @@ def _measure_machine(job: UserJob, cold: CommandRun) -> tuple[float, float]:
     from stallbench.analysis.measure import measure_bandwidths
 
     workers = max((r.workers for r in cold.records), default=1)
-    return measure_bandwidths(list(job.data), limits=_limits(job), readers=max(1, workers))
-
-
-def run_setting(
-    job: UserJob,
-    kind: str,
-    *,
-    workers: int | None = None,
-    cache_bytes: int | None = None,
-    prefetch_factor: int | None = None,
-    log: IO[str] | None = None,
-) -> float:
-    """The steady epoch of the training loader in one cold run of ``job`` with loaders ``kind`` ("as-is",
-    "torch" or "cached"), every DataLoader built with ``workers`` and ``prefetch_factor`` (None: as the
-    script wrote them) and our cache at ``cache_bytes``: how a what-if or an advice is checked."""
-    from stallbench.analysis.results import steady
-    from stallbench.analysis.training import train_epochs
-
-    cache_dir = scratch_cache_dir(job.cache_dir)
-    try:
-        spec = _spec(
-            job, kind, cache_bytes=cache_bytes, cache_dir=str(cache_dir), workers=workers,
-            prefetch_factor=prefetch_factor,
-        )  # fmt: skip
-        evict_page_cache(job.data)
-        run = run_command(job.argv, spec, limits=_limits(job), time_limit=job.time_limit, log=log)
-    finally:
-        shutil.rmtree(cache_dir, ignore_errors=True)
-    epochs = max(train_epochs(run.records, "the run").values(), key=lambda rows: rows[-1].seconds)
-    return sum(r.seconds for r in steady(epochs)) / len(steady(epochs))
-
-
-@dataclass(frozen=True)
-class Applied:
-    """``--apply``: the advised setting run cold, against what was predicted for it."""
-
-    setting: str
-    predicted_seconds: float
-    measured_seconds: float
-
-    @property
-    def error(self) -> float:
-        return self.measured_seconds / self.predicted_seconds - 1.0
-
-
-class NotRunnable(ValueError):
-    """The advice names a setting no run can make as it stands (a page cache of a given size)."""
-
-
-def apply_advice(job: UserJob, report: LoaderReport, kind: str, log: IO[str] | None = None) -> Applied | None:
-    """Rerun the cold run of loaders ``kind`` (as analyzed) with the setting the report's advice names, and
-    only that setting changed; None where it names none."""
-    from stallbench.analysis import advice, whatif
-    from stallbench.conditions.sizes import format_bytes
-
-    m = whatif.Measured(
-        report.workload, report.breakdown, report.machine, report.loader, report.storage_bytes
-    )
-    chosen = advice.advised(m, report.predictions)
-    if chosen is None:
-        return None
-    prediction, loader = chosen
-    cached = KINDS[loader].cached
-    if not cached and prediction.workers == report.workload.workers:  # torch's advice: a cache, not workers
-        raise NotRunnable(
-            f"the advice is a page cache of {format_bytes(prediction.cache_bytes)}, which a run cannot set"
-        )
-    cache = prediction.cache_bytes if cached else job.cache_bytes
-    kind = CACHED if cached else kind  # our loader, with the advised cache, whatever the script builds
-    measured = run_setting(job, kind, workers=prediction.workers, cache_bytes=cache, log=log)
-    where = f"{prediction.workers} workers" + (
-        f", {KINDS[CACHED].label} with cache_bytes={cache:_}" if cached else ""
-    )
-    return Applied(where, prediction.epoch_seconds, measured)
+    return measure_bandwidths(list(job.data), limits=job.limits(), readers=max(1, workers))

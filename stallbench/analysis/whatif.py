@@ -5,16 +5,9 @@ The advice built on them is in ``stallbench.analysis.advice``, the hit rates in 
 The model of a steady epoch has three terms, each the time one stage alone would take:
 
 * compute: ``T1``, the steps of an ingestion epoch (every batch already made: the step alone);
-* prep, from the CPU the runs counted (``C``: prep's CPU seconds per epoch, ``samples / prep rate per
-  core``; ``S``: the step's, alone) and the wait prep spends off the CPU (``L``, below), with ``w`` workers on
-  ``n`` cores: ``F + max((C + L) / w, C / min(w, n), (S + C) / n)``: the prep run's wait for its first batch
-  (``F``: workers start, one batch is made, whatever ``w``), then each worker works through its share, no
-  more than ``n`` cores decode at once, and the step and the workers share the ``n`` cores. With no worker,
-  prep and step take turns in one process: ``T1 + C + L``. ``L`` is what the rest of the prep run's epoch
-  (``T3 - F``, all records in memory) leaves unexplained: none where the CPU terms reach 90% of it or
-  compute hid prep (``T3`` within 5% of ``T1``), else ``(T3 - F) * w - C`` (a Dataset that sleeps, waits on
-  a lock or a remote read). So a step that holds a core is not mistaken for prep that more workers would
-  speed up;
+* prep: the time the workers take for an epoch's prep, from the CPU the runs counted and the time prep
+  spends off the CPU (``stallbench.analysis.prep_term``), so a step that holds a core is not mistaken for
+  prep that more workers would speed up;
 * fetch: ``(1 - hit rate) * dataset_bytes / storage bandwidth`` (measured, inside the run's limits), in
   device bytes throughout (whole pages, what the kernel reads and counts). The hit rate of a steady epoch is
   ``min(1, C / record_bytes)`` for the cached loader (MinIO, the optimum under random order; it stores the
@@ -34,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stallbench.analysis.hits import Loader, cache_budget, hit_rate
+from stallbench.analysis.prep_term import prep_seconds
 from stallbench.analysis.results import Breakdown, Machine, Prediction, PrefetchPrediction, Roofline, Workload
 from stallbench.jobs.kinds import check_kind
 
@@ -84,47 +78,11 @@ def epoch_terms(
     w = m.workload
     return {
         "compute": m.breakdown.step_alone_seconds,
-        "prep": _prep_seconds(m, workers),
+        "prep": prep_seconds(m, workers),
         "fetch": _miss_fraction(m, cache_bytes, loader or m.loader)
         * w.dataset_bytes
         / m.machine.storage_bytes_per_s,
     }
-
-
-CPU_EXPLAINS = 0.9  # CPU terms that reach this share of the prep run's epoch explain it
-PREP_HIDDEN = 1.05  # a prep run's epoch within this factor of the steps alone: prep was hidden
-
-
-def _prep_seconds(m: Measured, workers: int) -> float:
-    """Prep time of an epoch with ``workers`` (the module docstring's formula)."""
-    cpu, off_cpu = _prep_cpu(m), _off_cpu_seconds(m)
-    if workers == 0:
-        return m.breakdown.step_alone_seconds + cpu + off_cpu
-    first = m.breakdown.warm_first_batch_seconds
-    return first + max(_cpu_bound(m, cpu, workers), (cpu + off_cpu) / workers)
-
-
-def _prep_cpu(m: Measured) -> float:
-    return m.workload.samples / m.machine.prep_samples_per_s_per_core
-
-
-def _cpu_bound(m: Measured, cpu: float, workers: int) -> float:
-    """Prep's CPU on ``min(workers, cores)`` cores, and the cores shared with the step."""
-    cores = m.machine.cores
-    return max(cpu / min(workers, cores), (m.breakdown.step_cpu_seconds + cpu) / cores)
-
-
-def _off_cpu_seconds(m: Measured) -> float:
-    """``L``: the prep run's worker time its CPU does not explain, per epoch, all workers together."""
-    b, workers = m.breakdown, m.workload.workers
-    cpu = _prep_cpu(m)
-    if workers == 0:
-        return max(0.0, b.warm_epoch_seconds - b.step_alone_seconds - cpu)
-    rest = b.warm_epoch_seconds - b.warm_first_batch_seconds
-    hidden = b.warm_epoch_seconds <= PREP_HIDDEN * b.step_alone_seconds
-    if hidden or _cpu_bound(m, cpu, workers) >= CPU_EXPLAINS * rest:
-        return 0.0
-    return max(0.0, rest * workers - cpu)
 
 
 def _model_miss(m: Measured, cache_bytes: int | None, loader: Loader) -> float:

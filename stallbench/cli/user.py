@@ -12,8 +12,9 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import IO
 
+from stallbench.analysis.apply import NotRunnable, apply_advice
 from stallbench.analysis.results import LoaderReport
-from stallbench.analysis.user_analysis import NotRunnable, UserJob, analyze_command, apply_advice
+from stallbench.analysis.user_analysis import UserJob, analyze_command
 from stallbench.analysis.user_report import NoTrainingLoader
 from stallbench.conditions.cgroup import StorageConditionUnavailable
 from stallbench.conditions.storage import data_size

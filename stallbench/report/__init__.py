@@ -20,12 +20,14 @@ from stallbench.analysis import results
 from stallbench.analysis.results import SCHEMA, LoaderReport, RunRecord
 from stallbench.analysis.work import TimeToTarget, UsefulWork
 from stallbench.report import plot, table
+from stallbench.report._grid import plain_table
 from stallbench.report._schema import DRAFT, array, check, fields, free_map, kind, obj, or_null
 from stallbench.report.work import column_name
 
 __all__ = [
     "REPORT_SCHEMA",
     "format_report",
+    "plain_table",
     "report_to_json",
     "validate_report_json",
     "write_json",

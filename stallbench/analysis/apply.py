@@ -1,0 +1,81 @@
+"""A what-if or an advice checked by running it: the user's command run cold once more with one setting
+changed (workers, prefetch depth, our loader's cache), its steady epoch against the prediction.
+
+``--apply`` runs the setting the advice names, and only that one; an advice no run can make as it stands
+(a page cache of another size: the kernel gives the page cache what memory is free) is said, not run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import IO
+
+from stallbench.analysis import advice, whatif
+from stallbench.analysis.results import LoaderReport, steady
+from stallbench.analysis.training import train_epochs
+from stallbench.analysis.user_analysis import UserJob, run_once
+from stallbench.conditions.sizes import format_bytes
+from stallbench.conditions.storage import evict_page_cache
+from stallbench.jobs.kinds import CACHED, KINDS
+
+__all__ = ["Applied", "NotRunnable", "apply_advice", "run_setting"]
+
+
+def run_setting(
+    job: UserJob,
+    kind: str,
+    *,
+    workers: int | None = None,
+    cache_bytes: int | None = None,
+    prefetch_factor: int | None = None,
+    log: IO[str] | None = None,
+) -> float:
+    """The steady epoch of the training loader in one cold run of ``job`` with loaders ``kind`` ("as-is",
+    "torch" or "cached"), every DataLoader built with ``workers`` and ``prefetch_factor`` (None: as the
+    script wrote them) and our cache at ``cache_bytes``."""
+    evict_page_cache(job.data)
+    options = dict(workers=workers, prefetch_factor=prefetch_factor)
+    run = run_once(job, kind, cache_bytes, job.limits(), log, **options)
+    epochs = max(train_epochs(run.records, "the run").values(), key=lambda rows: rows[-1].seconds)
+    return sum(r.seconds for r in steady(epochs)) / len(steady(epochs))
+
+
+@dataclass(frozen=True)
+class Applied:
+    """``--apply``: the advised setting run cold, against what was predicted for it."""
+
+    setting: str
+    predicted_seconds: float
+    measured_seconds: float
+
+    @property
+    def error(self) -> float:
+        return self.measured_seconds / self.predicted_seconds - 1.0
+
+
+class NotRunnable(ValueError):
+    """The advice names a setting no run can make as it stands (a page cache of a given size)."""
+
+
+def apply_advice(job: UserJob, report: LoaderReport, kind: str, log: IO[str] | None = None) -> Applied | None:
+    """Rerun the cold run of loaders ``kind`` (as analyzed) with the setting the report's advice names, and
+    only that setting changed; None where it names none."""
+    m = whatif.Measured(
+        report.workload, report.breakdown, report.machine, report.loader, report.storage_bytes
+    )
+    chosen = advice.advised(m, report.predictions)
+    if chosen is None:
+        return None
+    prediction, loader = chosen
+    cached = KINDS[loader].cached
+    if not cached and prediction.workers == report.workload.workers:  # torch's advice: a cache, not workers
+        raise NotRunnable(
+            f"the advice is a page cache of {format_bytes(prediction.cache_bytes)}, which a run cannot set"
+        )
+    cache = prediction.cache_bytes if cached else job.cache_bytes
+    kind = CACHED if cached else kind  # our loader, with the advised cache, whatever the script builds
+    measured = run_setting(job, kind, workers=prediction.workers, cache_bytes=cache, log=log)
+    where = f"{prediction.workers} workers" + (
+        f", {KINDS[CACHED].label} with cache_bytes={cache:_}" if cached else ""
+    )
+    return Applied(where, prediction.epoch_seconds, measured)

@@ -1,0 +1,58 @@
+"""The what-if's prep term: the time an epoch's prep takes with ``w`` workers on ``n`` cores.
+
+It is built on CPU seconds the runs counted, which do not grow when other work shares the cores: ``C``,
+prep's CPU per epoch (``samples / prep rate per core``: the prep run's CPU beyond the step's) and ``S``, the
+step's, alone (the ingestion run's). Prep takes ``F + max((C + L) / w, C / min(w, n), (S + C) / n)``: the
+prep run's wait for its first batch (``F``: workers start and one batch is made, whatever ``w``), then each
+worker works through its share, no more than ``n`` cores decode at once, and the step and the workers share
+the ``n`` cores. With no worker, prep and step take turns in one process: ``T1 + C + L``.
+
+``L`` is the time workers spend off the CPU (a Dataset that sleeps, waits on a lock or on a remote read):
+what the rest of the prep run's epoch (``T3 - F``, all records in memory) leaves unexplained,
+``(T3 - F) * w - C``; none where the CPU terms reach 90% of it, or where compute hid prep (``T3`` within 5%
+of ``T1``) and the run says nothing of it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stallbench.analysis.whatif import Measured
+
+__all__ = ["prep_seconds"]
+
+CPU_EXPLAINS = 0.9  # CPU terms that reach this share of the prep run's epoch explain it
+PREP_HIDDEN = 1.05  # a prep run's epoch within this factor of the steps alone: prep was hidden
+
+
+def prep_seconds(m: Measured, workers: int) -> float:
+    """Prep time of an epoch with ``workers`` (the module docstring's formula)."""
+    cpu, off_cpu = _prep_cpu(m), _off_cpu_seconds(m)
+    if workers == 0:
+        return m.breakdown.step_alone_seconds + cpu + off_cpu
+    first = m.breakdown.warm_first_batch_seconds
+    return first + max(_cpu_bound(m, cpu, workers), (cpu + off_cpu) / workers)
+
+
+def _prep_cpu(m: Measured) -> float:
+    return m.workload.samples / m.machine.prep_samples_per_s_per_core
+
+
+def _cpu_bound(m: Measured, cpu: float, workers: int) -> float:
+    """Prep's CPU on ``min(workers, cores)`` cores, and the cores shared with the step."""
+    cores = m.machine.cores
+    return max(cpu / min(workers, cores), (m.breakdown.step_cpu_seconds + cpu) / cores)
+
+
+def _off_cpu_seconds(m: Measured) -> float:
+    """``L``: the prep run's worker time its CPU does not explain, per epoch, all workers together."""
+    b, workers = m.breakdown, m.workload.workers
+    cpu = _prep_cpu(m)
+    if workers == 0:
+        return max(0.0, b.warm_epoch_seconds - b.step_alone_seconds - cpu)
+    rest = b.warm_epoch_seconds - b.warm_first_batch_seconds
+    hidden = b.warm_epoch_seconds <= PREP_HIDDEN * b.step_alone_seconds
+    if hidden or _cpu_bound(m, cpu, workers) >= CPU_EXPLAINS * rest:
+        return 0.0
+    return max(0.0, rest * workers - cpu)
