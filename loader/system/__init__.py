@@ -14,7 +14,7 @@
 from loader.system.counters import cpu_seconds, read_bytes, storage_read_bytes
 from loader.system.headroom import reserve_for_limit
 from loader.system.memory import MemoryView, memory_view
-from loader.system.pagecache import PAGE, can_tell, resident_pages
+from loader.system.pagecache import PAGE, can_tell, file_residency, resident_pages
 from loader.system.private import UntrustedCacheError, open_private, private_dir
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "UntrustedCacheError",
     "can_tell",
     "cpu_seconds",
+    "file_residency",
     "memory_view",
     "open_private",
     "private_dir",

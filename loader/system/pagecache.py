@@ -40,6 +40,7 @@ __all__ = [
     "can_tell",
     "cold_runs",
     "drop_file",
+    "file_residency",
     "mincore",
     "prefetch",
     "read_admitting",
@@ -77,6 +78,14 @@ def resident_pages(fd: int, size: int) -> np.ndarray | None:
     """Per page of the file's first ``size`` bytes: resident now, read from a fresh mapping that touches
     nothing; None where the kernel would not tell the truth (``can_tell``) or the file is empty."""
     if size == 0 or not can_tell(fd):
+        return None
+    return file_residency(fd, size)
+
+
+def file_residency(fd: int, size: int) -> np.ndarray | None:
+    """Per page of the file's first ``size`` bytes: resident now, from a fresh mapping that touches nothing;
+    None where it cannot be mapped. The caller knows the kernel tells it the truth (``can_tell``)."""
+    if size == 0:
         return None
     span = -(-size // PAGE) * PAGE
     address = _libc.mmap(None, span, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)

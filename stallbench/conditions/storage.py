@@ -70,12 +70,13 @@ def data_size(paths: PathArg | Iterable[PathArg]) -> DataSize:
 
 
 def _resident_fd(fd: int, size: int, whole_pages: bool = False) -> int:
-    """Bytes of open file ``fd`` in the page cache (``loader.system.resident_pages``: mincore on a mapping
-    that touches no page), 0 where the kernel will not tell; with ``whole_pages`` the pages' whole size, a
-    partial last page counted whole."""
-    from loader.system import resident_pages  # here: the command line starts without torch
+    """Bytes of open file ``fd`` in the page cache (``loader.system.file_residency``: mincore on a mapping
+    that touches no page), 0 where it cannot be mapped; with ``whole_pages`` the pages' whole size, a partial
+    last page counted whole. The kernel tells the truth only to the file's owner or a writer: the callers
+    check."""
+    from loader.system import file_residency  # here: the command line starts without torch
 
-    pages = resident_pages(fd, size)
+    pages = file_residency(fd, size)
     if pages is None:
         return 0
     resident = int(pages.sum()) * mmap.PAGESIZE
