@@ -220,7 +220,7 @@ def test_the_demo_mentions_a_runnable_jobs_command(data_dir):
     assert "hyper-parameter search" in hint
     command = next(line.strip() for line in hint.splitlines() if line.strip().startswith("stallbench "))
     args = make_parser().parse_args(shlex.split(command)[1:])
-    assert (args.command, args.jobs, args.data, args.data_dir) == ("compare", 3, "images", data_dir)
+    assert (args.command, args.jobs, str(args.data), args.data_dir) == ("compare", 3, "images", data_dir)
 
 
 def _docs_commands() -> list[str]:

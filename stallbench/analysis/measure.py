@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from loader.system import counters
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.storage import device_bytes, evict_page_cache, files_in
+from stallbench.jobs import counters
 
 __all__ = [
     "available_cores",
@@ -87,7 +87,7 @@ def _read_files(files: list[str], readers: int, limits: StorageLimits | None) ->
     """Run ``_READER`` on ``files`` in a child, inside ``limits`` (entered here unless active): the kernel's
     count of the bytes it read, the files' bytes and the seconds it took."""
     argv = [sys.executable, "-I", "-c", _READER]
-    feed = json.dumps({"files": files, "readers": readers, "counters": counters.__file__})
+    feed = json.dumps({"files": files, "readers": readers, "counters": str(counters.PATH)})
     if limits is None:
         done = subprocess.run(argv, input=feed, capture_output=True, text=True, check=False)
     else:

@@ -63,3 +63,7 @@ class AnalysisRequest:
     seed: int = 0
     packing: str | None = None  # token data: each loader also runs with its batches packed so
     max_len: int | None = None  # tokens per pack at most; None: the longest sequence
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data, str):  # a caller of the API; the command line hands it parsed
+            object.__setattr__(self, "data", parse_data(self.data))

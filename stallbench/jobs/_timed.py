@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from loader.system.counters import cpu_seconds, storage_read_bytes
+from stallbench.jobs.counters import cpu_seconds, storage_read_bytes
 
 __all__ = ["Counters", "EpochMeter", "TimedIterator", "batch_samples", "handing_out", "read_counters", "say"]
 

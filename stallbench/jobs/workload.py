@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
-from loader.system.counters import cpu_seconds, storage_read_bytes
 from stallbench.batches import batch_samples, batch_tokens
 from stallbench.compute import ComputeStep, parse_compute
 from stallbench.energy import open_meter
 from stallbench.jobs._fresh import fresh_copy
 from stallbench.jobs.batching import SeenIndices
+from stallbench.jobs.counters import cpu_seconds, storage_read_bytes
 from stallbench.jobs.data import make_loader, shapes_loader, token_lengths
 from stallbench.jobs.spec import WorkloadJob
 from stallbench.profile import profile
