@@ -14,11 +14,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from stallbench._grid import plain_table
 from stallbench.analysis.request import AnalysisRequest, CacheSpec, NamedWorkload
 from stallbench.analysis.results import LoaderReport
 from stallbench.conditions.storage import probe_storage_conditions
 from stallbench.jobs.kinds import KINDS, NAMES
-from stallbench.report._grid import plain_table
 
 __all__ = ["DEMO_BPS", "concurrent_hint", "demo_request", "describe", "epoch_table"]
 

@@ -43,6 +43,7 @@ from typing import Any
 
 from stallbench import _timeline
 from stallbench._files import write_atomic
+from stallbench._grid import grid
 from stallbench._timeline import EpochRecord, PhaseRecord, Timeline
 
 __all__ = ["PROFILE_SCHEMA_VERSION", "Profile", "Timeline", "profile"]
@@ -159,33 +160,30 @@ def _steady_lines(data: dict[str, Any]) -> list[str]:
     share = "-" if s["wait_fraction"] is None else f"{s['wait_fraction']:.1%}"
     rate = "-" if s["iterations_per_s"] is None else f"{s['iterations_per_s']:.1f}"
     batches = sum(e["iterations"] for e in data["epochs"])
-    lines = [
+    rows = [
+        (f"  {k}", [f"{s[f'{k}_s']:.3f}", *(_ms(s[f"{k}_{q}_s"]) for q in ("mean", "p50", "p95"))])
+        for k in ("wait", "step")
+    ]
+    return [
         f"profile {data['name']!r}: {len(data['epochs'])} epochs, {batches} batches",
         f"steady state: {s['iterations']} batches, {rate} it/s, waiting for data {share} of the time",
-        f"  {'':6}{'total s':>10}{'mean ms':>10}{'p50 ms':>10}{'p95 ms':>10}",
+        *grid("", ["total s", "mean ms", "p50 ms", "p95 ms"], rows),
     ]
-    for k in ("wait", "step"):
-        stats = (_ms(s[f"{k}_{q}_s"]) for q in ("mean", "p50", "p95"))
-        lines.append(f"  {k:6}{s[f'{k}_s']:10.3f}" + "".join(f"{v:>10}" for v in stats))
-    return lines
 
 
 def _transition_lines(t: dict[str, Any]) -> list[str]:
     rows = [("first batch", t["first_batch_s"]), ("epoch end wait", t["epoch_end_wait_s"])]
     rows += [("epoch gap", t["epoch_gap_s"])] + [(f"phase {k!r}", v) for k, v in t["phases"].items()]
-    return ["transitions (outside the steady state)"] + [
-        f"  {label:18}{len(v):4} x  total {sum(v):9.4f} s  max {max(v):9.4f} s" for label, v in rows if v
-    ]
+    cells = [(f"  {label}", [str(len(v)), f"{sum(v):.4f}", f"{max(v):.4f}"]) for label, v in rows if v]
+    return ["transitions (outside the steady state)", *grid("", ["times", "total s", "max s"], cells)]
+
+
+def _epoch_cells(e: dict[str, Any]) -> list[str]:
+    times = [f"{e[k]:.3f}" for k in ("seconds", "wait_s", "step_s")]
+    return [str(e["iterations"]), *times, _ms(e["first_batch_s"]), "yes" if e["complete"] else "no"]
 
 
 def _epoch_lines(data: dict[str, Any]) -> list[str]:
-    lines = [
-        "epochs",
-        f"  {'epoch':>5}{'batches':>9}{'seconds':>10}{'wait s':>10}{'step s':>10}{'first ms':>10}  complete",
-    ]
-    for e in data["epochs"]:
-        lines.append(
-            f"  {e['index']:5}{e['iterations']:9}{e['seconds']:10.3f}{e['wait_s']:10.3f}{e['step_s']:10.3f}"
-            f"{_ms(e['first_batch_s']):>10}  {'yes' if e['complete'] else 'no'}"
-        )
-    return lines
+    header = ["batches", "seconds", "wait s", "step s", "first ms", "complete"]
+    rows = [(f"  {e['index']}", _epoch_cells(e)) for e in data["epochs"]]
+    return ["epochs", *grid("  epoch", header, rows)]

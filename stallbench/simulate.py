@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from stallbench._grid import grid
 from stallbench._policies import FILL, LOCAL, MISS, POLICIES, REMOTE, make_trace
 from stallbench.conditions.sizes import format_bytes
 from stallbench.conditions.storage import PAGE
@@ -219,14 +220,9 @@ def format_simulation(results: SimulationResult | tuple[SimulationResult, ...]) 
     if len(setups) != 1:
         raise ValueError(f"results must describe one setup, got {len(setups)}")
     per_node = ("per node",) if results[0].nodes > 1 else ()
-    rows = [("policy", "epoch", "hit rate", "local", "remote", "storage", *per_node, "network")]
-    rows += [_row(r, e) for r in results for e in r.epochs]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    table = [
-        "  ".join([row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)])
-        for row in rows
-    ]
-    return "\n".join([*_setup_lines(results[0]), "", *table])
+    header = ["epoch", "hit rate", "local", "remote", "storage", *per_node, "network"]
+    rows = [(row[0], list(row[1:])) for row in (_row(r, e) for r in results for e in r.epochs)]
+    return "\n".join([*_setup_lines(results[0]), "", *grid("policy", header, rows)])
 
 
 def simulation_to_json(results: SimulationResult | tuple[SimulationResult, ...]) -> dict:

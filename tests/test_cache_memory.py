@@ -81,7 +81,7 @@ def test_auto_without_the_dataset_size_is_bounded_by_memory(shm_dir, memory):
 
 def test_auto_with_no_memory_free_makes_no_cache_and_says_so(shm_dir, memory):
     memory(free(10 * MIB))
-    with pytest.warns(RuntimeWarning, match="makes no cache .0 B: 10 MiB free per a test's memory"):
+    with pytest.warns(RuntimeWarning, match="makes no cache .0 Bytes: 10.0 MiB free per a test's memory"):
         dl = make(shm_dir, "auto")
     assert dl.cache is None and "kept free" in dl.stats().cache_sizing
     assert indices(dl) == list(range(RECORDS))

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from stallbench import demo
+from stallbench._grid import plain_table
 from stallbench.analysis.request import NamedWorkload
 from stallbench.report import validate_report_json
-from stallbench.report._grid import plain_table
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--num-images", "48", "--epochs", "2", "--batch-size", "16", "--no-progress"]

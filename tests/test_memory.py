@@ -229,8 +229,8 @@ def test_reserve_is_5_percent_of_the_limit_and_at_least_128_mib(limit, reserve):
         (1288 * MIB, 5427 * MIB, 1288 * MIB, "1.3 GiB: the dataset's size, within 5.3 GiB free per SRC"),
         (10 * GIB, 364 * MIB, 236 * MIB, "236 MiB: 364 MiB free per SRC, less 128 MiB kept free"),
         (10 * GIB, 50 * MIB, 0, "0 B: 50 MiB free per SRC, less 128 MiB kept free"),
-        (10 * GIB, 0, 0, "0 B: 0 B free per SRC, less 128 MiB kept free"),
-        (0, 2 * GIB, 0, "0 B: the dataset's size, within 2.0 GiB free per SRC"),
+        (10 * GIB, 0, 0, "0 Bytes: 0 Bytes free per SRC, less 128.0 MiB kept free"),
+        (0, 2 * GIB, 0, "0 Bytes: the dataset's size, within 2.0 GiB free per SRC"),
     ],
 )
 def test_auto_cache_bytes_takes_the_dataset_within_headroom_less_the_reserve(wanted, headroom, chosen, why):
@@ -251,7 +251,7 @@ def test_auto_cache_bytes_reads_the_memory_view_when_given_none(fake):
     fake.meminfo(available=GIB, total=2 * GIB)
     assert auto_cache_bytes(10 * GIB) == (
         GIB - 128 * MIB,
-        f"896 MiB: 1.0 GiB free per {MACHINE}, less 128 MiB kept free",
+        f"896.0 MiB: 1.0 GiB free per {MACHINE}, less 128.0 MiB kept free",
     )
 
 

@@ -296,7 +296,13 @@ def test_resident_bytes_in_whole_pages_counts_the_memory_a_small_file_takes(tmp_
 
 @pytest.mark.parametrize(
     ("count", "text"),
-    [(0, "0 B"), (999, "999 B"), (112_000, "112.00 KB"), (1_234_000_000, "1.23 GB"), (float("nan"), "-")],
+    [
+        (0, "0 Bytes"),
+        (999, "999 Bytes"),
+        (112_000, "112.00 kB"),
+        (1_234_000_000, "1.23 GB"),
+        (float("nan"), "-"),
+    ],
 )
 def test_format_bytes_in_decimal_units(count: float, text: str) -> None:
     assert format_bytes(count) == text

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import humanize
 import psutil
 
 __all__ = ["MemoryView", "format_bytes", "memory_view"]
@@ -187,12 +188,6 @@ def memory_view() -> MemoryView:
 
 
 def format_bytes(n: int) -> str:
-    """``n`` in binary units, as people read them: "512 B", "64 MiB", "1.2 GiB"."""
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        if value < 1024 or unit == "TiB":
-            break
-    return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
+    """``n`` in binary units, as people read a memory size: "0 Bytes", "64.0 MiB", "1.2 GiB"
+    (``humanize.naturalsize``, as stallbench's reports use it in decimal units)."""
+    return humanize.naturalsize(n, binary=True, format="%.1f")

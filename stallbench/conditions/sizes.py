@@ -3,7 +3,9 @@
 ``parse_size`` reads ``K``/``M``/``G``/``T``/``P`` and ``Ki``/``KiB``... as powers of 1024, and
 ``KB``/``MB``... as powers of 1000 (so ``"1G"`` is 2**30 bytes and ``"1GB"`` is 10**9), case-insensitively.
 ``format_bytes`` writes decimal units, as the reports and DESIGN.md give record sizes: ``112000`` ->
-``"112.00 KB"``.
+``"112.00 kB"``; it is ``humanize.naturalsize``, as ``loader``'s messages use it (in binary units there).
+No library reads sizes both ways (``"1G"`` in binary, ``"1GB"`` in decimal, as ``--cache`` and
+``--memory-limit`` take them), so ``parse_size`` is written here.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import math
 import re
 from decimal import Decimal
+
+import humanize
 
 __all__ = ["format_bytes", "parse_size"]
 
@@ -45,8 +49,4 @@ def format_bytes(count: float) -> str:
     """Decimal units: ``1_234_000_000`` -> ``"1.23 GB"``; ``"-"`` for a count that is not finite."""
     if not (isinstance(count, (int, float)) and math.isfinite(count)):
         return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(count) < 1000:
-            return f"{count:.0f} B" if unit == "B" else f"{count:.2f} {unit}"
-        count /= 1000
-    return f"{count:.2f} PB"
+    return humanize.naturalsize(count, format="%.2f")

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from stallbench._files import write_atomic
+from stallbench._grid import plain_table
 from stallbench.analysis import results
 from stallbench.analysis.results import SCHEMA, LoaderReport, RunRecord
 from stallbench.analysis.work import TimeToTarget, UsefulWork
 from stallbench.report import plot, table
-from stallbench.report._grid import plain_table
 from stallbench.report._schema import DRAFT, array, check, fields, free_map, kind, obj, or_null
 from stallbench.report.work import column_name
 

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from stallbench._files import write_atomic
+from stallbench._grid import plain_table
 from stallbench.analysis import results
 from stallbench.analysis.concurrent import ConcurrentRun, JobRun
 from stallbench.analysis.results import Workload
 from stallbench.report import _clean, _ratio
-from stallbench.report._grid import plain_table
 from stallbench.report._schema import DRAFT, array, check, fields, free_map, kind, obj, or_null
 
 __all__ = [

@@ -9,11 +9,11 @@ import math
 import textwrap
 from collections.abc import Sequence
 
+from stallbench._grid import Row, grid
 from stallbench.analysis.results import LoaderReport, Workload
 from stallbench.conditions.load import is_busy
 from stallbench.conditions.sizes import format_bytes
 from stallbench.report._cells import Spec, finite, pct, sec
-from stallbench.report._grid import Row, grid
 from stallbench.report.epoch_rows import EPOCH_ROWS
 from stallbench.report.work import column_name, work_rows
 
