@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_frameworks import AGREE, REPO, analyzed, blocks, run, shares, witness_shares
+from tests.test_frameworks import AGREE, analyzed, blocks, example_folder, shares, witness_shares
 
 SECTIONS = ("PyTorch Lightning", "Hugging Face Trainer", "accelerate")
 BURN = "import time\nend = time.time() + 900\nwhile time.time() < end: pass\n"
@@ -30,12 +30,7 @@ BURN = "import time\nend = time.time() + 900\nwhile time.time() < end: pass\n"
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory) -> Path:
-    """A scratch folder with ``examples`` and the images the how-to's first command makes."""
-    where = tmp_path_factory.mktemp("frameworks")
-    (where / "examples").symlink_to(REPO / "examples")
-    for line in blocks("Jobs written with a framework"):
-        run(line, where)
-    return where
+    return example_folder(tmp_path_factory.mktemp("frameworks"))
 
 
 @contextmanager

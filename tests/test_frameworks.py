@@ -43,14 +43,17 @@ def run(line: str, cwd: Path) -> subprocess.CompletedProcess:
     return done
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> Path:
-    """A scratch folder with ``examples`` and the images the how-to's first command makes."""
-    where = tmp_path_factory.mktemp("frameworks")
+def example_folder(where: Path) -> Path:
+    """``where`` with ``examples`` and the images the how-to's first command makes."""
     (where / "examples").symlink_to(REPO / "examples")
     for line in blocks("Jobs written with a framework"):
         run(line, where)
     return where
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return example_folder(tmp_path_factory.mktemp("frameworks"))
 
 
 def analyzed(folder: Path, line: str) -> tuple[dict, str, list[dict]]:
