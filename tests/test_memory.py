@@ -227,8 +227,8 @@ def test_reserve_is_5_percent_of_the_limit_and_at_least_128_mib(limit, reserve):
     ("wanted", "headroom", "chosen", "why"),
     [
         (1288 * MIB, 5427 * MIB, 1288 * MIB, "1.3 GiB: the dataset's size, within 5.3 GiB free per SRC"),
-        (10 * GIB, 364 * MIB, 236 * MIB, "236 MiB: 364 MiB free per SRC, less 128 MiB kept free"),
-        (10 * GIB, 50 * MIB, 0, "0 B: 50 MiB free per SRC, less 128 MiB kept free"),
+        (10 * GIB, 364 * MIB, 236 * MIB, "236.0 MiB: 364.0 MiB free per SRC, less 128.0 MiB kept free"),
+        (10 * GIB, 50 * MIB, 0, "0 Bytes: 50.0 MiB free per SRC, less 128.0 MiB kept free"),
         (10 * GIB, 0, 0, "0 Bytes: 0 Bytes free per SRC, less 128.0 MiB kept free"),
         (0, 2 * GIB, 0, "0 Bytes: the dataset's size, within 2.0 GiB free per SRC"),
     ],
@@ -396,7 +396,7 @@ def test_a_real_cgroup_v1_limit_binds(in_a_cgroup):
     (start, *_), name, _ = in_a_cgroup
     assert start.limit == 512 * MIB
     assert 0 < start.headroom <= 512 * MIB
-    assert start.source == f"the cgroup v1 memory limit of /{name} (512 MiB)"
+    assert start.source == f"the cgroup v1 memory limit of /{name} (512.0 MiB)"
 
 
 @pytest.mark.slow

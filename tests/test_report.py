@@ -151,8 +151,8 @@ def test_nodes_what_if_lines_are_the_cached_loaders_only(pair):
     assert lines[head + 1].split() == ["nodes", "partitioned,", "all", "nodes", "per", "node", "independent,",
                                        "all", "nodes", "per", "node"]  # fmt: skip
     assert lines[head + 2].split() == ["1", "666.67", "MB", "666.67", "MB", "666.67", "MB", "666.67", "MB"]
-    assert lines[head + 3].split() == ["2", "0", "B", "0", "B", "666.67", "MB", "333.33", "MB"]
-    assert lines[head + 5].split() == ["8", "0", "B", "0", "B", "666.67", "MB", "83.33", "MB"]
+    assert lines[head + 3].split() == ["2", "0", "Bytes", "0", "Bytes", "666.67", "MB", "333.33", "MB"]
+    assert lines[head + 5].split() == ["8", "0", "Bytes", "0", "Bytes", "666.67", "MB", "83.33", "MB"]
 
 
 def test_a_difference_within_the_spreads_is_noise_the_headline_ratio_included(pair):
