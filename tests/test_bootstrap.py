@@ -242,6 +242,23 @@ def test_without_a_job_nothing_is_patched_or_written(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_the_bootstrap_imports_neither_torch_nor_loader_into_a_script_that_does_not(tmp_path):
+    """Its counters come from loader.system.counters loaded alone from its file: importing the package would
+    bring torch, pyarrow and lmdb into every process before the script's own imports. (Asked to swap in our
+    loader, it imports it: that run is ours.)"""
+    job = JobSpec(out_dir=str(tmp_path / "out")).write(tmp_path / "spec.json")
+    code = "import sys; print(sorted(m for m in ('torch', 'loader', 'pyarrow') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], env=_env(job), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_command_line_starts_without_torch():
+    code = "import sys, stallbench.cli; print('torch' in sys.modules, 'loader' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], env=_env(None), capture_output=True, text=True)
+    assert (done.returncode, done.stdout.strip()) == (0, "False False"), done.stderr
+
+
 def test_rank_comes_from_the_environment(tmp_path):
     job = JobSpec(out_dir=str(tmp_path / "out"), steps=1).write(tmp_path / "spec.json")
     env = {**_env(job), "RANK": "3"}
