@@ -8,6 +8,7 @@ changed (workers, prefetch depth, our loader's cache), its steady epoch against 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from statistics import fmean
 from typing import IO
 
 from stallbench.analysis import advice, whatif
@@ -37,7 +38,7 @@ def run_setting(
     options = dict(workers=workers, prefetch_factor=prefetch_factor)
     run = run_once(job, kind, cache_bytes, job.limits(), log, **options)
     epochs = max(train_epochs(run.records, "the run").values(), key=lambda rows: rows[-1].seconds)
-    return sum(r.seconds for r in steady(epochs)) / len(steady(epochs))
+    return fmean(r.seconds for r in steady(epochs))
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ PREP_HIDDEN = 1.05  # a prep run's epoch within this factor of the steps alone: 
 
 def prep_seconds(m: Measured, workers: int) -> float:
     """Prep time of an epoch with ``workers`` (the module docstring's formula)."""
-    cpu, off_cpu = _prep_cpu(m), _off_cpu_seconds(m)
+    cpu = _prep_cpu(m)
+    off_cpu = _off_cpu_seconds(m, cpu)
     if workers == 0:
         return m.breakdown.step_alone_seconds + cpu + off_cpu
     first = m.breakdown.warm_first_batch_seconds
@@ -46,10 +47,10 @@ def _cpu_bound(m: Measured, cpu: float, workers: int) -> float:
     return max(cpu / min(workers, cores), (m.breakdown.step_cpu_seconds + cpu) / cores)
 
 
-def _off_cpu_seconds(m: Measured) -> float:
-    """``L``: the prep run's worker time its CPU does not explain, per epoch, all workers together."""
+def _off_cpu_seconds(m: Measured, cpu: float) -> float:
+    """``L``: the prep run's worker time its CPU (``cpu``) does not explain, per epoch, all workers
+    together."""
     b, workers = m.breakdown, m.workload.workers
-    cpu = _prep_cpu(m)
     if workers == 0:
         return max(0.0, b.warm_epoch_seconds - b.step_alone_seconds - cpu)
     rest = b.warm_epoch_seconds - b.warm_first_batch_seconds
