@@ -73,11 +73,6 @@ def test_the_wait_for_the_first_batch_is_paid_once_whatever_the_workers():
     m = dataclasses.replace(m, breakdown=dataclasses.replace(m.breakdown, warm_first_batch_seconds=10.0))
     prep = {w: epoch_terms(m, cache_bytes=D // 2, workers=w)["prep"] for w in (1, 2, 4)}
     assert prep == pytest.approx({1: 10.0 + 160.0, 2: 90.0, 4: 10.0 + 40.0})
-    # where the cores bind, their terms count all the CPU, the first batch's included: F is not added again
-    shared = measured(workers=2, cores=2, t1=50.0, t2=60.0, prep_stall=5.0, rate=100_000 / 55.0)
-    figures = dict(step_cpu_seconds=50.0, warm_first_batch_seconds=2.0)
-    shared = dataclasses.replace(shared, breakdown=dataclasses.replace(shared.breakdown, **figures))
-    assert epoch_terms(shared, cache_bytes=D // 2, workers=2)["prep"] == pytest.approx((50.0 + 55.0) / 2)
 
 
 def test_a_step_that_holds_a_core_is_not_mistaken_for_prep_more_workers_would_speed_up():

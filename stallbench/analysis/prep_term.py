@@ -2,11 +2,10 @@
 
 It is built on CPU seconds the runs counted, which do not grow when other work shares the cores: ``C``,
 prep's CPU per epoch (``samples / prep rate per core``: the prep run's CPU beyond the step's) and ``S``, the
-step's, alone (the ingestion run's). Prep takes ``max(F + (C + L) / w, C / min(w, n), (S + C) / n)``: the
-prep run's wait for its first batch (``F``: workers start and one batch is made, whatever ``w``) and then
-each worker's share of the work; no more than ``n`` cores decode at once; and the step and the workers share
-the ``n`` cores (the CPU terms count all the CPU, the first batch's included). With no worker, prep and
-step take turns in one process: ``T1 + C + L``.
+step's, alone (the ingestion run's). Prep takes ``F + max((C + L) / w, C / min(w, n), (S + C) / n)``: the
+prep run's wait for its first batch (``F``: workers start and one batch is made, whatever ``w``), then each
+worker works through its share, no more than ``n`` cores decode at once, and the step and the workers share
+the ``n`` cores. With no worker, prep and step take turns in one process: ``T1 + C + L``.
 
 ``L`` is the time workers spend off the CPU (a Dataset that sleeps, waits on a lock or on a remote read):
 what the rest of the prep run's epoch (``T3 - F``, all records in memory) leaves unexplained,
@@ -34,7 +33,7 @@ def prep_seconds(m: Measured, workers: int) -> float:
     if workers == 0:
         return m.breakdown.step_alone_seconds + cpu + off_cpu
     first = m.breakdown.warm_first_batch_seconds
-    return max(_cpu_bound(m, cpu, workers), first + (cpu + off_cpu) / workers)
+    return first + max(_cpu_bound(m, cpu, workers), (cpu + off_cpu) / workers)
 
 
 def _prep_cpu(m: Measured) -> float:
