@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
+from loader._serving import FileReads, ServingWorkerInit, serving
+
 __all__ = ["ReplayableSampler", "counting_iterator", "generator_states", "restore_generators"]
 
 
@@ -72,18 +74,39 @@ class _Counting:
 
 
 class _CountingSingleProcessIter(_Counting, _SingleProcessDataLoaderIter):
-    pass
+    _serve: Any = None  # a loader's cache_files reads, served while this process loads a batch
+
+    def _next_data(self) -> Any:
+        if self._serve is None:
+            return super()._next_data()
+        with serving(self._serve):
+            return super()._next_data()
 
 
 class _CountingMultiProcessingIter(_Counting, _MultiProcessingDataLoaderIter):
     pass
 
 
-def counting_iterator(loader: Any, on_batch: Callable[[], None], skip: Any) -> Any:
-    """Torch's iterator for ``loader`` (an instance of torch's own class), counting into ``on_batch``."""
-    cls = _CountingSingleProcessIter if loader.num_workers == 0 else _CountingMultiProcessingIter
-    iterator = cls(loader)
-    iterator._on_batch, iterator._skip = weakref.WeakMethod(on_batch), skip
+def counting_iterator(
+    loader: Any, on_batch: Callable[[], None] | None, skip: Any, serve: FileReads | None = None
+) -> Any:
+    """Torch's iterator for ``loader`` (an instance of torch's own class), counting into ``on_batch`` (if
+    any); ``serve``'s reads are served in its workers, or without workers while it loads each batch."""
+    if loader.num_workers == 0:
+        iterator = _CountingSingleProcessIter(loader)
+    elif serve is None:
+        iterator = _CountingMultiProcessingIter(loader)
+    else:
+        user_init = loader.worker_init_fn
+        loader.worker_init_fn = ServingWorkerInit(serve, user_init)  # read as the workers start
+        try:
+            iterator = _CountingMultiProcessingIter(loader)
+        finally:
+            loader.worker_init_fn = user_init
+    iterator._on_batch = weakref.WeakMethod(on_batch) if on_batch is not None else None
+    iterator._skip = skip
+    if serve is not None and loader.num_workers == 0:
+        iterator._serve = serve
     return iterator
 
 

@@ -6,10 +6,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from torch.utils.data._utils.collate import default_collate, default_convert
+
 from loader.datasets import SKIPPED
 from loader.stats import StatsBoard
 
-__all__ = ["TimedCollate"]
+__all__ = ["TimedCollate", "timed_collate"]
 
 
 class TimedCollate:
@@ -34,3 +36,8 @@ class TimedCollate:
         board.add("samples", len(data) if self.batched else 1)
         board.flush()
         return batch
+
+
+def timed_collate(collate_fn: Callable[[Any], Any] | None, board: StatsBoard, batched: bool) -> TimedCollate:
+    """The user's ``collate_fn`` (or torch's default for ``batched``), timed into ``board``."""
+    return TimedCollate(collate_fn or (default_collate if batched else default_convert), board, batched)

@@ -4,25 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
+from collections.abc import Sequence
 from typing import Any, Literal, TypeVar
 
 import torch.utils.data
 from torch.utils.data import Dataset, Sampler
-from torch.utils.data._utils.collate import default_collate, default_convert
 from torch.utils.data.dataloader import _DatasetKind
 
-from loader._opening import open_cache, open_partition
+from loader._opening import open_options
 from loader._resumable import ResumableEpochs
 from loader._resume import ReplayableSampler, counting_iterator
 from loader.cache import MinIOCache
-from loader.collate import TimedCollate
 from loader.coordinated import Coordination
 from loader.coordinated.options import coordination_from
 from loader.coordinated.wiring import CoordinatedEpochs
-from loader.datasets import SKIPPED, SourceDataset
+from loader.datasets import SKIPPED
+from loader.files import CachedFiles
 from loader.partition import Partition
-from loader.partition.options import partition_from
 from loader.stats import LoaderStats, StatsBoard
 
 __all__ = ["DataLoader"]
@@ -47,6 +45,10 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
       coordinate: True, a group name or a ``loader.Coordination``: jobs on this machine that read the same
         data in the same way prepare each batch once and share it (docs/how-to/hyperparameter-search.md);
         ``stats().coordination`` says what this job prepared, consumed and saved.
+      cache_files: for a Dataset that opens its own files (``PIL.Image.open(path)``, ``open(path, "rb")``): a
+        folder, or several, whose files it reads. Its plain reads of files listed under them are served
+        through a cache of ``cache_bytes`` in every worker, each file checked against its size and mtime so
+        a changed file is read anew (docs/how-to/your-own-dataset.md); ``stats()`` counts them.
       partition_cache: True or a ``loader.Partition``: under torch.distributed with a DistributedSampler,
         each node caches its share of the records and sends it to the other nodes ahead of need, so N
         nodes cache N times as much (docs/how-to/multi-node.md); ``stats()`` splits bytes into cache,
@@ -80,6 +82,7 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         readahead: int = 4,
         coordinate: bool | str | Coordination = False,
         partition_cache: bool | Partition = False,
+        cache_files: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -88,32 +91,22 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         coordination = coordination_from(coordinate)
         transform, user_collate = getattr(dataset, "transform", None), collate_fn
         board = StatsBoard(num_workers if isinstance(num_workers, int) and num_workers > 0 else 0)
-        cache, self._cache_sizing, self._partition = None, "", None
-        if isinstance(dataset, SourceDataset):
-            cache, self._cache_sizing = open_cache(dataset, cache_bytes, cache_dir)
-            depth = (num_workers or 1) * (prefetch_factor or 2) + 2  # batches a rank may hold received
-            ahead = depth * (batch_size or 1)
-            self._partition = open_partition(
-                partition_cache, cache, cache_dir, (sampler, batch_sampler), ahead
-            )
-            peers = self._partition.peers if self._partition is not None else None
-            dataset = dataset.bind(
-                cache=cache, board=board, on_error=on_error, readahead=readahead, peers=peers
-            )
-            if self._partition is not None:
-                self._partition.serve_from(dataset)
-            batched = batch_sampler is not None or batch_size is not None
-            collate_fn = TimedCollate(
-                collate_fn or (default_collate if batched else default_convert), board, batched
-            )
-        elif partition_from(partition_cache) is not None:
-            raise ValueError(f"partition_cache needs a source-backed dataset, not {type(dataset).__name__}")
-        elif cache_bytes is not None:
-            warnings.warn(
-                f"cache_bytes is ignored: {type(dataset).__name__} is not a source-backed dataset "
-                "(use loader.ImageFolder, LMDBDataset, ArrowDataset or SourceDataset)",
-                stacklevel=2,
-            )
+        opened = open_options(
+            dataset,
+            collate_fn,
+            board,
+            coordination,
+            batches=(batch_size, batch_sampler, sampler),
+            workers=(num_workers, prefetch_factor),
+            cache_bytes=cache_bytes,
+            cache_dir=cache_dir,
+            on_error=on_error,
+            readahead=readahead,
+            partition_cache=partition_cache,
+            cache_files=cache_files,
+        )
+        dataset, collate_fn, cache = opened.dataset, opened.collate_fn, opened.cache
+        self._cache_sizing, self._partition, self._files = opened.sizing, opened.partition, opened.files
         super().__init__(
             dataset,
             batch_size,
@@ -160,6 +153,11 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         """The shared cache this loader reads through, or None."""
         return self._cache
 
+    @property
+    def cache_files(self) -> CachedFiles | None:
+        """What serves the Dataset's own file reads (``cache_files=``), or None."""
+        return self._files.files if self._files is not None else None
+
     def __iter__(self) -> Any:
         self._board.ensure_workers(self.num_workers)
         if self.num_workers == 0:
@@ -181,17 +179,18 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         return self._iter_resumed() if self._resume is not None else super().__iter__()
 
     def _get_iterator(self) -> Any:
-        """Torch's own iterator classes, counting the batches handed out (for ``state_dict``)."""
-        if self._replay is None:
-            return super()._get_iterator()
+        """Torch's own iterator classes, counting the batches handed out (for ``state_dict``) and serving the
+        Dataset's own reads (``cache_files``)."""
         if self.num_workers > 0:
             self.check_worker_number_rationality()
-        return counting_iterator(self, self._count_delivered, skip=SKIPPED)
+        on_batch = self._count_delivered if self._replay is not None else None
+        return counting_iterator(self, on_batch, skip=SKIPPED, serve=self._files)
 
     def stats(self) -> LoaderStats:
         """Totals since this loader was made, over all its workers and epochs."""
+        stores = self._files.files.infos() if self._files is not None else []
         totals = self._board.totals(
-            self._cache.info() if self._cache is not None else None, self._cache_sizing
+            stores + ([self._cache.info()] if self._cache else []), self._cache_sizing
         )
         if self._coordinated is not None:
             totals = dataclasses.replace(totals, coordination=self._coordinated.member.stats())

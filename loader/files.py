@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from loader._shared_counts import SharedCounts
-from loader.cache import CorruptRecordError, MinIOCache
+from loader.cache import CacheInfo, CorruptRecordError, MinIOCache
 from loader.cache._layout import index_bytes
 from loader.sources.file_tree import FileTreeSource
 from loader.system.headroom import auto_cache_bytes
@@ -66,15 +66,19 @@ class CachedFiles:
         self._caches = [_open_store(source, capacity, cache_dir, warn) for source, capacity in pairs]
         self._counts = SharedCounts.create(cache_dir)
 
-    def locate(self, path: PathArg) -> tuple[FileTreeSource, int] | None:
-        """(source, index) of the listed file at ``path`` (relative: from the working folder), else None.
-        A path through links or with ``..`` is resolved as the kernel would before it is matched."""
-        found = self._locate(path)
-        return None if found is None else (self.sources[found[0]], found[1])
-
     def read(self, path: PathArg) -> bytes | None:
         """The file's bytes; None when ``path`` is not a listed file under the roots, is gone, is no longer a
-        regular file or has more than ``largest`` bytes. Raises OSError when a listed file cannot be read."""
+        regular file or has more than ``largest`` bytes. Raises OSError when a listed file cannot be read.
+        Counted in ``counts()``."""
+        got = self.lookup(path)
+        if got is None:
+            return None
+        self._counts.add(0 if got[1] else 1)
+        return got[0]
+
+    def lookup(self, path: PathArg) -> tuple[bytes, bool] | None:
+        """``read`` without the count: (the file's bytes, whether the store had them), or None. A path
+        (relative: from the working folder) through links or with ``..`` is matched as the kernel would."""
         found = self._locate(path)
         if found is None:
             return None
@@ -89,13 +93,15 @@ class CachedFiles:
         cache = self._caches[found[0]]
         if (st.st_size, st.st_mtime_ns) != source.listed(i):
             cache = None  # changed since the listing: its slot belongs to the listed bytes
-        raw, hit = self._fetch(cache, i, name, st.st_size)
-        self._counts.add(0 if hit else 1)
-        return raw
+        return self._fetch(cache, i, name, st.st_size)
 
     def counts(self) -> tuple[int, int]:
         """(hits, misses) of ``read`` so far, summed over every process that shares this object."""
         return self._counts.totals()
+
+    def infos(self) -> list[CacheInfo]:
+        """What each root's store holds now (none for a root whose store could not be made)."""
+        return [cache.info() for cache in self._caches if cache is not None]
 
     @property
     def folder(self) -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterable
 from multiprocessing.sharedctypes import RawArray
 
 import numpy as np
@@ -144,17 +145,18 @@ class StatsBoard:
         self._start_local()
         self._io_seen = own_read_bytes()
 
-    def totals(self, cache: CacheInfo | None, cache_sizing: str = "") -> LoaderStats:
+    def totals(self, caches: Iterable[CacheInfo] = (), cache_sizing: str = "") -> LoaderStats:
+        """The sums over every process's row, with what the ``caches`` (the loader's stores) hold now."""
         if self._local_pid == os.getpid():
             self.flush(storage=self._rows == 1)  # the main process loads data only without workers
         sums = self._table().sum(axis=0)
         values = {f: (int(sums[i]) if f in _COUNTS else float(sums[i])) for f, i in _COLUMN.items()}
-        if cache is not None:
-            values.update(
-                records_cached=cache.records_cached,
-                cache_bytes_used=cache.bytes_used,
-                cache_capacity=cache.capacity,
-            )
+        caches = list(caches)
+        values.update(
+            records_cached=sum(c.records_cached for c in caches),
+            cache_bytes_used=sum(c.bytes_used for c in caches),
+            cache_capacity=sum(c.capacity for c in caches),
+        )
         return LoaderStats(**values, cache_sizing=cache_sizing)
 
     def __getstate__(self) -> dict:

@@ -188,7 +188,6 @@ def test_cached_loader_of_a_source_dataset_counts_hits(tmp_path):
 
 
 def test_cached_mode_counts_served_reads_for_other_datasets(tmp_path):
-    pytest.importorskip("stallbench.jobs.served")
     files = tmp_path / "files"
     files.mkdir()
     for i in range(10):
@@ -338,7 +337,6 @@ def test_batch_samples_and_fresh_copies():
 
 
 def test_cached_mode_says_when_a_dataset_reads_nothing_it_can_serve(tmp_path):
-    pytest.importorskip("stallbench.jobs.served")
     files, elsewhere = tmp_path / "files", tmp_path / "elsewhere"
     for folder in (files, elsewhere):
         folder.mkdir()

@@ -26,7 +26,15 @@ def test_every_torch_parameter_exists_with_the_same_default_and_kind(name):
 
 def test_our_options_are_keyword_only():
     extra = [p for n, p in OUR_PARAMS.items() if n not in TORCH_PARAMS]
-    expected = {"cache_bytes", "cache_dir", "on_error", "readahead", "coordinate", "partition_cache"}
+    expected = {
+        "cache_bytes",
+        "cache_dir",
+        "on_error",
+        "readahead",
+        "coordinate",
+        "partition_cache",
+        "cache_files",
+    }
     assert {p.name for p in extra} == expected
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extra)
 

@@ -44,3 +44,20 @@ def test_the_hyperparameter_search_example_runs_as_one_trial(tmp_path):
     namespace.clear()
     gc.collect()  # the trial's end: the last member out removes the staging area
     assert not area.exists()
+
+
+@pytest.mark.multiproc
+def test_the_own_dataset_example_serves_its_second_epoch_from_the_cache(tmp_path, shm_dir, capsys):
+    from PIL import Image
+
+    (block,) = python_blocks(DOCS / "how-to" / "your-own-dataset.md")
+    root = tmp_path / "digits"
+    for i in range(20):
+        (root / str(i % 10)).mkdir(parents=True, exist_ok=True)
+        Image.new("L", (8, 8), color=i * 10).save(root / str(i % 10) / f"{i}.jpg")
+    code = block.replace('"/data/digits"', repr(str(root)))
+    code = code.replace('cache_bytes="auto",', f'cache_bytes="auto", cache_dir={str(shm_dir)!r},')
+    assert code.count(str(root)) == 2 and str(shm_dir) in code
+    namespace: dict = {}
+    exec(compile(code, "your-own-dataset.md", "exec"), namespace)
+    assert capsys.readouterr().out == "hits 20, misses 20, cached 20 files\n"

@@ -205,6 +205,17 @@ def test_advice_for_a_fetch_stall_names_the_cached_loader_and_its_numbers():
     assert f"{switch.epoch_seconds:.1f} s ({100 * (switch.epoch_seconds / 100 - 1):+.0f}%)" in text
 
 
+@pytest.mark.parametrize(
+    ("data", "argument"),
+    [("/data/digits", "cache_files='/data/digits'"), ("/a,/b", "cache_files=['/a', '/b']")],
+)
+def test_advice_for_a_dataset_that_opens_its_own_files_names_cache_files(data, argument):
+    m = measured(loader="torch", t1=60.0, t2=100.0, storage=100e6, rate=2000.0)
+    m = dataclasses.replace(m, workload=dataclasses.replace(m.workload, data=data, opens_own_files=True))
+    text = advise(m, what_if(m))
+    assert f"loader.DataLoader with cache_bytes=5_000_000_000 (5.00 GB), {argument} would cut" in text
+
+
 def test_advice_for_a_prep_stall_names_a_worker_count_and_the_decode_rate():
     m = measured(workers=1, cores=8, rate=500.0, t1=60.0, t2=210.0, prep_stall=150.0, storage=10e9)
     # prep takes 200 s of CPU (the 210 s prep run: the CPU explains it); 4 workers make it 50 s, below the

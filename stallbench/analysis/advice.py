@@ -28,18 +28,23 @@ def _fetch_action(m: Measured, predictions: tuple[Prediction, ...]) -> tuple[Pre
         cache = min(m.workload.dataset_bytes, cache_budget(m.workload.cache_bytes))
         switch = predict(m, cache_bytes=cache, workers=m.workload.workers, loader=CACHED)
         if switch.epoch_seconds < worth:
-            return switch, f"{KINDS[CACHED].label} with {_cache_argument(cache)}", CACHED
+            return switch, f"{KINDS[CACHED].label} with {_cache_argument(cache, m)}", CACHED
     options = [p for p in predictions if p.workers == m.workload.workers and p.epoch_seconds < worth]
     best = min(options, key=lambda p: (p.epoch_seconds, p.cache_bytes), default=None)
     if best is None:
         return None
-    what = _cache_argument(best.cache_bytes) if KINDS[m.loader].cached else "a page cache of "
+    what = _cache_argument(best.cache_bytes, m) if KINDS[m.loader].cached else "a page cache of "
     return best, what if KINDS[m.loader].cached else what + format_bytes(best.cache_bytes), m.loader
 
 
-def _cache_argument(cache: int) -> str:
-    """The argument as a script writes it (``cache_bytes=344_064_000``), its size beside it."""
-    return f"cache_bytes={cache:_} ({format_bytes(cache)})"
+def _cache_argument(cache: int, m: Measured) -> str:
+    """The arguments as a script writes them (``cache_bytes=344_064_000``, its size beside it), with
+    ``cache_files=`` the data's folders where the command's Dataset opens its own files."""
+    said = f"cache_bytes={cache:_} ({format_bytes(cache)})"
+    if m.workload.opens_own_files:
+        roots = m.workload.data.split(",")
+        said += f", cache_files={roots[0]!r}" if len(roots) == 1 else f", cache_files={roots!r}"
+    return said
 
 
 def _prep_action(m: Measured, predictions: tuple[Prediction, ...]) -> Prediction | None:

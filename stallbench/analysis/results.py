@@ -48,6 +48,7 @@ class Workload:
     memory_limit: int | None  # --memory-limit: the kernel's memory limit of each job; None: none
     command: str | None = None  # the user's own command (``analyze -- CMD``); None for a generated job
     prefetch_factor: int | None = None  # batches each worker keeps ready; None without workers
+    opens_own_files: bool = False  # the command's Dataset opens its files itself: ours needs cache_files=
 
 
 @dataclass(frozen=True)

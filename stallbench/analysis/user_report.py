@@ -119,5 +119,6 @@ def _workload(job: UserJob, cold_rows: Sequence[LoaderEpoch]) -> tuple[Workload,
         cache_bytes=scale(job.cache_bytes) if job.cache_bytes is not None else None,
         storage_bandwidth=job.storage_bandwidth, memory_limit=job.memory_limit,
         command=" ".join(job.argv), prefetch_factor=last.prefetch_factor if last.workers else None,
+        opens_own_files=not last.source_backed,
     )  # fmt: skip
     return workload, share

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stallbench.jobs._overrides import override_workers
-from stallbench.jobs._swap import cached_maker, our_class, stand_in, torch_taking_ours
+from stallbench.jobs._swap import cached_class, cached_maker, stand_in, torch_taking_ours
 from stallbench.jobs._timed import say
 from stallbench.jobs.spec import JobSpec
 
@@ -34,6 +34,7 @@ def install_hooks(spec: JobSpec, iterate: Iterate) -> None:
     is imported (now, for one imported already)."""
     originals: dict[str, type] = {}
     swapped: dict[str, type] = {}
+    cached = functools.cache(functools.partial(cached_class, spec))  # one class for the whole run
 
     def torch_imported(module: Any) -> None:
         cls = originals[_TORCH] = module.DataLoader
@@ -42,7 +43,7 @@ def install_hooks(spec: JobSpec, iterate: Iterate) -> None:
         _hook_subclasses(cls, iterate, spec.steps)
         override_workers(cls, spec)
         if spec.loader == "cached":
-            swapped[_TORCH] = stand_in(cls, cached_maker(spec, cls), our_class)
+            swapped[_TORCH] = stand_in(cls, cached_maker(cached, cls), cached)
             _set_class(_TORCH, swapped[_TORCH])
 
     def ours_imported(module: Any) -> None:

@@ -25,7 +25,7 @@ class LoaderState:
     mode: str
     settings: dict[str, Any]  # the records' workers, batch_size, prefetch_factor and dataset_len
     stats: Callable[[], Any] | None  # loader.DataLoader.stats
-    served: Callable[[], tuple[int, int]] | None
+    serves_files: bool  # a loader.DataLoader with cache_files: its Dataset's own reads go through the cache
     batches: int = 0  # over the epochs closed
     epochs: int = 0  # records written
     complete: int = 0  # epochs that ran to their end
@@ -44,10 +44,7 @@ def epoch_record(
     """The epoch ``meter`` timed, with the counters' change from its start to ``after``."""
     before = meter.before
     stats = after.stats_since(before) if state.stats is not None else {}
-    if state.served is not None:
-        hits, misses = after.served[0] - before.served[0], after.served[1] - before.served[1]
-    else:
-        hits, misses = int(stats.get("hits", 0)), int(stats.get("misses", 0))
+    hits, misses = int(stats.get("hits", 0)), int(stats.get("misses", 0))
     return LoaderEpoch(
         loader=state.id,
         rank=_rank(),
@@ -74,7 +71,8 @@ def epoch_record(
 
 def loader_settings(dl: Any) -> dict[str, Any]:
     """The records' workers, batch size (the batch sampler's where the loader was given one, as accelerate
-    and the Hugging Face Trainer do), prefetch factor and dataset length."""
+    and the Hugging Face Trainer do), prefetch factor, dataset length and whether the Dataset is one of
+    ``loader``'s (known by its classes' names: this side never imports ``loader``)."""
     try:
         length = len(dl.dataset)
     except Exception:  # an IterableDataset without a length
@@ -82,7 +80,11 @@ def loader_settings(dl: Any) -> dict[str, Any]:
     batch_size = dl.batch_size
     if batch_size is None:
         batch_size = getattr(dl.batch_sampler, "batch_size", None)
+    dataset_classes = type(dl.dataset).mro()
     return {
+        "source_backed": any(
+            c.__module__ == "loader.datasets" and c.__name__ == "SourceDataset" for c in dataset_classes
+        ),
         "workers": dl.num_workers,
         "batch_size": batch_size if isinstance(batch_size, int) else None,
         "prefetch_factor": getattr(dl, "prefetch_factor", None),

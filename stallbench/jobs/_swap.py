@@ -15,7 +15,7 @@ from typing import Any
 from stallbench.jobs._timed import say
 from stallbench.jobs.spec import JobSpec
 
-__all__ = ["cached_maker", "our_class", "ours_only", "stand_in", "torch_taking_ours"]
+__all__ = ["cached_class", "cached_maker", "ours_only", "stand_in", "torch_taking_ours"]
 
 
 def ours_only(ours: type, torch_class: type) -> frozenset[str]:
@@ -104,24 +104,18 @@ def torch_taking_ours(torch_class: type, ours: type) -> tuple[Callable[..., Any]
     return make, DataLoader
 
 
-def cached_maker(spec: JobSpec, torch_class: type) -> Callable[..., Any]:
-    """``torch.utils.data.DataLoader(...)`` as a ``loader.DataLoader``, cached when its Dataset is one of
-    ours (``stallbench.jobs.served`` serves any other Dataset's file reads through the cache)."""
+def cached_maker(cached: Callable[[], type], torch_class: type) -> Callable[..., Any]:
+    """``torch.utils.data.DataLoader(...)`` as the class ``cached()`` makes it; torch's own where ``loader``
+    cannot be imported or does not take the arguments (one line says why)."""
 
     def make(*args: Any, **kwargs: Any) -> Any:
         try:
-            from loader import DataLoader, SourceDataset
+            cls = cached()
         except Exception as exc:
             say(f"cannot import loader ({exc!r}); the DataLoaders stay torch's", key="import-loader")
             return torch_class(*args, **kwargs)
-        dataset = args[0] if args else kwargs.get("dataset")
-        extra: dict[str, Any] = {}
-        if isinstance(dataset, SourceDataset):
-            extra["cache_bytes"] = spec.cache_bytes if spec.cache_bytes is not None else "auto"
-            if spec.cache_dir is not None:
-                extra["cache_dir"] = spec.cache_dir
         try:
-            return DataLoader(*args, **kwargs, **extra)
+            return cls(*args, **kwargs)
         except TypeError as exc:
             say(f"loader.DataLoader does not take these arguments ({exc}); using torch's", key="cached-args")
             return torch_class(*args, **kwargs)
@@ -129,7 +123,26 @@ def cached_maker(spec: JobSpec, torch_class: type) -> Callable[..., Any]:
     return make
 
 
-def our_class() -> type:
-    from loader import DataLoader
+def cached_class(spec: JobSpec) -> type:
+    """``loader.DataLoader`` with this run's cache, the script's own arguments first: ``cache_bytes`` for
+    one of our datasets; for any other Dataset, ``cache_files`` on the data roots, so the files it opens
+    itself are read through the cache, as a user does with the same arguments."""
+    from loader import DataLoader, SourceDataset
 
-    return DataLoader
+    class CachedDataLoader(DataLoader):  # type: ignore[misc, valid-type]
+        __module__, __qualname__ = DataLoader.__module__, DataLoader.__qualname__
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            dataset = args[0] if args else kwargs.get("dataset")
+            mine = isinstance(dataset, SourceDataset)
+            extra: dict[str, Any] = {}
+            if mine or (spec.data and spec.cache_bytes is not None and spec.mode != "ingestion"):
+                extra["cache_bytes"] = spec.cache_bytes if spec.cache_bytes is not None else "auto"
+                if spec.cache_dir is not None:
+                    extra["cache_dir"] = spec.cache_dir
+            if not mine and extra:
+                extra["cache_files"] = list(spec.data)
+            super().__init__(*args, **{**extra, **kwargs})
+
+    CachedDataLoader.__name__ = DataLoader.__name__
+    return CachedDataLoader

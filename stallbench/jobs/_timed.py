@@ -77,7 +77,6 @@ class Counters:
     storage_bytes: int = 0
     cpu_seconds: float = 0.0
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)  # loader.DataLoader.stats(), asdict
-    served: tuple[int, int] = (0, 0)  # served reads' (hits, misses), for loaders that are not ours
 
     def stats_since(self, before: Counters) -> dict[str, Any]:
         """Numbers as deltas; anything else (the cache's sizing note) as it is now."""
@@ -90,8 +89,8 @@ class Counters:
         }
 
 
-def read_counters(stats: Callable[[], Any] | None, served: Callable[[], tuple[int, int]] | None) -> Counters:
-    """This process tree's storage bytes and CPU seconds, and the loader's and served reads' counts."""
+def read_counters(stats: Callable[[], Any] | None) -> Counters:
+    """This process tree's storage bytes and CPU seconds, and the loader's counts."""
     storage, cpu = _process_tree()
     values: dict[str, Any] = {}
     if stats is not None:
@@ -99,13 +98,7 @@ def read_counters(stats: Callable[[], Any] | None, served: Callable[[], tuple[in
             values = dataclasses.asdict(stats())
         except Exception as exc:
             say(f"cannot read the loader's stats() ({exc!r}); its records leave them out", key="stats")
-    counts = (0, 0)
-    if served is not None:
-        try:
-            counts = tuple(served())  # type: ignore[assignment]
-        except Exception as exc:
-            say(f"cannot read the served reads' counts ({exc!r})", key="served")
-    return Counters(storage, cpu, values, counts)
+    return Counters(storage, cpu, values)
 
 
 def _process_tree() -> tuple[int, float]:

@@ -65,27 +65,7 @@ def install(spec: JobSpec | None = None) -> bool:
     _run = _Run(spec)
     install_hooks(spec, _run.iterate)
     os.register_at_fork(after_in_child=_run.forked)
-    _run.served = _served(spec)  # after the hooks: serving imports loader, hence torch
     return True
-
-
-def _served(spec: JobSpec) -> Callable[[], tuple[int, int]] | None:
-    """In "cached" mode, reads of the data's files go through our cache (``stallbench.jobs.served``, when
-    it exists): its counts are the hits and misses of loaders whose Dataset is not one of ours."""
-    if spec.loader != "cached" or spec.mode == "ingestion":  # ingestion reads a few batches, never served
-        return None
-    try:
-        from stallbench.jobs import served  # type: ignore[attr-defined]
-    except ImportError as exc:
-        if exc.name != "stallbench.jobs.served":
-            say(f"cannot import stallbench.jobs.served ({exc!r}); file reads are not served from the cache")
-        return None
-    try:
-        serving = served.install(spec)
-    except Exception as exc:
-        say(f"serving file reads from the cache failed to start ({exc!r}); they go to storage")
-        return None
-    return served.served_counts if serving else None
 
 
 class _Run:
@@ -93,7 +73,6 @@ class _Run:
 
     def __init__(self, spec: JobSpec) -> None:
         self.spec, self.exit_hooked = spec, False
-        self.served: Callable[[], tuple[int, int]] | None = None
         self.forked()
 
     def forked(self) -> None:
@@ -118,7 +97,7 @@ class _Run:
                 self._close_handed_out(time.perf_counter())
                 self._close(state, complete=False)  # a loop left early
                 self._maybe_exit(state)
-                before = read_counters(state.stats, state.served)
+                before = read_counters(state.stats)
                 meter = EpochMeter(0.0, before, self._cuda(), epoch_length(dl, self.spec.steps))
         except Exception as exc:
             say(f"cannot measure a DataLoader ({exc!r}); it runs unmeasured", key="iterate")
@@ -152,7 +131,7 @@ class _Run:
             mode=self.spec.mode,
             settings=settings,
             stats=inner.stats if ours else None,
-            served=None if ours and getattr(inner, "cache", None) is not None else self.served,
+            serves_files=ours and getattr(inner, "cache_files", None) is not None,
             shape=shape,
         )
         if state.order == len(self.order):
@@ -239,11 +218,11 @@ class _Run:
             return  # an iterator made and never used: no epoch
         state.epochs += 1
         state.complete += complete
-        after = read_counters(state.stats, state.served)
+        after = read_counters(state.stats)
         end = end if end is not None else meter.last_activity
         record = epoch_record(state, meter, complete, end, after)
         write_record(self.spec.out_dir, record)
-        if state.served is not None and record.batches and record.hits + record.misses == 0:
+        if state.serves_files and record.batches and record.hits + record.misses == 0:
             say(
                 f"{state.id} read no file under --data through open(): its reads cannot go through our cache "
                 "(does its Dataset read with os.open, mmap or a C library, or files elsewhere?)",

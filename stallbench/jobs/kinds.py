@@ -43,7 +43,7 @@ def _torch(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> 
     board = StatsBoard(job.workers)
     bound = dataset.bind(cache=None, board=board, on_error="raise")
     timed = TimedCollate(collate, board, batched=True)
-    return torch.utils.data.DataLoader(bound, collate_fn=timed, **common), lambda: board.totals(None)
+    return torch.utils.data.DataLoader(bound, collate_fn=timed, **common), lambda: board.totals()
 
 
 def _cached(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> tuple[Any, Stats]:

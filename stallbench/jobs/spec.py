@@ -81,8 +81,8 @@ class JobSpec(_JsonFile):
     process exits 0 at the next ``iter()`` of that loader. None: the script decides.
     ``loader``: "as-is" leaves the script's loader classes alone; "torch" makes every ``loader.DataLoader``
     the script builds a plain ``torch.utils.data.DataLoader``; "cached" makes every DataLoader the script
-    builds a ``loader.DataLoader`` with ``cache_bytes`` and ``cache_dir``, and serves reads of files under
-    ``data`` through our cache where the Dataset is not one of ours.
+    builds a ``loader.DataLoader`` with ``cache_bytes`` and ``cache_dir``, and with ``cache_files=data``
+    where the Dataset is not one of ours (its own reads of files under ``data`` go through the cache).
     ``sync_cuda``: synchronise the CUDA device at each step boundary (when CUDA is in use), so a step's
     time includes the device's work.
     ``workers`` / ``prefetch_factor``: every DataLoader the script builds gets these instead of its own
@@ -216,7 +216,8 @@ class LoaderEpoch:
     batch_size: int | None = None
     prefetch_factor: int | None = None
     dataset_len: int | None = None  # len(loader.dataset), None where it has none (an IterableDataset)
-    hits: int = 0  # our cache's hits and misses in the epoch (loader.DataLoader or served reads), else 0
+    source_backed: bool = False  # the Dataset is one of loader's; else ours caches it with cache_files=
+    hits: int = 0  # our cache's hits and misses in the epoch (loader.DataLoader), else 0
     misses: int = 0
     cuda_sync_seconds: float = 0.0  # time spent synchronising the device at step boundaries
     stats: dict[str, Any] = field(default_factory=dict)  # loader.DataLoader's stats() deltas, if ours

@@ -1,5 +1,5 @@
-"""A file ``stallbench.jobs.served`` serves from the cache: its bytes as the file object ``open`` would give,
-binary or text."""
+"""A file served from the cache by ``DataLoader(cache_files=...)``: its bytes as the file object ``open``
+would give, binary or text."""
 
 from __future__ import annotations
 
