@@ -1,4 +1,10 @@
-"""A drop-in PyTorch DataLoader with a shared minimal-miss cache: change one import, add a cache size."""
+"""A drop-in PyTorch DataLoader with a shared minimal-miss cache: change one import, add a cache size.
+
+``ArrowSource``, ``LMDBSource`` and ``image_folder_to_lmdb`` come from ``loader.sources`` when first named, so
+``import loader`` loads neither pyarrow nor lmdb.
+"""
+
+from typing import Any
 
 from loader._pil import PilBuild, pil_build
 from loader.cache import CacheInfo, MinIOCache
@@ -9,14 +15,7 @@ from loader.decode import EvalTransform, TrainTransform
 from loader.errors import BadRecordError, SourceError
 from loader.files import CachedFiles
 from loader.partition import Partition
-from loader.sources import (
-    ArrowSource,
-    FileTreeSource,
-    ImageFolderSource,
-    LMDBSource,
-    Source,
-    image_folder_to_lmdb,
-)
+from loader.sources import FileTreeSource, ImageFolderSource, Source
 from loader.stats import LoaderStats
 
 __all__ = [
@@ -48,3 +47,11 @@ __all__ = [
     "image_folder_to_lmdb",
     "pil_build",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("ArrowSource", "LMDBSource", "image_folder_to_lmdb"):
+        from loader import sources
+
+        return getattr(sources, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

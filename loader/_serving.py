@@ -45,7 +45,7 @@ class FileReads:
 
     def read(self, path: str | bytes | os.PathLike) -> bytes | None:
         start = time.perf_counter()
-        got = self.files.lookup(path)
+        got = self.files.read(path)
         if got is None:
             return None
         raw, hit = got

@@ -10,13 +10,13 @@ from typing import Any, Literal
 
 from torch.utils.data import Dataset
 
+from loader import sources
 from loader._fetched import SKIPPED, BatchCost, Fetched
 from loader._readahead import ReadAhead
 from loader.cache import CorruptRecordError, MinIOCache
 from loader.decode import make_transform, tokens_to_tensor
 from loader.errors import BadRecordError
 from loader.partition.peers import PeerRecords
-from loader.sources import ArrowSource, ImageFolderSource, LMDBSource, Source
 from loader.stats import StatsBoard
 
 __all__ = ["SKIPPED", "ArrowDataset", "ImageFolder", "LMDBDataset", "SourceDataset", "tokens_to_tensor"]
@@ -28,7 +28,7 @@ OnError = Literal["raise", "skip"]
 class SourceDataset(Dataset):
     """``dataset[i] -> (transform(raw_bytes_i), label_i)``; ``transform=None`` gives the raw bytes."""
 
-    def __init__(self, source: Source, transform: Transform = None) -> None:
+    def __init__(self, source: sources.Source, transform: Transform = None) -> None:
         self.source = source
         self.transform = make_transform(transform)
         self._cache: MinIOCache | None = None
@@ -170,7 +170,7 @@ class ImageFolder(SourceDataset):
     """Images in the ImageNet layout ``root/<class>/<file>``; labels from the sorted class folder names."""
 
     def __init__(self, root: str, transform: Transform = "train") -> None:
-        super().__init__(ImageFolderSource(root), transform)
+        super().__init__(sources.ImageFolderSource(root), transform)
         self.classes = self.source.classes
 
 
@@ -178,7 +178,7 @@ class LMDBDataset(SourceDataset):
     """Records of an LMDB environment in the layout of ``docs/sources.md`` (see ``image_folder_to_lmdb``)."""
 
     def __init__(self, path: str, transform: Transform = "train") -> None:
-        super().__init__(LMDBSource(path), transform)
+        super().__init__(sources.LMDBSource(path), transform)
 
 
 class ArrowDataset(SourceDataset):
@@ -194,7 +194,7 @@ class ArrowDataset(SourceDataset):
         label_column: str | None = None,
         transform: Transform = None,
     ) -> None:
-        source = ArrowSource(path, column=column, label_column=label_column)
+        source = sources.ArrowSource(path, column=column, label_column=label_column)
         if transform is None and source.kind == "tokens":
             transform = tokens_to_tensor
         super().__init__(source, transform)

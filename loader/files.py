@@ -4,8 +4,8 @@ A user's Dataset names its records by path (``Image.open(path)``), so swapping i
 it no cache. ``CachedFiles`` lists the files under some roots (one ``FileTreeSource`` and one store each) and
 serves ``read(path)`` from the store, reading and admitting on a miss, just as ``SourceDataset`` does by
 index. Each read checks the file's size and mtime against the listing (one ``os.stat``): a file changed since
-is read from storage, never served stale. Hits and misses are counted over every process that shares the
-object (see ``SharedCounts``).
+is read from storage, never served stale. ``DataLoader(cache_files=...)`` serves a Dataset's own ``open``
+through one (``loader._serving``) and counts its reads in ``stats()``.
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ import os
 import stat
 import warnings
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Literal
 
-from loader._shared_counts import SharedCounts
 from loader.cache import CacheInfo, CorruptRecordError, MinIOCache
 from loader.cache._layout import index_bytes
 from loader.sources.file_tree import FileTreeSource
@@ -39,8 +37,7 @@ class CachedFiles:
     what memory the job may still use, up to the files' size (``cache_sizing`` says how). Files of more
     than ``largest`` bytes are not served (``read`` gives None): a caller may want only part of a big file
     (a shard, a memory-mapped array), and one that did not fit would close the store to all the rest.
-    Picklable: a DataLoader worker, forked or spawned, reattaches the stores and counts into the same
-    ``counts()``.
+    Picklable: a DataLoader worker, forked or spawned, reattaches the stores.
     """
 
     def __init__(
@@ -64,21 +61,12 @@ class CachedFiles:
         warn = not self.cache_sizing
         pairs = zip(self.sources, capacities, strict=True)
         self._caches = [_open_store(source, capacity, cache_dir, warn) for source, capacity in pairs]
-        self._counts = SharedCounts.create(cache_dir)
 
-    def read(self, path: PathArg) -> bytes | None:
-        """The file's bytes; None when ``path`` is not a listed file under the roots, is gone, is no longer a
-        regular file or has more than ``largest`` bytes. Raises OSError when a listed file cannot be read.
-        Counted in ``counts()``."""
-        got = self.lookup(path)
-        if got is None:
-            return None
-        self._counts.add(0 if got[1] else 1)
-        return got[0]
-
-    def lookup(self, path: PathArg) -> tuple[bytes, bool] | None:
-        """``read`` without the count: (the file's bytes, whether the store had them), or None. A path
-        (relative: from the working folder) through links or with ``..`` is matched as the kernel would."""
+    def read(self, path: PathArg) -> tuple[bytes, bool] | None:
+        """(the file's bytes, whether the store had them); None when ``path`` is not a listed file under the
+        roots, is gone, is no longer a regular file or has more than ``largest`` bytes. A path (relative:
+        from the working folder) through links or with ``..`` is matched as the kernel would. Raises OSError
+        when a listed file cannot be read."""
         found = self._locate(path)
         if found is None:
             return None
@@ -95,26 +83,15 @@ class CachedFiles:
             cache = None  # changed since the listing: its slot belongs to the listed bytes
         return self._fetch(cache, i, name, st.st_size)
 
-    def counts(self) -> tuple[int, int]:
-        """(hits, misses) of ``read`` so far, summed over every process that shares this object."""
-        return self._counts.totals()
-
     def infos(self) -> list[CacheInfo]:
         """What each root's store holds now (none for a root whose store could not be made)."""
         return [cache.info() for cache in self._caches if cache is not None]
 
-    @property
-    def folder(self) -> Path:
-        """A private folder of ``cache_dir`` that lives as long as this object's maker: what goes with it."""
-        return self._counts.folder
-
     def close(self) -> None:
-        """Detach from the stores (they stay for the next run); the process that made this object also
-        removes its ``folder``, as it does at exit."""
+        """Detach from the stores (they stay for the next run)."""
         for cache in self._caches:
             if cache is not None:
                 cache.close()
-        self._counts.close()
 
     def _locate(self, path: PathArg) -> tuple[int, int] | None:
         """(root number, index): the path as written first (cheap), then its real path (a stat per part)."""

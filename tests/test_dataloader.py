@@ -289,3 +289,24 @@ def test_a_state_saved_before_the_first_batch_gives_that_epoch(num_workers, shm_
     restored = resumable(num_workers, shm_dir)
     restored.load_state_dict(state)
     assert [b[0].tolist() for b in restored] == [b[0].tolist() for b in it]
+
+
+def test_an_image_folder_job_loads_neither_pyarrow_nor_lmdb(tmp_path, shm_dir):
+    """Each worker of an image-folder job holds only what its dataset needs (pyarrow and lmdb: ~44 MB)."""
+    import subprocess
+    import sys
+
+    root = make_jpeg_folder(tmp_path / "imgs", per_class=2, classes=2, size=(8, 8))
+    code = (
+        "import sys, torch, loader\n"
+        "def seen(_):\n"
+        "    return [sorted(m for m in ('pyarrow', 'lmdb') if m in sys.modules)]\n"
+        f"dl = loader.DataLoader(loader.ImageFolder({str(root)!r}), batch_size=2, num_workers=2,\n"
+        f"                       cache_bytes=1 << 20, cache_dir={str(shm_dir)!r}, collate_fn=seen)\n"
+        "print([m for batch in dl for m in batch] + seen(None))\n"
+        "loader.ArrowSource, loader.LMDBSource\n"
+        "print(seen(None))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[[], [], []]", "[['lmdb', 'pyarrow']]"]  # named: imported then

@@ -98,3 +98,43 @@ def test_dataset_flips_only_when_training(example, images: Path) -> None:
     flipped = [torch.equal(t, x.flip(-1)) for t in seen]
     assert 0 < sum(flipped) < 32
     assert all(f or torch.equal(t, x) for t, f in zip(seen, flipped, strict=True))
+
+
+def test_the_cache_advice_written_into_the_script_reads_through_the_cache(
+    images: Path, tmp_path, shm_dir
+) -> None:
+    """The arguments stallbench's advice gives this script (its Dataset opens each JPEG itself), written in
+    as a user would: one import changed and the two arguments added. Its reads go through the cache."""
+    from loader import CachedFiles
+    from stallbench.analysis.advice import cache_arguments
+    from stallbench.analysis.results import Workload
+
+    sizes = dict(dataset_bytes=1 << 22, record_bytes=1 << 22, samples=200, batch_size=32, workers=2, epochs=2)
+    workload = Workload(
+        data=str(images), compute="the command's own step", cache_bytes=None, storage_bandwidth=None,
+        memory_limit=None, opens_own_files=True, **sizes,
+    )  # fmt: skip
+    said = cache_arguments(1 << 22, workload)
+    advice = re.fullmatch(r"cache_bytes=([\d_]+) \([^)]*\), cache_files=('[^']+')", said)
+    assert advice, said
+    edited = SCRIPT.read_text().replace(
+        "from torch.utils.data import DataLoader, Dataset, DistributedSampler",
+        "from torch.utils.data import Dataset, DistributedSampler\n\nfrom loader import DataLoader",
+    )
+    edited = edited.replace(
+        '"pin_memory": pin}',
+        f'"pin_memory": pin, "cache_bytes": {advice[1]}, "cache_files": {advice[2]}, '
+        f'"cache_dir": {str(shm_dir)!r}}}',  # a private cache_dir for the test
+    )
+    assert edited.count("cache_files") == 1 and "from loader import DataLoader" in edited
+    (tmp_path / "train_cnn_cached.py").write_text(edited)
+    argv = [sys.executable, str(tmp_path / "train_cnn_cached.py"), "--data", str(images), "--epochs", "2"]
+    env = {**_env(), "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": ""}
+    ran = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert ran.returncode == 0 and len(_epoch_lines(ran.stdout)) == 2, ran.stderr[-3000:]
+    files = CachedFiles(images, 1 << 22, shm_dir)  # the store the script filled, found again
+    try:
+        hits = sum(files.read(p)[1] for p in sorted(images.rglob("*.jpg")))
+        assert hits == files.infos()[0].records_cached == 200
+    finally:
+        files.close()

@@ -1,11 +1,15 @@
-"""Data sources: index -> raw record bytes, from an image folder, an LMDB, or an Arrow IPC / Parquet file."""
+"""Data sources: index -> raw record bytes, from an image folder, an LMDB, or an Arrow IPC / Parquet file.
 
-from loader.sources.arrow_source import ArrowSource
+The Arrow and LMDB sources (and the converters, which write both) are imported when first named: a process
+whose data is an image folder never loads pyarrow or lmdb (about 44 MB of memory in each worker).
+"""
+
+import importlib
+from typing import Any
+
 from loader.sources.base import Source
-from loader.sources.convert import image_folder_to_arrow, image_folder_to_lmdb
 from loader.sources.file_tree import FileTreeSource
 from loader.sources.image_folder import IMG_EXTENSIONS, ImageFolderSource
-from loader.sources.lmdb_source import LMDBSource
 
 __all__ = [
     "IMG_EXTENSIONS",
@@ -17,3 +21,18 @@ __all__ = [
     "image_folder_to_arrow",
     "image_folder_to_lmdb",
 ]
+
+LAZY = {
+    "ArrowSource": "loader.sources.arrow_source",
+    "LMDBSource": "loader.sources.lmdb_source",
+    "image_folder_to_arrow": "loader.sources.convert",
+    "image_folder_to_lmdb": "loader.sources.convert",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(LAZY[name]), name)
+    globals()[name] = value
+    return value

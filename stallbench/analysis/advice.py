@@ -4,12 +4,12 @@ what-if's numbers (``stallbench.analysis.whatif``)."""
 from __future__ import annotations
 
 from stallbench.analysis.hits import cache_budget
-from stallbench.analysis.results import Prediction
+from stallbench.analysis.results import Prediction, Workload
 from stallbench.analysis.whatif import Measured, predict, roofline
 from stallbench.conditions.sizes import format_bytes
 from stallbench.jobs.kinds import CACHED, KINDS
 
-__all__ = ["advise", "advised"]
+__all__ = ["advise", "advised", "cache_arguments"]
 
 ACT_ON = 10.0  # a stall under this % of the epoch is not worth acting on
 MIN_GAIN = 0.02  # an action must cut the epoch by at least this fraction to be advised
@@ -28,21 +28,21 @@ def _fetch_action(m: Measured, predictions: tuple[Prediction, ...]) -> tuple[Pre
         cache = min(m.workload.dataset_bytes, cache_budget(m.workload.cache_bytes))
         switch = predict(m, cache_bytes=cache, workers=m.workload.workers, loader=CACHED)
         if switch.epoch_seconds < worth:
-            return switch, f"{KINDS[CACHED].label} with {_cache_argument(cache, m)}", CACHED
+            return switch, f"{KINDS[CACHED].label} with {cache_arguments(cache, m.workload)}", CACHED
     options = [p for p in predictions if p.workers == m.workload.workers and p.epoch_seconds < worth]
     best = min(options, key=lambda p: (p.epoch_seconds, p.cache_bytes), default=None)
     if best is None:
         return None
-    what = _cache_argument(best.cache_bytes, m) if KINDS[m.loader].cached else "a page cache of "
+    what = cache_arguments(best.cache_bytes, m.workload) if KINDS[m.loader].cached else "a page cache of "
     return best, what if KINDS[m.loader].cached else what + format_bytes(best.cache_bytes), m.loader
 
 
-def _cache_argument(cache: int, m: Measured) -> str:
+def cache_arguments(cache: int, workload: Workload) -> str:
     """The arguments as a script writes them (``cache_bytes=344_064_000``, its size beside it), with
     ``cache_files=`` the data's folders where the command's Dataset opens its own files."""
     said = f"cache_bytes={cache:_} ({format_bytes(cache)})"
-    if m.workload.opens_own_files:
-        roots = m.workload.data.split(",")
+    if workload.opens_own_files:
+        roots = workload.data.split(",")
         said += f", cache_files={roots[0]!r}" if len(roots) == 1 else f", cache_files={roots!r}"
     return said
 

@@ -77,6 +77,6 @@ def apply_advice(job: UserJob, report: LoaderReport, kind: str, log: IO[str] | N
     kind = CACHED if cached else kind  # our loader, with the advised cache, whatever the script builds
     measured = run_setting(job, kind, workers=prediction.workers, cache_bytes=cache, log=log)
     where = f"{prediction.workers} workers" + (
-        f", {KINDS[CACHED].label} with cache_bytes={cache:_}" if cached else ""
+        f", {KINDS[CACHED].label} with {advice.cache_arguments(cache, report.workload)}" if cached else ""
     )
     return Applied(where, prediction.epoch_seconds, measured)
