@@ -16,6 +16,7 @@ from loader.errors import BadRecordError, SourceError
 from loader.files import CachedFiles
 from loader.partition import Partition
 from loader.sources import FileTreeSource, ImageFolderSource, Source
+from loader.staged import Staged, StagedTransform
 from loader.stats import LoaderStats
 
 __all__ = [
@@ -42,6 +43,8 @@ __all__ = [
     "PrepFailed",
     "SourceDataset",
     "SourceError",
+    "Staged",
+    "StagedTransform",
     "Source",
     "TrainTransform",
     "image_folder_to_lmdb",

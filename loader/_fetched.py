@@ -1,11 +1,12 @@
-"""What fetching one record gave (``Fetched``), what a batch's records cost (``BatchCost``), and the stand-in
-for a record skipped under ``on_error="skip"`` (``SKIPPED``)."""
+"""What fetching one record gave (``Fetched``), what a batch's records cost (``BatchCost``), how a fetch is
+counted (``note_fetch``), and the stand-in for a record skipped under ``on_error="skip"`` (``SKIPPED``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
-__all__ = ["SKIPPED", "BatchCost", "Fetched"]
+__all__ = ["SKIPPED", "BatchCost", "Fetched", "note_fetch"]
 
 
 class _Skipped:
@@ -31,6 +32,7 @@ class Fetched(NamedTuple):
     corrupt: bool = False  # the cache held it but failed its check: read from the source instead
     memory_pause: bool = False  # the cache began a pause in admission because memory was short
     peer: bool = False  # sent by the node that caches it (partitioned cache)
+    prepared: bool = False  # ``raw`` holds the record prepared (``loader._prepared``), not its raw bytes
 
 
 class BatchCost:
@@ -41,3 +43,26 @@ class BatchCost:
     def __init__(self) -> None:
         self.fetch_seconds = self.decode_seconds = self.miss_seconds = 0.0
         self.nbytes = self.misses = self.miss_bytes = 0
+
+
+def note_fetch(count: Callable[[str, float], None] | None, spent: BatchCost, got: Fetched) -> None:
+    """Count ``got`` into the loader's stats (``count``: its board's ``add``; None: not counted) and into the
+    batch's ``spent``."""
+    size = len(got.raw)
+    counts: list[tuple[str, float]] = [("fetch_seconds", got.seconds)]
+    if got.hit:
+        counts += [("hits", 1), ("bytes_from_cache", size)]
+    elif got.peer:
+        counts += [("peer_hits", 1), ("bytes_from_peers", size)]
+    else:
+        counts += [("misses", 1), ("bytes_from_source", size)]
+        spent.misses += 1
+        spent.miss_seconds += got.seconds
+        spent.miss_bytes += size
+    flags = (("records_admitted", got.admitted), ("records_corrupt", got.corrupt))
+    counts += [(field, 1) for field, flag in (*flags, ("memory_pauses", got.memory_pause)) if flag]
+    spent.fetch_seconds += got.seconds
+    spent.nbytes += size
+    if count is not None:
+        for field, amount in counts:
+            count(field, amount)

@@ -1,27 +1,25 @@
-"""What a ``loader.DataLoader`` opens: for a source-backed dataset, its shared cache (``cache_bytes``, "auto"
-included) and its rank's part of a partitioned cache (``partition_cache``); for a Dataset that opens its own
-files, the store of those files (``cache_files``)."""
+"""What a ``loader.DataLoader`` opens: for a source-backed dataset, its shared cache (``_source_cache``) and
+its rank's part of a partitioned cache (``partition_cache``); for a Dataset that opens its own files, the
+store of those files (``cache_files``)."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import warnings
 from typing import Any
 
+from loader._forms import FormChoice
 from loader._serving import FileReads
+from loader._source_cache import open_cache
 from loader.cache import MinIOCache
-from loader.cache._layout import index_bytes
 from loader.collate import timed_collate
 from loader.datasets import SourceDataset
 from loader.files import CachedFiles
 from loader.partition.options import partition_from
 from loader.partition.wiring import PartitionedCache, check_partition_args
 from loader.stats import StatsBoard
-from loader.system.headroom import auto_cache_bytes
-from loader.system.memory import format_bytes
 
-__all__ = ["Opened", "auto_capacity", "open_cache", "open_options"]
+__all__ = ["Opened", "open_options"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +30,7 @@ class Opened:
     collate_fn: Any
     cache: MinIOCache | None = None
     sizing: str = ""  # how cache_bytes="auto" chose
+    form: FormChoice | None = None  # the form of record the cache holds, and why
     partition: PartitionedCache | None = None
     files: FileReads | None = None
 
@@ -50,6 +49,7 @@ def open_options(
     readahead: int,
     partition_cache: Any,
     cache_files: Any,
+    cache_form: str,
 ) -> Opened:
     """Our options applied: ``cache_files`` for a Dataset that opens its own files; the cache and the
     partition for a source-backed one (``batches``: batch_size, batch_sampler, sampler; ``workers``:
@@ -57,20 +57,40 @@ def open_options(
     batch_size, batch_sampler, sampler = batches
     batched = batch_sampler is not None or batch_size is not None
     if cache_files is not None:
+        if cache_form != "auto":
+            raise ValueError("cache_form is for a source-backed dataset: cache_files holds raw bytes only")
         files = open_files(dataset, cache_files, cache_bytes, cache_dir, board, coordination)
         timed = timed_collate(collate_fn, board, batched)
         return Opened(dataset, timed, sizing=files.files.cache_sizing, files=files)
     if isinstance(dataset, SourceDataset):
-        cache, sizing = open_cache(dataset, cache_bytes, cache_dir)
         num_workers, prefetch_factor = workers
+        partitioned = partition_from(partition_cache) is not None
+        if partitioned and cache_form == "prepared":
+            raise ValueError(
+                "partition_cache exchanges raw records: it cannot hold them prepared (cache_form)"
+            )
+        opened = open_cache(
+            dataset, cache_bytes, cache_dir, "raw" if partitioned else cache_form, num_workers
+        )
+        cache = opened.store if opened.prepared is None else None
         depth = (num_workers or 1) * (prefetch_factor or 2) + 2  # batches a rank may hold received
         ahead = depth * (batch_size or 1)
         partition = open_partition(partition_cache, cache, cache_dir, (sampler, batch_sampler), ahead)
         peers = partition.peers if partition is not None else None
-        bound = dataset.bind(cache=cache, board=board, on_error=on_error, readahead=readahead, peers=peers)
+        bound = dataset.bind(
+            cache=cache,
+            board=board,
+            on_error=on_error,
+            readahead=readahead,
+            peers=peers,
+            prepared=opened.prepared,
+        )
         if partition is not None:
             partition.serve_from(bound)
-        return Opened(bound, timed_collate(collate_fn, board, batched), cache, sizing, partition)
+        timed = timed_collate(collate_fn, board, batched)
+        return Opened(bound, timed, opened.store, opened.sizing, opened.form, partition)
+    if cache_form != "auto":
+        raise ValueError(f"cache_form needs a source-backed dataset, not {type(dataset).__name__}")
     if partition_from(partition_cache) is not None:
         raise ValueError(f"partition_cache needs a source-backed dataset, not {type(dataset).__name__}")
     if cache_bytes is not None:
@@ -114,50 +134,3 @@ def open_files(
             "cache_files cannot serve a coordinated group's reads: drop coordinate or cache_files"
         )
     return FileReads(CachedFiles(cache_files, cache_bytes, cache_dir), board)
-
-
-def open_cache(
-    dataset: SourceDataset, cache_bytes: int | str | None, cache_dir: str | os.PathLike
-) -> tuple[MinIOCache | None, str]:
-    """The loader's cache (None: none) and, for ``"auto"``, how its capacity was chosen."""
-    if cache_bytes is None:
-        return None, ""
-    sizing = ""
-    if cache_bytes == "auto":
-        cache_bytes, sizing = auto_capacity(dataset)
-        if cache_bytes is None:
-            warnings.warn(
-                f"cache_bytes='auto' makes no cache ({sizing}); reading from storage",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            return None, sizing
-    elif isinstance(cache_bytes, str):
-        raise ValueError(f"cache_bytes must be a number of bytes, 'auto' or None, got {cache_bytes!r}")
-    try:
-        cache = MinIOCache.open(
-            fingerprint=dataset.source.fingerprint,
-            num_records=len(dataset),
-            capacity=cache_bytes,
-            cache_dir=cache_dir,
-            warn_capacity=not sizing,
-        )
-    except OSError as exc:  # /dev/shm full or not writable: train on without the cache
-        warnings.warn(
-            f"the cache in {cache_dir} cannot be made ({exc}); reading from storage only", stacklevel=3
-        )
-        return None, sizing
-    if sizing and cache.capacity != cache_bytes:
-        sizing += f"; the cache already held this data with {format_bytes(cache.capacity)} and is used as is"
-    return cache, sizing
-
-
-def auto_capacity(dataset: SourceDataset) -> tuple[int | None, str]:
-    """What ``cache_bytes="auto"`` gives: the memory free to take, up to the records and their index."""
-    index = index_bytes(len(dataset))
-    records = dataset.source.nbytes
-    wanted = index + (records if records is not None else 1 << 62)
-    capacity, why = auto_cache_bytes(wanted)
-    if capacity <= index:
-        return None, why
-    return capacity, why

@@ -38,6 +38,9 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         behaviour. Shared by every worker and every job that reads the same source; it survives the job,
         so the next run starts warm. Whatever the size, admission pauses while memory is short.
       cache_dir: where the cache lives (default ``/dev/shm``).
+      cache_form: ``"auto"`` (default) holds records raw or *prepared* (a staged transform's deterministic
+        part done: decoded pixels for ``"train"``, the whole sample for ``"eval"``), whichever a measurement
+        predicts faster; ``"raw"`` or ``"prepared"`` forces one (docs/concepts/prepared-cache.md).
       on_error: ``"raise"`` (default) stops at a bad record with an error naming it; ``"skip"`` drops it from
         its batch and counts it in ``stats().records_skipped``.
       readahead: threads per worker that fetch a batch's records while the worker decodes, used only while
@@ -45,10 +48,9 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
       coordinate: True, a group name or a ``loader.Coordination``: jobs on this machine that read the same
         data in the same way prepare each batch once and share it (docs/how-to/hyperparameter-search.md);
         ``stats().coordination`` says what this job prepared, consumed and saved.
-      cache_files: for a Dataset that opens its own files (``PIL.Image.open(path)``, ``open(path, "rb")``): a
-        folder, or several, whose files it reads. Its plain reads of files listed under them are served
-        through a cache of ``cache_bytes`` in every worker, each file checked against its size and mtime so
-        a changed file is read anew (docs/how-to/your-own-dataset.md); ``stats()`` counts them.
+      cache_files: the folder (or folders) a Dataset that opens its own files reads from: its plain reads
+        of files under them go through a cache of ``cache_bytes`` in every worker, never stale (size and
+        mtime checked; docs/how-to/your-own-dataset.md).
       partition_cache: True or a ``loader.Partition``: under torch.distributed with a DistributedSampler,
         each node caches its share of the records and sends it to the other nodes ahead of need, so N
         nodes cache N times as much (docs/how-to/multi-node.md); ``stats()`` splits bytes into cache,
@@ -83,6 +85,7 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         coordinate: bool | str | Coordination = False,
         partition_cache: bool | Partition = False,
         cache_files: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+        cache_form: Literal["auto", "raw", "prepared"] = "auto",
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -104,17 +107,17 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
             readahead=readahead,
             partition_cache=partition_cache,
             cache_files=cache_files,
+            cache_form=cache_form,
         )
-        dataset, collate_fn, cache = opened.dataset, opened.collate_fn, opened.cache
-        self._cache_sizing, self._partition, self._files = opened.sizing, opened.partition, opened.files
+        self._opened, self._partition, self._files = opened, opened.partition, opened.files
         super().__init__(
-            dataset,
+            opened.dataset,
             batch_size,
             shuffle,
             sampler,
             batch_sampler,
             num_workers,
-            collate_fn,
+            opened.collate_fn,
             pin_memory,
             drop_last,
             timeout,
@@ -126,8 +129,7 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
-        self._cache = cache
-        self._board = board
+        self._cache, self._board = opened.cache, board
         # Only a map-style dataset's order can be kept: an IterableDataset's sampler never ends.
         self._replay = ReplayableSampler(super()._index_sampler) if self._resumable_kind else None
         self._delivered = 0
@@ -189,9 +191,8 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
     def stats(self) -> LoaderStats:
         """Totals since this loader was made, over all its workers and epochs."""
         stores = self._files.files.infos() if self._files is not None else []
-        totals = self._board.totals(
-            stores + ([self._cache.info()] if self._cache else []), self._cache_sizing
-        )
+        stores += [self._cache.info()] if self._cache is not None else []
+        totals = self._board.totals(stores, self._opened.sizing, self._opened.form)
         if self._coordinated is not None:
             totals = dataclasses.replace(totals, coordination=self._coordinated.member.stats())
         if self._partition is not None:

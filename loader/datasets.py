@@ -1,5 +1,6 @@
 """Ready-made datasets over a Source: raw bytes from the cache or storage, then decode + augment. The cache
-holds raw records, never decoded samples, so random augmentation stays random every epoch."""
+holds raw records, or records prepared (``_prepared``: only a staged transform's deterministic part), never
+samples, so random augmentation stays random every epoch."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any, Literal
 from torch.utils.data import Dataset
 
 from loader import sources
-from loader._fetched import SKIPPED, BatchCost, Fetched
+from loader._fetched import SKIPPED, BatchCost, Fetched, note_fetch
+from loader._prepared import PreparedRecords
 from loader._readahead import ReadAhead
 from loader.cache import CorruptRecordError, MinIOCache
 from loader.decode import make_transform, tokens_to_tensor
@@ -36,6 +38,7 @@ class SourceDataset(Dataset):
         self._on_error: OnError = "raise"
         self._readahead: ReadAhead | None = None
         self._peers: PeerRecords | None = None
+        self._prepared: PreparedRecords | None = None
         self._spent = BatchCost()
 
     def __len__(self) -> int:
@@ -72,21 +75,22 @@ class SourceDataset(Dataset):
         on_error: OnError,
         readahead: int = 0,
         peers: PeerRecords | None = None,
+        prepared: PreparedRecords | None = None,
     ) -> SourceDataset:
         """A copy that reads through ``cache``, reports into ``board``, treats bad records per on_error,
         fetches ``readahead`` records at a time on threads (0: one by one, as torch does), and takes the
-        records other nodes cache from ``peers`` (a partitioned cache)."""
+        records other nodes cache from ``peers`` (a partitioned cache), or holds them ``prepared``."""
         bound = copy.copy(self)
         bound._cache, bound._board, bound._on_error = cache, board, on_error
         bound._readahead = ReadAhead(readahead) if readahead else None
-        bound._peers = peers
+        bound._peers, bound._prepared = peers, prepared
         return bound
 
     def _sample(self, index: int, fetched: Callable[[], Fetched]) -> Any:
         try:
             got = fetched()
             self._note(got)
-            sample = self._decode(index, got.raw)
+            sample = self._decode(index, got)
         except BadRecordError:
             if self._on_error == "raise":
                 raise
@@ -109,7 +113,10 @@ class SourceDataset(Dataset):
             if raw is not None:
                 return Fetched(raw, False, False, time.perf_counter() - start, peer=True)
             return Fetched(self.source.read(index), False, False, time.perf_counter() - start)
-        cache, corrupt = self._cache, False
+        got = self._prepared.fetch(index) if self._prepared is not None else None
+        if got is not None and got.hit:
+            return got
+        cache, corrupt = self._cache, got is not None  # a prepared copy that failed its check
         try:
             raw = cache.get(index) if cache is not None else None
         except CorruptRecordError:
@@ -124,36 +131,18 @@ class SourceDataset(Dataset):
         return Fetched(raw, False, admitted, time.perf_counter() - start, memory_pause=paused)
 
     def _note(self, got: Fetched) -> None:
-        size = len(got.raw)
-        if got.hit:
-            self._count("hits", 1)
-            self._count("bytes_from_cache", size)
-        elif got.peer:
-            self._count("peer_hits", 1)
-            self._count("bytes_from_peers", size)
-        else:
-            self._count("misses", 1)
-            self._count("bytes_from_source", size)
-            spent = self._spent
-            spent.misses += 1
-            spent.miss_seconds += got.seconds
-            spent.miss_bytes += size
-        if got.admitted:
-            self._count("records_admitted", 1)
-        if got.corrupt:
-            self._count("records_corrupt", 1)
-        if got.memory_pause:
-            self._count("memory_pauses", 1)
-        self._count("fetch_seconds", got.seconds)
-        self._spent.fetch_seconds += got.seconds
-        self._spent.nbytes += size
+        note_fetch(self._board.add if self._board is not None else None, self._spent, got)
 
-    def _decode(self, index: int, raw: bytes) -> Any:
+    def _decode(self, index: int, got: Fetched) -> Any:
         if self.transform is None:
-            return raw
+            return got.raw
         start = time.perf_counter()
         try:
-            sample = self.transform(raw)
+            if self._prepared is None:
+                sample = self.transform(got.raw)
+            else:
+                sample, admitted = self._prepared.make(index, got)
+                self._count("records_admitted", admitted)
         except (ValueError, OSError) as exc:
             raise BadRecordError(self.source.describe(index), index, str(exc)) from exc
         seconds = time.perf_counter() - start

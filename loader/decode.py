@@ -1,81 +1,29 @@
-"""Image decode and augmentation without torchvision: record bytes -> uint8 CHW RGB tensor.
+"""Image transforms without torchvision, record bytes -> uint8 CHW RGB tensor (the operations: ``_images``).
 
-The crop is chosen in the coordinates of the encoded image before anything is decoded, so a JPEG can be
-decoded at 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling, ``Image.draft``) whenever the crop keeps at least
-the output size, and the crop and resize are one ``Image.resize(..., box=...)``.
+Both transforms are staged (``loader.staged``): ``"train"`` prepares the decoded pixels at full size and
+augments them with the random crop and flip; ``"eval"`` prepares the whole output. A prepared record skips
+the draft decode: a train sample made from one equals ``TrainTransform(draft=False)``'s bit for bit, and
+differs from the drafted one only where the draft scaled the decode (same crop, same flip; see
+docs/concepts/prepared-cache.md for the bound).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import math
 import random
-import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, JpegImagePlugin
+from PIL import Image
 
+from loader._images import Box, crop, decode_crop, decode_whole, to_chw
 from loader._pil import warn_if_not_simd
+from loader.staged import StagedTransform
 
 __all__ = ["EvalTransform", "TrainTransform", "make_transform", "tokens_to_tensor"]
-
-Box = tuple[float, float, float, float]  # left, top, right, bottom
-_DECODE_ERRORS = (OSError, SyntaxError, EOFError, ValueError, struct.error, Image.DecompressionBombError)
-_DRAFT_SCALES = (8, 4, 2)
-
-
-@contextlib.contextmanager
-def _decode_errors(raw: bytes) -> Iterator[None]:
-    """Turn PIL's many failure types (unidentified, truncated, broken chunk) into one ValueError."""
-    try:
-        yield
-    except Image.UnidentifiedImageError as exc:  # its message names only a BytesIO object
-        raise ValueError(f"cannot decode image: unknown format (starts with {bytes(raw[:8])!r})") from exc
-    except _DECODE_ERRORS as exc:
-        raise ValueError(f"cannot decode image: {exc}") from exc
-
-
-def _draft(img: Image.Image, box: Box, size: int) -> Box:
-    """Let a JPEG decode at the largest reduction that keeps the crop >= ``size``; return the box rescaled."""
-    if not isinstance(img, JpegImagePlugin.JpegImageFile):
-        return box
-    crop = min(box[2] - box[0], box[3] - box[1])
-    scale = next((s for s in _DRAFT_SCALES if crop >= s * size), 1)
-    if scale == 1:
-        return box
-    width, height = img.size
-    drafted = img.draft("RGB", (width // scale, height // scale))
-    if drafted is None:
-        return box
-    factor = width / drafted[1][2]
-    return (box[0] / factor, box[1] / factor, box[2] / factor, box[3] / factor)
-
-
-def _decode_crop(raw: bytes, box_for: Callable[[int, int], Box], size: int, draft: bool) -> Image.Image:
-    """Decode ``raw``, then resize the box ``box_for(width, height)`` picks to ``size`` x ``size`` RGB."""
-    with _decode_errors(raw):
-        img = Image.open(io.BytesIO(raw))
-        box = box_for(*img.size)
-        if draft:
-            box = _draft(img, box, size)
-        img.load()  # a truncated file raises here, not later with half an image
-        if img.mode not in ("RGB", "L"):
-            img = img.convert("RGB")
-    out = img.resize((size, size), Image.Resampling.BILINEAR, box=box)
-    return out if out.mode == "RGB" else out.convert("RGB")
-
-
-def _to_chw(img: Image.Image, flip: bool) -> torch.Tensor:
-    """HWC RGB image -> contiguous uint8 CHW tensor; the horizontal flip rides on the same copy."""
-    hwc = np.asarray(img)
-    if flip:
-        hwc = hwc[:, ::-1]
-    return torch.from_numpy(np.ascontiguousarray(hwc.transpose(2, 0, 1)))
 
 
 def _check_size(name: str, value: int) -> None:
@@ -89,7 +37,7 @@ def _check_range(name: str, pair: tuple[float, float]) -> None:
 
 
 @dataclass(frozen=True)
-class TrainTransform:
+class TrainTransform(StagedTransform):
     """RandomResizedCrop (torchvision's sampling and fallback) then a horizontal flip, from record bytes.
 
     Randomness comes from Python's ``random`` module, which torch's DataLoader seeds in every worker.
@@ -110,8 +58,18 @@ class TrainTransform:
         warn_if_not_simd()
 
     def __call__(self, raw: bytes) -> torch.Tensor:
-        img = _decode_crop(raw, self._box, self.size, self.draft)
-        return _to_chw(img, random.random() < self.flip_p)
+        img = decode_crop(raw, self._box, self.size, self.draft)
+        return to_chw(img, random.random() < self.flip_p)
+
+    identity = "decoded pixels"  # prepare has no setting: every TrainTransform shares its records
+
+    def prepare(self, raw: bytes) -> np.ndarray:
+        return decode_whole(raw)
+
+    def augment(self, pixels: np.ndarray) -> torch.Tensor:
+        img = Image.fromarray(pixels)
+        img = crop(img, self._box(*img.size), self.size)
+        return to_chw(img, random.random() < self.flip_p)
 
     def _box(self, width: int, height: int) -> Box:
         """torchvision's ``RandomResizedCrop.get_params``: 10 tries, then the center clamped to ``ratio``."""
@@ -135,7 +93,7 @@ class TrainTransform:
 
 
 @dataclass(frozen=True)
-class EvalTransform:
+class EvalTransform(StagedTransform):
     """Resize the shorter side to ``resize``, then center-crop ``size`` (torchvision Resize + CenterCrop)."""
 
     resize: int = 256
@@ -150,7 +108,16 @@ class EvalTransform:
         warn_if_not_simd()
 
     def __call__(self, raw: bytes) -> torch.Tensor:
-        return _to_chw(_decode_crop(raw, self._box, self.size, self.draft), flip=False)
+        return to_chw(decode_crop(raw, self._box, self.size, self.draft), flip=False)
+
+    @property
+    def identity(self) -> str:  # type: ignore[override]
+        return f"EvalTransform(resize={self.resize}, size={self.size}, draft={self.draft})"
+
+    prepare = __call__  # all of it is deterministic
+
+    def augment(self, prepared: torch.Tensor) -> torch.Tensor:
+        return prepared
 
     def _box(self, width: int, height: int) -> Box:
         """The center crop of the resized image, mapped back to the original image's coordinates."""

@@ -10,6 +10,7 @@ import dataclasses
 import os
 from collections.abc import Iterable
 from multiprocessing.sharedctypes import RawArray
+from typing import Any
 
 import numpy as np
 import torch.utils.data
@@ -65,7 +66,8 @@ class LoaderStats:
     With ``partition_cache``, ``bytes_from_peers`` / ``peer_hits`` are the records other nodes' caches sent
     (the three sources of bytes: ``bytes_from_cache``, ``bytes_from_peers``, ``bytes_from_source``), and
     ``partition`` has the exchange's own counts. ``cache_sizing`` says how ``cache_bytes="auto"`` chose
-    the capacity (empty for an explicit size).
+    the capacity (empty for an explicit size); ``cache_form`` what form of record the cache holds (raw or
+    prepared) and ``cache_form_reason`` why, in numbers.
     """
 
     hits: int = 0
@@ -88,6 +90,8 @@ class LoaderStats:
     cache_bytes_used: int = 0
     cache_capacity: int = 0
     cache_sizing: str = ""
+    cache_form: str = ""  # "raw" or "prepared": what the cache holds ("" without a cache)
+    cache_form_reason: str = ""  # why, with the measured numbers
     coordination: CoordinationStats | None = None
     partition: dict[str, int] | None = None
 
@@ -145,7 +149,9 @@ class StatsBoard:
         self._start_local()
         self._io_seen = own_read_bytes()
 
-    def totals(self, caches: Iterable[CacheInfo] = (), cache_sizing: str = "") -> LoaderStats:
+    def totals(
+        self, caches: Iterable[CacheInfo] = (), cache_sizing: str = "", form: Any = None
+    ) -> LoaderStats:
         """The sums over every process's row, with what the ``caches`` (the loader's stores) hold now."""
         if self._local_pid == os.getpid():
             self.flush(storage=self._rows == 1)  # the main process loads data only without workers
@@ -157,6 +163,8 @@ class StatsBoard:
             cache_bytes_used=sum(c.bytes_used for c in caches),
             cache_capacity=sum(c.capacity for c in caches),
         )
+        if form is not None:
+            values.update(cache_form=form.form, cache_form_reason=form.reason)
         return LoaderStats(**values, cache_sizing=cache_sizing)
 
     def __getstate__(self) -> dict:

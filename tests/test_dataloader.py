@@ -33,6 +33,7 @@ def test_our_options_are_keyword_only():
         "readahead",
         "coordinate",
         "partition_cache",
+        "cache_form",
         "cache_files",
     }
     assert {p.name for p in extra} == expected

@@ -13,8 +13,9 @@ import torch
 from PIL import Image
 
 import loader._pil as pil_module
+from loader._images import draft_box as _draft
 from loader._pil import PilBuild, SlowDecodeWarning, pil_build, warn_if_not_simd
-from loader.decode import EvalTransform, TrainTransform, _draft, make_transform
+from loader.decode import EvalTransform, TrainTransform, make_transform
 
 
 def _picture(width: int, height: int, seed: int = 0) -> np.ndarray:

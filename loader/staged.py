@@ -1,0 +1,148 @@
+"""A transform in two stages, the first deterministic: what lets the cache hold a record *prepared*.
+
+``prepare(raw)`` is the part of a record's preparation that gives the same output every epoch (the decode of a
+JPEG); ``augment(prepared)`` the part that draws from the random modules (the crop and flip). A cache that
+holds ``prepare``'s output skips it on every hit. ``identity`` names what the prepared output depends on: two
+transforms with one identity may share prepared records, so it must change with any setting of ``prepare``.
+
+The built-in ``"train"`` and ``"eval"`` transforms are staged (``loader.decode``); a user's transform is
+staged by subclassing :class:`StagedTransform` or wrapping two callables in :class:`Staged`. A plain callable
+stays one stage: the cache holds its raw bytes only, since nothing says it is deterministic.
+
+A prepared record is stored as bytes: arrays and tensors (and tuples, lists and dicts of them, with ints,
+floats, strings and bytes beside) in a small typed layout written here, so that nothing read back from the
+store is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["Staged", "StagedTransform", "decode_prepared", "encode_prepared", "is_staged"]
+
+
+class StagedTransform:
+    """Base of a two-stage transform: ``self(raw) == self.augment(self.prepare(raw))`` for the same random
+    state. Subclasses define ``prepare``, ``augment`` and ``identity``."""
+
+    identity: str = ""
+
+    def prepare(self, raw: bytes) -> Any:
+        raise NotImplementedError
+
+    def augment(self, prepared: Any) -> Any:
+        raise NotImplementedError
+
+    def __call__(self, raw: bytes) -> Any:
+        return self.augment(self.prepare(raw))
+
+
+@dataclass(frozen=True)
+class Staged(StagedTransform):
+    """A user's transform from two callables: ``prepare`` (deterministic) then ``augment``. ``identity``
+    defaults to the two functions' qualified names; give your own where ``prepare`` has settings."""
+
+    prepare_fn: Callable[[bytes], Any]
+    augment_fn: Callable[[Any], Any]
+    identity: str = ""
+
+    def __post_init__(self) -> None:
+        if not callable(self.prepare_fn) or not callable(self.augment_fn):
+            raise TypeError("Staged needs two callables: prepare_fn(raw) and augment_fn(prepared)")
+        if not self.identity:
+            names = (_qualified(self.prepare_fn), _qualified(self.augment_fn))
+            object.__setattr__(self, "identity", "Staged:" + "|".join(names))
+
+    def prepare(self, raw: bytes) -> Any:
+        return self.prepare_fn(raw)
+
+    def augment(self, prepared: Any) -> Any:
+        return self.augment_fn(prepared)
+
+
+def is_staged(transform: Any) -> bool:
+    """Whether ``transform`` says which part of it is deterministic."""
+    return isinstance(transform, StagedTransform) and bool(transform.identity)
+
+
+def encode_prepared(value: Any) -> bytes:
+    """``value`` as bytes: a JSON header (the tree, each array's dtype, shape and place), then the buffers.
+    Raises TypeError naming what cannot be stored."""
+    buffers: list[bytes] = []
+    tree = _encode(value, buffers)
+    header = json.dumps(tree, separators=(",", ":")).encode()
+    return len(header).to_bytes(4, "little") + header + b"".join(buffers)
+
+
+def decode_prepared(raw: bytes | bytearray | memoryview) -> Any:
+    """What ``encode_prepared`` wrote; every array is a fresh, writable copy. Raises ValueError when the
+    bytes do not hold such a value."""
+    view = memoryview(raw)
+    try:
+        size = int.from_bytes(view[:4], "little")
+        tree = json.loads(bytes(view[4 : 4 + size]))
+        return _Reader(view, 4 + size).read(tree)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise ValueError(f"not a prepared record ({exc})") from exc
+
+
+def _encode(value: Any, buffers: list[bytes]) -> Any:
+    if isinstance(value, torch.Tensor):
+        return {"t": "tensor", "a": _array(value.detach().cpu().numpy(), buffers)}
+    if isinstance(value, np.ndarray):
+        return {"t": "ndarray", "a": _array(value, buffers)}
+    if isinstance(value, (tuple, list)):
+        return {"t": type(value).__name__, "v": [_encode(v, buffers) for v in value]}
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {"t": "dict", "v": {k: _encode(v, buffers) for k, v in value.items()}}
+    if isinstance(value, bytes):
+        return {"t": "bytes", "a": _array(np.frombuffer(value, np.uint8), buffers)}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return {"t": "plain", "v": value}
+    raise TypeError(f"a prepared record cannot hold a {type(value).__name__}: prepare must return arrays, "
+                    "tensors, or tuples, lists and dicts of them")  # fmt: skip
+
+
+def _array(array: np.ndarray, buffers: list[bytes]) -> dict:
+    if array.dtype.hasobject:
+        raise TypeError("a prepared record cannot hold an array of Python objects")
+    data = np.ascontiguousarray(array).tobytes()
+    buffers.append(data)
+    return {"d": array.dtype.str, "s": list(array.shape), "n": len(data)}
+
+
+class _Reader:
+    def __init__(self, view: memoryview, offset: int) -> None:
+        self.view, self.offset = view, offset
+
+    def read(self, tree: dict) -> Any:
+        kind = tree["t"]
+        if kind == "plain":
+            return tree["v"]
+        if kind in ("tuple", "list"):
+            items = [self.read(v) for v in tree["v"]]
+            return tuple(items) if kind == "tuple" else items
+        if kind == "dict":
+            return {k: self.read(v) for k, v in tree["v"].items()}
+        array = self._array(tree["a"])
+        if kind == "tensor":
+            return torch.from_numpy(array)
+        return array.tobytes() if kind == "bytes" else array
+
+    def _array(self, spec: dict) -> np.ndarray:
+        start, end = self.offset, self.offset + int(spec["n"])
+        if end > len(self.view):
+            raise ValueError("the record is shorter than its header says")
+        self.offset = end
+        array = np.frombuffer(bytearray(self.view[start:end]), dtype=np.dtype(spec["d"]))
+        return array.reshape(spec["s"])
+
+
+def _qualified(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"

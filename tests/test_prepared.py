@@ -1,0 +1,241 @@
+"""The cache holding records prepared (``cache_form``): exact samples, the choice by measurement, refusals,
+the stored layout, a killed worker and a restart."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data
+from helpers import MemorySource, make_jpeg_folder
+from PIL import Image
+
+from loader import DataLoader, EvalTransform, ImageFolder, SourceDataset, Staged, TrainTransform
+from loader._forms import Probe, _weigh, probe
+from loader.staged import decode_prepared, encode_prepared
+
+SMALL = TrainTransform(size=32)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    return make_jpeg_folder(tmp_path_factory.mktemp("prepared") / "imgs", per_class=12, classes=2)
+
+
+def epochs(dl, n: int = 2) -> list[list[tuple[list, list]]]:
+    return [[(x.tolist(), y.tolist()) for x, y in dl] for _ in range(n)]
+
+
+def make(dataset, shm_dir, workers=2, **kw) -> DataLoader:
+    kw = {"batch_size": 5, "shuffle": True, "generator": torch.Generator().manual_seed(7), **kw}
+    if workers:
+        kw["timeout"] = 120
+    return DataLoader(dataset, num_workers=workers, cache_bytes=1 << 24, cache_dir=shm_dir, **kw)
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("workers", [0, 2])
+def test_prepared_train_samples_are_the_undrafted_transforms_bit_for_bit(images, shm_dir, workers):
+    reference = torch.utils.data.DataLoader(
+        ImageFolder(images, transform=TrainTransform(size=32, draft=False)),
+        batch_size=5,
+        shuffle=True,
+        num_workers=workers,
+        generator=torch.Generator().manual_seed(7),
+    )
+    ours = make(ImageFolder(images, transform=SMALL), shm_dir, workers, cache_form="prepared")
+    random.seed(3)
+    want = epochs(reference)
+    random.seed(3)
+    got = epochs(ours)  # epoch 1 prepares every record, epoch 2 reads them all prepared
+    assert got == want
+    stats = ours.stats()
+    assert (stats.misses, stats.hits, stats.records_admitted) == (24, 24, 24)
+    assert (stats.cache_form, stats.cache_form_reason) == ("prepared", "asked for")
+
+
+def test_prepared_eval_samples_are_the_transforms_own(images, shm_dir):
+    transform = EvalTransform(resize=40, size=32)
+    plain = ImageFolder(images, transform=None)
+    reference = [(transform(plain.source.read(i)), plain.source.label(i)) for i in range(len(plain))]
+    dl = make(ImageFolder(images, transform=transform), shm_dir, 0, shuffle=False, batch_size=None)
+    for _ in range(2):
+        assert [(x.tolist(), y) for x, y in dl] == [(x.tolist(), y) for x, y in reference]
+    assert dl.stats().cache_form in ("raw", "prepared")  # auto: whichever it measured faster
+
+
+def test_the_draft_shortcut_differs_from_a_prepared_record_by_a_bounded_amount(tmp_path, shm_dir):
+    """Where a crop keeps at least twice the output size, the uncached path decodes the JPEG at a reduced
+    scale; a prepared record is decoded whole. Same crops and flips; pixels within the bound documented in
+    docs/concepts/prepared-cache.md (mean absolute difference under 4 of 255, per sample)."""
+    root = tmp_path / "big" / "a"
+    root.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    for k in range(6):  # smooth images, as photographs are: a gradient and some noise
+        ramp = np.linspace(0, 255, 960, dtype=np.float32)[None, :, None] * np.ones((720, 1, 3), np.float32)
+        pixels = np.clip(ramp + rng.normal(0, 8, (720, 960, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(pixels).save(root / f"{k}.jpg", quality=90)
+    transform = TrainTransform(size=64, scale=(0.5, 1.0))
+    drafted = ImageFolder(root.parent, transform=transform)
+    random.seed(5)
+    want = [drafted[i][0] for i in range(6)]
+    dl = make(ImageFolder(root.parent, transform=transform), shm_dir, 0, shuffle=False, batch_size=None)
+    random.seed(5)
+    got = [x for x, _ in dl]
+    differences = [float((a.float() - b.float()).abs().mean()) for a, b in zip(got, want, strict=True)]
+    assert max(differences) < 4.0 and any(d > 0 for d in differences)  # the draft was taken, and is close
+
+
+def test_a_staged_user_transform_is_held_prepared(shm_dir):
+    calls = {"prepare": 0}
+
+    def prepare(raw: bytes) -> np.ndarray:
+        calls["prepare"] += 1
+        return np.frombuffer(raw, np.uint8).astype(np.int16) * 2
+
+    def augment(prepared: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(prepared[:4] + random.randint(0, 0))
+
+    transform = Staged(prepare, augment)
+    assert transform.identity.startswith("Staged:") and "prepare" in transform.identity
+    source = MemorySource(10, 64)
+    dl = make(SourceDataset(source, transform=transform), shm_dir, 0, shuffle=False, cache_form="prepared")
+    calls["prepare"] = 0
+    first, second = epochs(dl)
+    assert first == second and calls["prepare"] == 10  # the second epoch prepared nothing
+    expected = [
+        (np.frombuffer(source.read(i), np.uint8)[:4].astype(np.int16) * 2).tolist() for i in range(10)
+    ]
+    assert [row for x, _ in first for row in x] == expected
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"cache_form": "cooked"}, "cache_form must be one of 'auto', 'raw', 'prepared'"),
+        ({"cache_form": "prepared", "transform": lambda raw: raw}, "needs a staged transform"),
+        ({"cache_form": "prepared", "cache_bytes": None}, "needs a cache: set cache_bytes"),
+        ({"cache_form": "prepared", "partition_cache": True}, "cannot hold them prepared"),
+    ],
+)
+def test_bad_forms_are_named(images, shm_dir, kwargs, message):
+    transform = kwargs.pop("transform", SMALL)
+    kwargs = {"cache_bytes": 1 << 24, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        DataLoader(ImageFolder(images, transform=transform), cache_dir=shm_dir, **kwargs)
+
+
+def test_a_form_needs_a_source_backed_dataset(shm_dir, tmp_path):
+    with pytest.raises(ValueError, match="cache_form needs a source-backed dataset, not TensorDataset"):
+        DataLoader(torch.utils.data.TensorDataset(torch.arange(4)), cache_form="raw")
+    with pytest.raises(ValueError, match="cache_files holds raw bytes only"):
+        DataLoader(
+            torch.utils.data.TensorDataset(torch.arange(4)),
+            cache_bytes=1 << 20,
+            cache_dir=shm_dir,
+            cache_files=tmp_path,
+            cache_form="prepared",
+        )
+
+
+def test_a_one_stage_transform_is_cached_raw(images, shm_dir):
+    dl = make(ImageFolder(images, transform=lambda raw: torch.tensor(len(raw))), shm_dir, 0)
+    epochs(dl)
+    assert dl.stats().cache_form == "raw" and "one stage" in dl.stats().cache_form_reason
+
+
+def prober(**values: float) -> Probe:
+    base = dict(fetch=1e-4, prepare=2e-3, augment=2e-4, whole=2e-3, raw_bytes=60e3, prepared_bytes=500e3)
+    return Probe(**{**base, **values})
+
+
+def test_the_choice_weighs_the_predicted_epochs():
+    records = 1000
+    assert _weigh(prober(), records, room=600e6, workers=2).form == "prepared"  # prep-bound, room for all
+    fetch_bound = prober(fetch=20e-3)  # 20 ms a record from storage: misses dominate
+    assert _weigh(fetch_bound, records, room=100e6, workers=2).form == "raw"  # raw fits all, prepared 200
+    assert _weigh(prober(), records, room=60e6, workers=2).form == "raw"  # 120 prepared fit: little gain
+    said = _weigh(prober(), records, room=600e6, workers=2).reason
+    assert "prepare 2.00 ms" in said and "1000 of 1000 fit prepared" in said
+
+
+def test_the_probe_leaves_the_random_modules_as_they_were(images):
+    random.seed(1)
+    np.random.seed(1)
+    torch.manual_seed(1)
+    want = random.random(), np.random.random(), torch.rand(1).item()
+    random.seed(1)
+    np.random.seed(1)
+    torch.manual_seed(1)
+    measured = probe(ImageFolder(images, transform=SMALL))
+    assert (random.random(), np.random.random(), torch.rand(1).item()) == want
+    assert measured.prepared_bytes > measured.raw_bytes > 0 and measured.prepare > 0
+
+
+def test_the_stored_layout_round_trips_whole_values():
+    value = {
+        "pixels": np.arange(24, dtype=np.uint8).reshape(2, 3, 4),
+        "t": (torch.arange(6, dtype=torch.float32).reshape(2, 3), [1, 2.5, "x", None, True]),
+        "raw": b"\x00\x01",
+    }
+    back = decode_prepared(encode_prepared(value))
+    assert back["pixels"].tolist() == value["pixels"].tolist() and back["pixels"].dtype == np.uint8
+    assert back["pixels"].flags.writeable and isinstance(back["t"][0], torch.Tensor)
+    assert back["t"][0].tolist() == value["t"][0].tolist() and back["t"][1] == [1, 2.5, "x", None, True]
+    assert back["raw"] == b"\x00\x01" and isinstance(back["t"], tuple)
+    with pytest.raises(TypeError, match="cannot hold a Image"):
+        encode_prepared(Image.new("L", (2, 2)))
+    with pytest.raises(TypeError, match="array of Python objects"):
+        encode_prepared(np.array([object()]))
+    with pytest.raises(ValueError, match="not a prepared record"):
+        decode_prepared(b"\x05\x00\x00\x00{bad}")
+    with pytest.raises(ValueError, match="shorter than its header"):
+        decode_prepared(encode_prepared(np.zeros(10))[:-1])
+
+
+@pytest.mark.multiproc
+def test_a_worker_killed_while_preparing_loses_nothing_and_a_new_process_reads_the_store(images, shm_dir):
+    dl = make(ImageFolder(images, transform=SMALL), shm_dir, cache_form="prepared", shuffle=False)
+    it = iter(dl)
+    next(it)
+    victim = it._workers[0].pid
+    with pytest.raises(RuntimeError, match=f"(?i)worker.*{victim}"):
+        os.kill(victim, signal.SIGKILL)
+        for _ in it:
+            pass
+    it._shutdown_workers()
+    code = (
+        "import sys, torch, loader\n"
+        "ds = loader.ImageFolder(sys.argv[1], transform=loader.TrainTransform(size=32))\n"
+        "dl = loader.DataLoader(ds, batch_size=5, num_workers=2, cache_bytes=1 << 24,\n"
+        "                       cache_dir=sys.argv[2], cache_form='prepared')\n"
+        "for _ in range(2):\n"
+        "    labels = sorted(y for _, ys in dl for y in ys.tolist())\n"
+        "s = dl.stats()\n"
+        "print(labels == [0] * 12 + [1] * 12, s.hits, s.misses, s.records_cached)\n"
+    )
+    argv = [sys.executable, "-c", code, str(images), str(shm_dir)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    ok, hits, misses, cached = done.stdout.split()
+    assert ok == "True" and int(cached) == 24 and int(hits) + int(misses) == 48 and int(misses) < 24
+    assert int(hits) >= 24  # the second epoch reads every record prepared; the first, what survived the kill
+
+
+def test_a_stored_prepared_record_that_fails_its_check_is_prepared_again(images, shm_dir):
+    transform = EvalTransform(40, 32)
+    dl = make(ImageFolder(images, transform=transform), shm_dir, 0, shuffle=False, cache_form="prepared")
+    first = epochs(dl, 1)[0]
+    store = dl.cache
+    used = store.info().bytes_used
+    for k in range(4):  # bytes flipped across the records, as a stray write would
+        os.pwrite(store._data_fd, b"\xff" * 64, k * used // 4 + 100)
+    assert epochs(dl, 1)[0] == first  # each failed its check: prepared again from the source
+    stats = dl.stats()
+    assert 0 < stats.records_corrupt < 24 and stats.hits == 24 - stats.records_corrupt
