@@ -1,10 +1,13 @@
-"""The prep-bound job of bench_prep_bound.py: a user's loop over warm JPEGs with the train transform.
+"""The prep-bound job of bench_prep_bound.py: a user's loop over warm JPEGs with the train or eval transform.
 
-``_prep_job.py torch|ours DATA EPOCHS CACHE_DIR`` builds ``loader.ImageFolder(DATA, transform="train")`` and
-one loader over that same dataset object: ``torch.utils.data.DataLoader`` or ``loader.DataLoader`` with a
-cache that holds it all. A first, untimed epoch warms the data (page cache for torch's, our cache for ours);
-then it prints one JSON line per timed epoch: images per second and CPU time per image. A fifth argument
-``train`` adds a real training step per batch (a small CNN, SGD, on the CPU), as a user's loop has.
+``_prep_job.py KIND DATA EPOCHS CACHE_DIR [MODE] [TRANSFORM]`` builds ``loader.ImageFolder(DATA,
+transform=TRANSFORM)`` ("train" by default) and one loader over that same dataset object, by KIND:
+``torch`` (torch.utils.data.DataLoader), ``raw`` (loader.DataLoader holding raw records, room for all of
+them: the cache as it was before prepared records), ``prepared`` (loader.DataLoader, ``cache_form="auto"``,
+room for every record prepared) or ``partial`` (the same with room for half of them prepared). A first,
+untimed epoch warms the data (page cache for torch's, our cache for ours); then it prints one JSON line per
+timed epoch: images per second, CPU time per image and the form the cache chose. MODE ``train`` adds a real
+training step per batch (a small CNN, SGD, on the CPU), as a user's loop has; ``load`` (default) does not.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -22,13 +26,24 @@ from loader.system.counters import cpu_seconds
 BATCH, WORKERS = 64, 2
 
 
-def make(kind: str, data: str, cache_dir: str) -> torch.utils.data.DataLoader:
-    dataset = loader.ImageFolder(data, transform="train")
+PREPARED_BYTES = {"train": 500 * 375 * 3 + 256, "eval": 3 * 224 * 224 + 256}  # a record prepared, with header
+
+
+def make(kind: str, data: str, cache_dir: str, transform: str = "train") -> torch.utils.data.DataLoader:
+    dataset = loader.ImageFolder(data, transform=transform)
     common = dict(batch_size=BATCH, shuffle=True, num_workers=WORKERS, persistent_workers=True)
     if kind == "torch":
         return torch.utils.data.DataLoader(dataset, **common)
-    cache_bytes = 2 * dataset.source.nbytes + (64 << 20)
-    return loader.DataLoader(dataset, cache_bytes=cache_bytes, cache_dir=cache_dir, **common)
+    index = 64 << 20
+    room = {
+        "raw": 2 * dataset.source.nbytes,
+        "prepared": len(dataset) * PREPARED_BYTES[transform],
+        "partial": len(dataset) * PREPARED_BYTES[transform] // 2,
+    }[kind]
+    form = "raw" if kind == "raw" else "auto"
+    own = Path(cache_dir) / kind  # each kind its own store: "partial" must not find "prepared"'s, bigger
+    own.mkdir(mode=0o700, exist_ok=True)
+    return loader.DataLoader(dataset, cache_bytes=index + room, cache_dir=own, cache_form=form, **common)
 
 
 def small_cnn_step() -> Callable[[torch.Tensor, torch.Tensor], int]:
@@ -52,9 +67,12 @@ def small_cnn_step() -> Callable[[torch.Tensor, torch.Tensor], int]:
     return step
 
 
-def main(kind: str, data: str, epochs: str, cache_dir: str, mode: str = "load") -> None:
+def main(
+    kind: str, data: str, epochs: str, cache_dir: str, mode: str = "load", transform: str = "train"
+) -> None:
     torch.manual_seed(0)
-    dl = make(kind, data, cache_dir)
+    dl = make(kind, data, cache_dir, transform)
+    form = dl.stats().cache_form if isinstance(dl, loader.DataLoader) else "page cache"
     step = small_cnn_step() if mode == "train" else (lambda images, labels: len(labels))
     sum(len(labels) for _, labels in dl)  # warm-up: workers started, data in memory
     for _ in range(int(epochs)):
@@ -62,7 +80,8 @@ def main(kind: str, data: str, epochs: str, cache_dir: str, mode: str = "load") 
         images = sum(step(images, labels) for images, labels in dl)
         seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu
         rate, cpu_us = images / seconds, cpu / images * 1e6
-        print(json.dumps({"loader": kind, "images_per_s": rate, "cpu_us_per_image": cpu_us}), flush=True)
+        line = {"loader": kind, "images_per_s": rate, "cpu_us_per_image": cpu_us, "form": form}
+        print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":
