@@ -75,6 +75,18 @@ def test_the_wait_for_the_first_batch_is_paid_once_whatever_the_workers():
     assert prep == pytest.approx({1: 10.0 + 160.0, 2: 90.0, 4: 10.0 + 40.0})
 
 
+def test_more_workers_than_cores_wait_longer_for_a_first_batch_and_all_the_cpu_counts_it_once():
+    # 2 cores, measured with 2 workers: a first batch after 4 s; prep 20 s of CPU, the step 30 s
+    m = measured(workers=2, cores=2, t1=60.0, t2=60.0, rate=5000.0)
+    m = dataclasses.replace(
+        m, breakdown=dataclasses.replace(m.breakdown, warm_first_batch_seconds=4.0, step_cpu_seconds=30.0)
+    )
+    prep = {w: epoch_terms(m, cache_bytes=D // 2, workers=w)["prep"] for w in (1, 2, 8)}
+    # all the CPU on 2 cores, 25 s, binds 1 and 2 workers (the first batch is in it); 8 workers start at
+    # once on 2 cores: their first batch comes after 4 x 4 s, then each makes its share on a core
+    assert prep == pytest.approx({1: 25.0, 2: 25.0, 8: 16.0 + 10.0})
+
+
 def test_a_step_that_holds_a_core_is_not_mistaken_for_prep_more_workers_would_speed_up():
     # 2 cores; the step alone takes 50 s of one core, prep 55 s of CPU; with 2 workers the three share the
     # 2 cores: (50 + 55) / 2 = 52.5 s, near the 55 s prep run. One worker is not twice as slow: 55 s.

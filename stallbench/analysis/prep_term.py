@@ -2,10 +2,13 @@
 
 It is built on CPU seconds the runs counted, which do not grow when other work shares the cores: ``C``,
 prep's CPU per epoch (``samples / prep rate per core``: the prep run's CPU beyond the step's) and ``S``, the
-step's, alone (the ingestion run's). Prep takes ``F + max((C + L) / w, C / min(w, n), (S + C) / n)``: the
-prep run's wait for its first batch (``F``: workers start and one batch is made, whatever ``w``), then each
-worker works through its share, no more than ``n`` cores decode at once, and the step and the workers share
-the ``n`` cores. With no worker, prep and step take turns in one process: ``T1 + C + L``.
+step's, alone (the ingestion run's). Prep takes ``max(F_w + max((C + L) / w, C / min(w, n)), (S + C) / n)``:
+the wait for the first batch, then each worker works through its share with no more than ``n`` cores
+decoding at once; and never less than all the CPU (the first batch's included) on the ``n`` cores the step
+and the workers share. ``F_w`` is the prep run's wait for its first batch (``F``: workers start and each
+makes a batch), longer where more workers than cores start at once and share them:
+``F * max(1, w / n) / max(1, w_measured / n)``. With no worker, prep and step take turns in one process:
+``T1 + C + L``.
 
 ``L`` is the time workers spend off the CPU (a Dataset that sleeps, waits on a lock or on a remote read):
 what the rest of the prep run's epoch (``T3 - F``, all records in memory) leaves unexplained,
@@ -32,8 +35,15 @@ def prep_seconds(m: Measured, workers: int) -> float:
     off_cpu = _off_cpu_seconds(m, cpu)
     if workers == 0:
         return m.breakdown.step_alone_seconds + cpu + off_cpu
-    first = m.breakdown.warm_first_batch_seconds
-    return first + max(_cpu_bound(m, cpu, workers), (cpu + off_cpu) / workers)
+    cores = m.machine.cores
+    each = _first_batch(m, workers) + max(cpu / min(workers, cores), (cpu + off_cpu) / workers)
+    return max(each, (m.breakdown.step_cpu_seconds + cpu) / cores)
+
+
+def _first_batch(m: Measured, workers: int) -> float:
+    """``F_w``: all ``workers`` start and make a first batch at once, sharing the cores."""
+    cores, measured = m.machine.cores, m.workload.workers
+    return m.breakdown.warm_first_batch_seconds * max(1.0, workers / cores) / max(1.0, measured / cores)
 
 
 def _prep_cpu(m: Measured) -> float:
