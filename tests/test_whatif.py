@@ -71,8 +71,9 @@ def test_the_wait_for_the_first_batch_is_paid_once_whatever_the_workers():
     # 80 s on 2 workers are 160 s of worker time, 150 s of it off the CPU
     m = measured(workers=2, cores=4, t1=60.0, t2=100.0, prep_stall=30.0, rate=10_000.0)
     m = dataclasses.replace(m, breakdown=dataclasses.replace(m.breakdown, warm_first_batch_seconds=10.0))
-    prep = {w: epoch_terms(m, cache_bytes=D // 2, workers=w)["prep"] for w in (1, 2, 4)}
-    assert prep == pytest.approx({1: 10.0 + 160.0, 2: 90.0, 4: 10.0 + 40.0})
+    prep = {w: epoch_terms(m, cache_bytes=D // 2, workers=w)["prep"] for w in (1, 2, 4, 8)}
+    # 8 workers on 4 cores: only the CPU share of the first batch (10 of 160 s) stretches, twofold
+    assert prep == pytest.approx({1: 10.0 + 160.0, 2: 90.0, 4: 10.0 + 40.0, 8: 10.0 * (1 + 10 / 160) + 20.0})
 
 
 def test_more_workers_than_cores_wait_longer_for_a_first_batch_and_all_the_cpu_counts_it_once():

@@ -6,9 +6,9 @@ step's, alone (the ingestion run's). Prep takes ``max(F_w + max((C + L) / w, C /
 the wait for the first batch, then each worker works through its share with no more than ``n`` cores
 decoding at once; and never less than all the CPU (the first batch's included) on the ``n`` cores the step
 and the workers share. ``F_w`` is the prep run's wait for its first batch (``F``: workers start and each
-makes a batch), longer where more workers than cores start at once and share them:
-``F * max(1, w / n) / max(1, w_measured / n)``. With no worker, prep and step take turns in one process:
-``T1 + C + L``.
+makes a batch), longer where more workers than cores start at once and share them, in the share of prep
+that is CPU (``c = C / (C + L)``): ``F * s(w) / s(w_measured)``, ``s(w) = 1 - c + c * max(1, w / n)``.
+With no worker, prep and step take turns in one process: ``T1 + C + L``.
 
 ``L`` is the time workers spend off the CPU (a Dataset that sleeps, waits on a lock or on a remote read):
 what the rest of the prep run's epoch (``T3 - F``, all records in memory) leaves unexplained,
@@ -36,14 +36,17 @@ def prep_seconds(m: Measured, workers: int) -> float:
     if workers == 0:
         return m.breakdown.step_alone_seconds + cpu + off_cpu
     cores = m.machine.cores
-    each = _first_batch(m, workers) + max(cpu / min(workers, cores), (cpu + off_cpu) / workers)
+    first = _first_batch(m, workers, cpu / (cpu + off_cpu) if cpu + off_cpu > 0 else 1.0)
+    each = first + max(cpu / min(workers, cores), (cpu + off_cpu) / workers)
     return max(each, (m.breakdown.step_cpu_seconds + cpu) / cores)
 
 
-def _first_batch(m: Measured, workers: int) -> float:
-    """``F_w``: all ``workers`` start and make a first batch at once, sharing the cores."""
+def _first_batch(m: Measured, workers: int, on_cpu: float) -> float:
+    """``F_w``: all ``workers`` start and make a first batch at once; its ``on_cpu`` share (prep's CPU over
+    its CPU and off-CPU time) stretches where they outnumber the cores, the rest does not."""
     cores, measured = m.machine.cores, m.workload.workers
-    return m.breakdown.warm_first_batch_seconds * max(1.0, workers / cores) / max(1.0, measured / cores)
+    stretch = lambda w: 1.0 - on_cpu + on_cpu * max(1.0, w / cores)  # noqa: E731
+    return m.breakdown.warm_first_batch_seconds * stretch(workers) / stretch(measured)
 
 
 def _prep_cpu(m: Measured) -> float:
