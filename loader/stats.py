@@ -18,6 +18,7 @@ import torch.utils.data
 from loader.cache import CacheInfo
 from loader.coordinated.options import CoordinationStats
 from loader.system.counters import own_read_bytes
+from loader.system.memory import format_bytes
 
 __all__ = ["LoaderStats", "StatsBoard"]
 
@@ -66,7 +67,8 @@ class LoaderStats:
     With ``partition_cache``, ``bytes_from_peers`` / ``peer_hits`` are the records other nodes' caches sent
     (the three sources of bytes: ``bytes_from_cache``, ``bytes_from_peers``, ``bytes_from_source``), and
     ``partition`` has the exchange's own counts. ``cache_sizing`` says how ``cache_bytes="auto"`` chose
-    the capacity (empty for an explicit size); ``cache_form`` what form of record the cache holds (raw or
+    the capacity (empty for an explicit size), and, where memory ran short and admission paused below the
+    capacity, the size the cache really reached; ``cache_form`` what form of record the cache holds (raw or
     prepared) and ``cache_form_reason`` why, in numbers.
     """
 
@@ -165,6 +167,9 @@ class StatsBoard:
         )
         if form is not None:
             values.update(cache_form=form.form, cache_form_reason=form.reason)
+        if values["memory_pauses"] and values["cache_bytes_used"] < values["cache_capacity"]:
+            held = f"memory ran short: it holds {format_bytes(values['cache_bytes_used'])} (admission paused)"
+            cache_sizing = f"{cache_sizing}; {held}" if cache_sizing else held
         return LoaderStats(**values, cache_sizing=cache_sizing)
 
     def __getstate__(self) -> dict:

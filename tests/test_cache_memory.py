@@ -16,7 +16,7 @@ import loader.system.memory
 from loader import DataLoader, SourceDataset
 from loader.cache._layout import index_bytes
 from loader.system.headroom import reserve_bytes
-from loader.system.memory import MemoryView
+from loader.system.memory import MemoryView, format_bytes
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.storage import evict_page_cache, probe_storage_conditions, resident_bytes
 
@@ -114,6 +114,8 @@ def test_short_memory_pauses_admission_warns_once_and_loses_nothing(shm_dir, mem
     assert len([w for w in caught if "memory is short" in str(w.message)]) == 1
     s = dl.stats()
     assert s.records_cached == 10 and s.memory_pauses == 1
+    held = f"memory ran short: it holds {format_bytes(s.cache_bytes_used)} (admission paused)"
+    assert s.cache_sizing == held  # an explicit size: only what it reached
     assert "a test's memory" in str(caught[0].message) and str(dl.cache.path) in str(caught[0].message)
 
 
