@@ -7,7 +7,9 @@ raw hit saves the fetch; a prepared hit saves the fetch and ``prepare``, but a p
 cores)`` lanes and the fetches of its misses on ``workers``; the epoch is the longer of the two. The form
 with the shorter epoch is held, prepared only where it is at least 10% shorter (a tie keeps raw bytes, which
 serve any transform). Fetch-bound jobs keep raw bytes, prep-bound jobs with memory to spare get prepared
-records. The choice is made once, when the loader is made; ``stats().cache_form_reason`` gives its numbers.
+records. Where the probed records came from the page cache, the fetch of a miss from storage was not timed,
+so a prepared form that would hold fewer records than raw (more misses) is not chosen. The choice is made
+once, when the loader is made; ``stats().cache_form_reason`` gives its numbers.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ import numpy as np
 import torch
 
 from loader.staged import encode_prepared, is_staged
+from loader.system.counters import own_read_bytes
 
 __all__ = ["FORMS", "FormChoice", "choose_form", "probe"]
 
 FORMS = ("auto", "raw", "prepared")
 PROBE_RECORDS = 8
 PREPARED_GAIN = 0.9  # prepared only where its predicted epoch is below this fraction of raw's
+TIMED_STORAGE = 0.5  # a probe that read less of its bytes from the device timed the page cache, not storage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +45,7 @@ class Probe:
     whole: float  # the transform called on raw bytes, as an uncached epoch runs it
     raw_bytes: float
     prepared_bytes: float
+    from_storage: float = 1.0  # of the probed records' bytes, the share the kernel read from the device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,12 +72,16 @@ def _probe(dataset: Any, count: int) -> Probe | None:
     source, transform = dataset.source, dataset.transform
     n = len(source)
     rows = []
+    device = own_read_bytes()
     for index in sorted({k * n // count for k in range(min(count, n))}):
         try:
             rows.append(_time_one(source, transform, index))
         except (ValueError, OSError):  # a bad record: the loader names it when it comes (on_error)
             continue
-    return Probe(*(statistics.median(column) for column in zip(*rows, strict=True))) if rows else None
+    if not rows:
+        return None
+    share = (own_read_bytes() - device) / max(1, sum(row[4] for row in rows))
+    return Probe(*(statistics.median(column) for column in zip(*rows, strict=True)), from_storage=share)
 
 
 def _time_one(source: Any, transform: Any, index: int) -> tuple[float, ...]:
@@ -120,10 +129,19 @@ def _weigh(m: Probe, records: int, room: float, workers: int) -> FormChoice:
     cpu = fits_prepared * m.augment + (records - fits_prepared) * (m.prepare + m.augment)
     prepared = max(cpu / lanes, (records - fits_prepared) * m.fetch / max(workers, 1))
     form = "prepared" if prepared < PREPARED_GAIN * raw else "raw"
+    untimed = fits_prepared < fits_raw and m.from_storage < TIMED_STORAGE
+    if untimed:  # the misses prepared adds would be read at a cost the probe did not see
+        form = "raw"
     reason = (
         f"predicted steady epoch {prepared:.2f} s prepared against {raw:.2f} s raw; per record fetch "
         f"{m.fetch * 1e3:.2f} ms, prepare {m.prepare * 1e3:.2f} ms, augment {m.augment * 1e3:.2f} ms, whole "
         f"transform {m.whole * 1e3:.2f} ms, {m.raw_bytes / 1e3:.0f} kB raw, {m.prepared_bytes / 1e3:.0f} kB "
         f"prepared; {fits_prepared} of {records} fit prepared, {fits_raw} raw"
     )
+    if untimed:
+        reason += (
+            f"; raw kept: the probed records came from the page cache ({m.from_storage:.0%} from the "
+            f"device), so the storage reads of the {fits_raw - fits_prepared} more misses prepared would "
+            "make were not timed"
+        )
     return FormChoice(form, reason, m.prepared_bytes)

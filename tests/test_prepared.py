@@ -164,6 +164,12 @@ def test_the_choice_weighs_the_predicted_epochs():
     assert _weigh(prober(), records, room=60e6, workers=2).form == "raw"  # 120 prepared fit: little gain
     said = _weigh(prober(), records, room=600e6, workers=2).reason
     assert "prepare 2.00 ms" in said and "1000 of 1000 fit prepared" in said
+    warm = prober(from_storage=0.0)  # the probe read the page cache: storage's cost is unknown
+    assert _weigh(warm, records, room=600e6, workers=2).form == "prepared"  # all fit: no more misses
+    kept = _weigh(warm, records, room=300e6, workers=2)  # 600 fit prepared, 1000 raw: 400 more misses
+    assert (
+        kept.form == "raw" and "the storage reads of the 400 more misses prepared would make" in kept.reason
+    )
 
 
 def test_the_probe_leaves_the_random_modules_as_they_were(images):
