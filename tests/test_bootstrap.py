@@ -198,6 +198,18 @@ def test_cached_mode_counts_served_reads_for_other_datasets(tmp_path):
     assert (first.hits + first.misses, second.hits, second.misses) == (10, 10, 0)
 
 
+def test_a_cache_our_loader_refuses_is_dropped_with_one_line_and_the_script_goes_on(tmp_path):
+    files = tmp_path / "files"
+    files.mkdir()
+    for i in range(10):
+        (files / f"{i:02d}.bin").write_bytes(bytes(range(i, i + 64)))
+    spec = {"loader": "cached", "data": (str(files),), "cache_bytes": 64, "cache_dir": str(tmp_path)}
+    run = _ok(_run(tmp_path, "--files", str(files), "--epochs", "2", "--batch-size", "5", **spec))
+    assert run.stderr.count("loader.DataLoader refused this run's cache (cache_bytes=64 cannot hold") == 1
+    first, second = run.of("0:FileData")
+    assert first.loader_class == second.loader_class == OUR_CLASS and first.hits + second.hits == 0
+
+
 def test_an_existing_sitecustomize_still_runs(tmp_path):
     theirs = tmp_path / "theirs"
     theirs.mkdir()

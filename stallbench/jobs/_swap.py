@@ -126,7 +126,9 @@ def cached_maker(cached: Callable[[], type], torch_class: type) -> Callable[...,
 def cached_class(spec: JobSpec) -> type:
     """``loader.DataLoader`` with this run's cache, the script's own arguments first: ``cache_bytes`` for
     one of our datasets; for any other Dataset, ``cache_files`` on the data roots, so the files it opens
-    itself are read through the cache, as a user does with the same arguments."""
+    itself are read through the cache, as a user does with the same arguments. Where our loader refuses
+    those (a cache too small for the files' index), one line says so and it is made without them: a
+    measurement never stops the script."""
     from loader import DataLoader, SourceDataset
 
     class CachedDataLoader(DataLoader):  # type: ignore[misc, valid-type]
@@ -142,7 +144,13 @@ def cached_class(spec: JobSpec) -> type:
                     extra["cache_dir"] = spec.cache_dir
             if not mine and extra:
                 extra["cache_files"] = list(spec.data)
-            super().__init__(*args, **{**extra, **kwargs})
+            try:
+                super().__init__(*args, **{**extra, **kwargs})
+            except ValueError as exc:  # the run's cache, not the script, is at fault: go on without it
+                if not extra:
+                    raise
+                say(f"loader.DataLoader refused this run's cache ({exc}); it reads without one", key="cache")
+                super().__init__(*args, **kwargs)
 
     CachedDataLoader.__name__ = DataLoader.__name__
     return CachedDataLoader
