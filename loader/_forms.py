@@ -108,7 +108,8 @@ def choose_form(dataset: Any, form: str, room: int, workers: int, sizing: bool =
     if form == "prepared" and not staged:
         raise ValueError(
             f"cache_form='prepared' needs a staged transform (transform='train', 'eval' or a "
-            f"loader.StagedTransform), not {dataset.transform!r}: nothing says which part is deterministic"
+            f"loader.StagedTransform with an identity), not {dataset.transform!r}: nothing says which part "
+            "is deterministic"
         )
     if form == "raw" or not staged:
         why = "asked for" if form == "raw" else "the transform is one stage: only raw bytes can be cached"
