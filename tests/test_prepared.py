@@ -3,10 +3,8 @@ the stored layout, a killed worker and a restart."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
-import signal
 import subprocess
 import sys
 
@@ -206,32 +204,46 @@ def test_the_stored_layout_round_trips_whole_values():
         decode_prepared(encode_prepared(np.zeros(10))[:-1])
 
 
+KILLED_WORKER = """
+import os, signal, sys, loader
+ds = loader.ImageFolder(sys.argv[1], transform=loader.TrainTransform(size=32))
+dl = loader.DataLoader(ds, batch_size=5, num_workers=2, cache_bytes=1 << 24, cache_dir=sys.argv[2],
+                       cache_form="prepared", timeout=120)
+it = iter(dl)
+next(it)
+victim = it._workers[0].pid
+os.kill(victim, signal.SIGKILL)  # while it prepares its share of the epoch
+try:
+    for _ in it:
+        pass
+except RuntimeError as exc:  # torch names the dead worker
+    print("killed" if str(victim) in str(exc) else exc)
+except (EOFError, ConnectionError):  # or the batch it was handing over broke off (torch's own race)
+    print("killed")
+"""
+RESTARTED = """
+import sys, loader
+ds = loader.ImageFolder(sys.argv[1], transform=loader.TrainTransform(size=32))
+dl = loader.DataLoader(ds, batch_size=5, num_workers=2, cache_bytes=1 << 24, cache_dir=sys.argv[2],
+                       cache_form="prepared")
+for _ in range(2):
+    labels = sorted(y for _, ys in dl for y in ys.tolist())
+s = dl.stats()
+print(labels == [0] * 12 + [1] * 12, s.hits, s.misses, s.records_cached)
+"""
+
+
 @pytest.mark.multiproc
 def test_a_worker_killed_while_preparing_loses_nothing_and_a_new_process_reads_the_store(images, shm_dir):
-    dl = make(ImageFolder(images, transform=SMALL), shm_dir, cache_form="prepared", shuffle=False)
-    it = iter(dl)
-    next(it)
-    victim = it._workers[0].pid
-    with pytest.raises(RuntimeError, match=f"(?i)worker.*{victim}"):
-        os.kill(victim, signal.SIGKILL)
-        for _ in it:
-            pass
-    with contextlib.suppress(RuntimeError):  # the other worker's exit re-reports the dead one (SIGCHLD)
-        it._shutdown_workers()
-    code = (
-        "import sys, torch, loader\n"
-        "ds = loader.ImageFolder(sys.argv[1], transform=loader.TrainTransform(size=32))\n"
-        "dl = loader.DataLoader(ds, batch_size=5, num_workers=2, cache_bytes=1 << 24,\n"
-        "                       cache_dir=sys.argv[2], cache_form='prepared')\n"
-        "for _ in range(2):\n"
-        "    labels = sorted(y for _, ys in dl for y in ys.tolist())\n"
-        "s = dl.stats()\n"
-        "print(labels == [0] * 12 + [1] * 12, s.hits, s.misses, s.records_cached)\n"
-    )
-    argv = [sys.executable, "-c", code, str(images), str(shm_dir)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    ok, hits, misses, cached = done.stdout.split()
+    """Each in a process of its own, as users run them (a killed worker's SIGCHLD stays out of pytest's)."""
+    argv = [sys.executable, "-c", "", str(images), str(shm_dir)]
+    runs = []
+    for code in (KILLED_WORKER, RESTARTED):
+        argv[2] = code
+        runs.append(subprocess.run(argv, capture_output=True, text=True, timeout=180))
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-2000:] + runs[1].stderr[-2000:]
+    assert runs[0].stdout.split() == ["killed"]
+    ok, hits, misses, cached = runs[1].stdout.split()
     assert ok == "True" and int(cached) == 24 and int(hits) + int(misses) == 48 and int(misses) < 24
     assert int(hits) >= 24  # the second epoch reads every record prepared; the first, what survived the kill
 
