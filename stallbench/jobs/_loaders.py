@@ -12,7 +12,15 @@ from typing import Any
 from stallbench.jobs._timed import Counters, EpochMeter, say
 from stallbench.jobs.spec import LoaderEpoch, records_path
 
-__all__ = ["LoaderState", "epoch_length", "epoch_record", "loader_settings", "loader_shape", "write_record"]
+__all__ = [
+    "LoaderState",
+    "derives_from",
+    "epoch_length",
+    "epoch_record",
+    "loader_settings",
+    "loader_shape",
+    "write_record",
+]
 
 
 @dataclasses.dataclass(eq=False)
@@ -69,10 +77,16 @@ def epoch_record(
     )
 
 
+def derives_from(obj: Any, module: str, name: str) -> bool:
+    """Whether ``obj``'s class is or derives from ``module.name``, known by names: this side never imports
+    ``loader``."""
+    return any(c.__module__ == module and c.__name__ == name for c in type(obj).mro())
+
+
 def loader_settings(dl: Any) -> dict[str, Any]:
     """The records' workers, batch size (the batch sampler's where the loader was given one, as accelerate
     and the Hugging Face Trainer do), prefetch factor, dataset length and whether the Dataset is one of
-    ``loader``'s (known by its classes' names: this side never imports ``loader``)."""
+    ``loader``'s."""
     try:
         length = len(dl.dataset)
     except Exception:  # an IterableDataset without a length
@@ -80,11 +94,8 @@ def loader_settings(dl: Any) -> dict[str, Any]:
     batch_size = dl.batch_size
     if batch_size is None:
         batch_size = getattr(dl.batch_sampler, "batch_size", None)
-    dataset_classes = type(dl.dataset).mro()
     return {
-        "source_backed": any(
-            c.__module__ == "loader.datasets" and c.__name__ == "SourceDataset" for c in dataset_classes
-        ),
+        "source_backed": derives_from(dl.dataset, "loader.datasets", "SourceDataset"),
         "workers": dl.num_workers,
         "batch_size": batch_size if isinstance(batch_size, int) else None,
         "prefetch_factor": getattr(dl, "prefetch_factor", None),

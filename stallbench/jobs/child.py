@@ -36,6 +36,7 @@ from typing import Any
 from stallbench.jobs._hooks import install_hooks
 from stallbench.jobs._loaders import (
     LoaderState,
+    derives_from,
     epoch_length,
     epoch_record,
     loader_settings,
@@ -119,9 +120,7 @@ class _Run:
         if known is not None and known[0]() is dl:
             return known[1]
         inner = getattr(dl, "base_dataloader", dl)  # the loader inside a framework's wrapper (accelerate)
-        ours = any(
-            c.__module__ == "loader.dataloader" and c.__name__ == "DataLoader" for c in type(inner).mro()
-        )
+        ours = derives_from(inner, "loader.dataloader", "DataLoader")
         settings = loader_settings(dl)
         shape = loader_shape(dl, settings)
         state = self._rebuilt(shape) or LoaderState(
