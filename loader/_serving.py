@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from loader._fetched import BatchCost, Fetched, note_fetch
 from loader._served_file import ServedFile, served_text
 from loader.files import CachedFiles
 from loader.stats import StatsBoard
@@ -37,8 +38,9 @@ _busy = threading.local()  # inside our own read: its opens go to the real open
 
 
 class FileReads:
-    """A ``CachedFiles`` whose reads count into a loader's ``StatsBoard``: hits and misses, their bytes and
-    the time they took (its fetch). Picklable, for spawned workers."""
+    """A ``CachedFiles`` whose reads count into a loader's ``StatsBoard`` as a source-backed dataset's fetches
+    do (``note_fetch``): hits and misses, their bytes and the time they took. Picklable, for spawned
+    workers."""
 
     def __init__(self, files: CachedFiles, board: StatsBoard) -> None:
         self.files, self.board = files, board
@@ -49,9 +51,7 @@ class FileReads:
         if got is None:
             return None
         raw, hit = got
-        self.board.add("fetch_seconds", time.perf_counter() - start)
-        self.board.add("hits" if hit else "misses", 1)
-        self.board.add("bytes_from_cache" if hit else "bytes_from_source", len(raw))
+        note_fetch(self.board.add, BatchCost(), Fetched(raw, hit, False, time.perf_counter() - start))
         return raw
 
 
