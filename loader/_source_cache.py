@@ -13,6 +13,7 @@ from loader._prepared import PreparedRecords, prepared_fingerprint
 from loader.cache import MinIOCache
 from loader.cache._layout import index_bytes
 from loader.datasets import SourceDataset
+from loader.system import memory as _memory
 from loader.system.headroom import auto_cache_bytes
 from loader.system.memory import format_bytes
 
@@ -48,11 +49,12 @@ def open_cache(
     if cache_bytes != "auto" and (isinstance(cache_bytes, (str, bool)) or not isinstance(cache_bytes, int)):
         raise ValueError(f"cache_bytes must be a number of bytes, 'auto' or None, got {cache_bytes!r}")
     index = index_bytes(len(dataset))
-    room = (auto_cache_bytes(_ALL_MEMORY)[0] if cache_bytes == "auto" else cache_bytes) - index
+    view = _memory.memory_view() if cache_bytes == "auto" else None  # read once: the room and the size
+    room = (auto_cache_bytes(_ALL_MEMORY, view)[0] if view is not None else cache_bytes) - index
     choice = choose_form(dataset, form, max(room, 0), workers, sizing=cache_bytes == "auto")
     sizing = ""
-    if cache_bytes == "auto":
-        cache_bytes, sizing = auto_cache_bytes(index + _records_bytes(dataset, choice))
+    if view is not None:
+        cache_bytes, sizing = auto_cache_bytes(index + _records_bytes(dataset, choice), view)
         if cache_bytes <= index:
             warnings.warn(
                 f"cache_bytes='auto' makes no cache ({sizing}); reading from storage", RuntimeWarning, 3
