@@ -18,7 +18,7 @@ import pytest
 
 from loader.system.counters import cpu_seconds
 from stallbench.analysis.memory import OVERHEAD_MARGIN, memory_limit
-from stallbench.jobs.run import JobFailed, run_job, run_workload
+from stallbench.jobs.run import JobFailed, run_job, run_workload, scratch_cache_dir
 from stallbench.jobs.spec import WorkloadJob
 
 # A DataLoader worker shares a tensor through a listener socket in multiprocessing's temp dir
@@ -153,3 +153,18 @@ def test_ctrl_c_at_any_moment_of_a_jobs_start_leaves_nothing_running() -> None:
         for proc in left:
             proc.kill()
         assert not left, f"a worker outlived an interrupt at {0.002 * k:.3f} s"
+
+
+def test_a_killed_runs_scratch_folder_is_swept_by_the_next_run(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"stallbench-run-{gone.pid}-abc123"
+    live = tmp_path / f"stallbench-run-{os.getpid()}-def456"
+    for folder in (dead, live):
+        folder.mkdir()
+        (folder / "minio-x").mkdir()
+    (tmp_path / f"stallbench-run-{gone.pid}-link").symlink_to(live)  # a link is never followed nor removed
+    made = scratch_cache_dir(tmp_path)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([made.name, live.name, f"stallbench-run-{gone.pid}-link"])
+    assert (live / "minio-x").is_dir()

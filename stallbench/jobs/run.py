@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -155,5 +156,21 @@ def child_env(tmpdir: str | os.PathLike, first: Sequence[str | os.PathLike] = ()
 
 
 def scratch_cache_dir(parent: str | os.PathLike = "/dev/shm") -> Path:
-    """A fresh private folder for one run's cache; the caller removes it (``shutil.rmtree``)."""
+    """A fresh private folder for one run's cache; the caller removes it (``shutil.rmtree``). Folders of
+    this user's earlier runs whose process is gone (killed before it could remove them) are removed first."""
+    _sweep_dead_runs(Path(parent))
     return Path(tempfile.mkdtemp(prefix=f"stallbench-run-{os.getpid()}-", dir=parent))
+
+
+def _sweep_dead_runs(parent: Path) -> None:
+    """Remove ``stallbench-run-<pid>-*`` folders of ``parent`` that this user owns and whose ``pid`` is gone;
+    another user's, a link, or a live process's are left alone."""
+    for entry in parent.glob("stallbench-run-*-*"):
+        with contextlib.suppress(ValueError, OSError):
+            st = entry.lstat()
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+                continue
+            try:
+                os.kill(int(entry.name.split("-")[2]), 0)
+            except ProcessLookupError:
+                shutil.rmtree(entry, ignore_errors=True)
