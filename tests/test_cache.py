@@ -10,8 +10,8 @@ import warnings
 
 import pytest
 
-from loader.cache import MinIOCache, store_path
-from loader.cache._layout import RESERVED, index_bytes
+from loader.cache import CorruptRecordError, MinIOCache, store_path
+from loader.cache._layout import HEADER_BYTES, RESERVED, index_bytes
 
 N = 40
 FP = "ab" * 32
@@ -143,3 +143,45 @@ def test_threads_of_one_process_fill_one_store_together(shm_dir):
         admitted = sum(pool.map(lambda i: cache.admit(i % N, record(i % N, 3000)), range(8 * N)))
     assert admitted == N and all(cache.get(i) == record(i, 3000) for i in range(N))
     assert cache.info().bytes_used == index_bytes(N) + N * len(record(0, 3000))
+
+
+def data_pages(cache: MinIOCache) -> int:
+    return os.stat(cache.path / "data").st_blocks * 512
+
+
+def test_give_back_drops_the_records_admitted_last_and_frees_their_pages(shm_dir):
+    big = 64 << 10
+    cache = open_store(shm_dir, 1 << 22)
+    for i in range(N):
+        assert cache.admit(i, record(i, big))
+    before = data_pages(cache)
+    freed, dropped = cache.give_back(10 * len(record(0, big)))
+    assert (freed, dropped) == (10 * len(record(0, big)), 10)
+    assert before - data_pages(cache) >= freed - 4096  # tmpfs gave the pages back (bar the one cut through)
+    assert [cache.get(i) for i in range(N - 10)] == [record(i, big) for i in range(N - 10)]
+    assert [cache.get(i) for i in range(N - 10, N)] == [None] * 10
+    assert cache.info().records_cached == N - 10 and not cache.info().full
+    assert cache.admit(N - 1, record(N - 1, big)) and cache.get(N - 1) == record(N - 1, big)  # room again
+
+
+def test_give_back_cuts_at_a_record_boundary_and_keeps_a_record_being_written(shm_dir):
+    cache = open_store(shm_dir, 1 << 20)
+    for i in range(6):
+        cache.admit(i, record(i))
+    cache._state[4] = RESERVED  # a live writer's record: it and all below it stay
+    size = len(record(0))
+    assert cache.give_back(size + size // 2) == (size, 1)  # half a record asked: the whole last one goes
+    assert [cache.get(i) for i in (0, 1, 2, 3)] == [record(i) for i in (0, 1, 2, 3)]
+    assert cache.get(5) is None and cache._state[4] == RESERVED
+
+
+def test_a_reader_of_a_slot_given_back_gets_no_wrong_bytes(shm_dir):
+    big = 64 << 10
+    cache = open_store(shm_dir, 1 << 22)
+    for i in range(4):
+        cache.admit(i, record(i, big))
+    stale = bytes(cache._map[HEADER_BYTES + 32 * 3 : HEADER_BYTES + 32 * 4])  # a slot looked up just before
+    cache.give_back(len(record(3, big)))
+    cache._map[HEADER_BYTES + 32 * 3 : HEADER_BYTES + 32 * 4] = stale
+    with pytest.raises(CorruptRecordError, match=r"record 3 .* fails its checksum"):
+        cache.get(3)

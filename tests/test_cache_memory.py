@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from stallbench.conditions.storage import evict_page_cache, probe_storage_condit
 
 MIB = 1 << 20
 RECORDS, SIZE = 64, 512
+RESERVE = 128 * MIB  # what the cache keeps free under the tests' 512 MiB limit
 HERE = Path(__file__).parent
 
 
@@ -62,7 +64,7 @@ def test_auto_with_ample_memory_holds_the_whole_dataset(shm_dir, memory):
 
 
 def test_auto_under_a_limit_takes_the_headroom_less_the_reserve(shm_dir, memory):
-    view = free(128 * MIB + index_bytes(RECORDS) + 20 * SIZE, limit=1 << 30)
+    view = free(RESERVE + index_bytes(RECORDS) + 20 * SIZE, limit=512 * MIB)
     memory(view)
     dl = make(shm_dir, "auto")
     s = dl.stats()
@@ -106,7 +108,7 @@ def test_a_cache_size_that_is_not_a_number_or_auto_is_refused(shm_dir, bad):
 
 
 def test_short_memory_pauses_admission_warns_once_and_loses_nothing(shm_dir, memory):
-    view = free(128 * MIB + 10 * SIZE, limit=1 << 30)  # room for 10 records above the reserve
+    view = free(RESERVE + 10 * SIZE, limit=512 * MIB)  # room for 10 records above the reserve
     memory(view)
     dl = make(shm_dir, 1 << 20)
     with pytest.warns(RuntimeWarning, match="memory is short") as caught:
@@ -121,7 +123,7 @@ def test_short_memory_pauses_admission_warns_once_and_loses_nothing(shm_dir, mem
 
 @pytest.mark.multiproc
 def test_short_memory_pauses_admission_in_every_worker(shm_dir, memory):
-    memory(free(128 * MIB + 10 * SIZE, limit=1 << 30))
+    memory(free(RESERVE + 10 * SIZE, limit=512 * MIB))
     dl = make(shm_dir, 1 << 20, num_workers=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the workers inherit this: their one warning each goes nowhere
@@ -149,9 +151,12 @@ def big_folder(tmp_path_factory):
     return root
 
 
-def run_job(limits: StorageLimits, root: Path, cache_dir: Path, cache_bytes: str, epochs: int = 2):
+def run_job(
+    limits: StorageLimits, root: Path, cache_dir: Path, cache_bytes: str, epochs: int = 2, grow_mib: int = 0
+):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
-    argv = [sys.executable, str(HERE / "_memory_job.py"), str(root), str(cache_dir), cache_bytes, str(epochs)]
+    script = str(HERE / "_memory_job.py")
+    argv = [sys.executable, script, str(root), str(cache_dir), cache_bytes, str(epochs), str(grow_mib)]
     done = limits.run(argv, capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, f"the job died (status {done.returncode}): {done.stderr[-2000:]}"
     return json.loads(done.stdout.splitlines()[-1]), done.stderr
@@ -189,3 +194,29 @@ def test_auto_under_a_cgroup_limit_picks_a_size_within_it(big_folder, shm_dir):
     assert 0 < stats["cache_capacity"] < limit
     assert "cgroup v1 memory limit" in stats["cache_sizing"]
     assert stats["cache_bytes_used"] <= stats["cache_capacity"]
+
+
+@pytest.mark.multiproc
+@pytest.mark.slow
+def test_a_job_that_grows_after_its_cache_filled_gets_memory_back_and_is_not_killed(big_folder, shm_dir):
+    limit = job_memory(big_folder, shm_dir) + 200 * MIB  # the cache fills to about 200 - 128 MiB kept free
+    evict_page_cache(big_folder)
+    with StorageLimits(memory_limit=limit) as limits:
+        stats, stderr = run_job(limits, big_folder, shm_dir, "auto", epochs=3, grow_mib=150)  # > the reserve
+    assert stats["samples"] == 3 * FILES
+    assert stats["cached_after_epoch1"] * RECORD_BYTES >= 48 * MIB
+    assert "gave back" in stderr and "grew into the memory the cache keeps free" in stderr
+    assert stats["records_cached"] * RECORD_BYTES <= stats["cached_after_epoch1"] * RECORD_BYTES - 16 * MIB
+
+
+def test_records_given_back_are_read_from_the_source_and_the_loader_warns_once(shm_dir, memory):
+    memory(free(1 << 30, limit=512 * MIB))
+    dl = make(shm_dir, 1 << 20)
+    assert indices(dl) == list(range(RECORDS)) and dl.stats().records_cached == RECORDS
+    memory(free(RESERVE // 4, limit=512 * MIB))  # the job grew into three quarters of the reserve
+    time.sleep(0.06)  # the gauge looks again after 50 ms
+    with pytest.warns(RuntimeWarning, match="grew into the memory the cache keeps free") as caught:
+        assert indices(dl) == list(range(RECORDS))
+    assert len([w for w in caught if "gave back" in str(w.message)]) == 1
+    s = dl.stats()
+    assert s.records_cached == 0 and (s.hits, s.misses) == (0, 2 * RECORDS)  # epoch 2 read all again

@@ -313,6 +313,39 @@ def test_gauge_counts_bytes_it_allowed_until_the_next_read(monkeypatch):
 
 
 @pytest.mark.parametrize(
+    ("headroom", "overdrawn"), [(164 * MIB, 0), (64 * MIB, 0), (64 * MIB - 1, 64 * MIB + 1), (0, 128 * MIB)]
+)
+def test_gauge_is_overdrawn_when_the_job_grew_into_half_the_reserve(monkeypatch, headroom, overdrawn):
+    Views(monkeypatch, headroom)
+    assert PressureGauge().overdrawn() == overdrawn  # what brings the headroom back to the reserve
+
+
+def test_gauge_reads_for_overdrawn_only_once_the_interval_passed_or_when_told_to_forget(monkeypatch):
+    views = Views(monkeypatch, 400 * MIB)
+    gauge = PressureGauge(interval=1.0)
+    held = 300 * MIB
+    assert gauge.overdrawn(lambda: held) == 0 and views.reads == 1
+    views.headroom = 0  # the job grew by 400 MiB
+    assert gauge.overdrawn(lambda: held) == 0 and views.reads == 1
+    views.now += 1.0
+    assert gauge.overdrawn(lambda: held) == 128 * MIB and views.reads == 2
+    views.headroom, held = 128 * MIB, 172 * MIB  # the cache gave 128 MiB back
+    gauge.forget()
+    assert gauge.overdrawn(lambda: held) == 0 and views.reads == 3
+
+
+def test_gauge_keeps_the_job_s_peak_free_after_it_passed(monkeypatch):
+    views = Views(monkeypatch, 500 * MIB)
+    gauge = PressureGauge(interval=0)
+    assert not gauge.short(300 * MIB)
+    views.headroom = 400 * MIB  # a peak of the job's own memory, 100 MiB over its use before and after
+    gauge.short()
+    views.headroom = 500 * MIB
+    assert gauge.short(272 * MIB + 1) and not gauge.short(272 * MIB)  # 500 - 100 - 272 = the 128 MiB reserve
+    assert gauge.spare == 400 * MIB
+
+
+@pytest.mark.parametrize(
     ("kwargs", "match"), [({"interval": -1}, "interval"), ({"bytes_between": 0}, "bytes")]
 )
 def test_gauge_rejects_bad_settings(kwargs, match):

@@ -1,5 +1,5 @@
 """Whether this process may admit records into a store now, and why not: the one place that turns admission
-off or pauses it, and says so once.
+off or pauses it, or asks the store to give memory back, and says so once.
 
 A store is shared, but each process decides for itself: one whose lock wait timed out, whose memory runs
 short, or that cannot use the store at all (removed or replaced under it) stops admitting and reads on from
@@ -30,6 +30,9 @@ class AdmissionGate:
         self.path = path
         self.off = False  # this process cannot use the store: it reads from storage for good
         self.memory_pauses = 0  # times this process paused admission because memory was short
+        self.given_back = (
+            0  # bytes this process had the store give back because the job grew into the reserve
+        )
         self._paused_until = 0.0
         self._gauge = PressureGauge()
 
@@ -40,7 +43,7 @@ class AdmissionGate:
     def memory_short(self, nbytes: int, used: np.ndarray) -> bool:
         """Whether admitting ``nbytes`` more would leave memory under its reserve; if so, pause and warn the
         first time, saying what the store holds (``used[0]`` bytes: the header's field, read only then)."""
-        if not self._gauge.short(nbytes):
+        if not self._gauge.short(nbytes, lambda: int(used[0])):
             return False
         now = time.monotonic()
         if now < self._paused_until:  # another read-ahead thread of this process paused it just now
@@ -48,16 +51,40 @@ class AdmissionGate:
         self._paused_until = now + MEMORY_PAUSE
         self.memory_pauses += 1
         if self.memory_pauses == 1:
-            view = self._gauge.last
             warnings.warn(
-                f"memory is short ({format_bytes(view.headroom)} free per {view.source}, "
-                f"{format_bytes(reserve_bytes(view))} kept free): the cache at {self.path} stops admitting "
+                f"memory is short ({self._memory_left()}): the cache at {self.path} stops admitting "
                 f"records at {format_bytes(int(used[0]))} and training goes on reading from "
                 f"storage; it looks again every {MEMORY_PAUSE:g} s",
                 RuntimeWarning,
                 stacklevel=3,
             )
         return True
+
+    def overdrawn(self, used: np.ndarray) -> int:
+        """Bytes the store should give back now, ``used[0]`` being what it holds (0 almost always: the gauge
+        reads memory every 50 ms)."""
+        return 0 if self.off else self._gauge.overdrawn(lambda: int(used[0]))
+
+    def note_given_back(self, nbytes: int, records: int) -> None:
+        """The store gave back ``nbytes`` (``records`` records); warn the first time, read memory afresh."""
+        if not self.given_back and nbytes:
+            warnings.warn(
+                f"the job grew into the memory the cache keeps free ({self._memory_left()}): the cache at "
+                f"{self.path} gave back {format_bytes(nbytes)} ({records} records), which are read from "
+                "storage again",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        self.given_back += nbytes
+        self._gauge.forget()
+        self._paused_until = time.monotonic() + MEMORY_PAUSE
+
+    def _memory_left(self) -> str:
+        view, spare = self._gauge.last, self._gauge.spare
+        free = f"{format_bytes(view.headroom)} free per {view.source}"
+        if spare < view.headroom:
+            free += f", {format_bytes(view.headroom - spare)} of it for the job's own peak"
+        return f"{free}, {format_bytes(reserve_bytes(view))} kept free"
 
     def pause_after_timeout(self, exc: Exception, timeout: float) -> None:
         """The store's lock was not had within ``timeout`` seconds: admit nothing for a while."""

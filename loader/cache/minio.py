@@ -2,9 +2,11 @@
 
 Every epoch of a random-order job touches every record once, so the records to keep are any ``capacity``
 of them, kept forever: each later epoch then hits exactly ``capacity / dataset`` of its reads, which is the
-best any policy can do (see docs/concepts/minio-cache.md). The store itself, where it lives and how each
-process attaches to it, is ``_store.py``'s. Nothing read back is trusted: every record is bounds-checked and
-checksummed before it is served.
+best any policy can do (see docs/concepts/minio-cache.md). The one exception is memory: the kernel cannot
+reclaim the store, so where the job grows into the memory the cache keeps free, the store gives back the
+records it admitted last (``give_back``) rather than have the job killed. The store itself, where it lives
+and how each process attaches to it, is ``_store.py``'s. Nothing read back is trusted: every record is
+bounds-checked and checksummed before it is served.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from loader.cache._layout import (
     checksum,
 )
 from loader.cache._store import LOCK_TIMEOUT, CacheInfo, SharedStore, store_path
+from loader.system.libc import punch_hole
 from loader.system.locks import LockTimeout, writer_alive, writer_id
 
 __all__ = ["LOCK_TIMEOUT", "CacheInfo", "CorruptRecordError", "MinIOCache", "store_path"]
@@ -50,6 +53,8 @@ class MinIOCache(SharedStore):
         """
         if self._gate.off:
             return None
+        if overdrawn := self._gate.overdrawn(self._used):
+            self._gate.note_given_back(*self.give_back(overdrawn))
         if not 0 <= index < self._num_records:
             raise IndexError(f"record index {index} out of range for a cache of {self._num_records} records")
         offset, length, state, expected = _SLOT_HEAD.unpack_from(self._map, HEADER_BYTES + _SLOT_SIZE * index)
@@ -95,6 +100,35 @@ class MinIOCache(SharedStore):
         self._checksum[index] = checksum(index, payload)
         self._state[index] = READY  # one aligned 4-byte store: the record becomes visible whole
         return True
+
+    def give_back(self, nbytes: int) -> tuple[int, int]:
+        """Free about ``nbytes`` of memory: the records admitted last are dropped (slots EMPTY, admitted
+        again later if memory allows) and their pages punched out of the data file. A record being written
+        is kept, with what lies below it. Returns the bytes freed and the records dropped.
+
+        A reader that looked a dropped slot up just before reads zeros or another record's bytes: its
+        checksum fails and the record is read from the source (``CorruptRecordError``), never served wrong.
+        """
+        try:
+            with self._mutex.held():
+                used = int(self._used[0])
+                cut = self._tail_cut(max(0, used - nbytes))
+                dropped = (self._state == READY) & (self._offset >= cut)
+                self._state[dropped] = EMPTY
+                self._used[0], self._full[0] = cut, 0
+                punch_hole(self._data_fd, cut, used)
+        except (LockTimeout, OSError):  # another process gives back, or the store is gone: no harm done
+            return 0, 0
+        return used - cut, int(dropped.sum())
+
+    def _tail_cut(self, target: int) -> int:
+        """Where the data may end once no more than ``target`` bytes are kept: at or above ``target`` past
+        any record still being written (RESERVED), down to the start of a record that straddles it."""
+        ends = self._offset + self._length
+        writing = (self._state == RESERVED) & (ends > target)
+        cut = max(target, int(ends[writing].max())) if writing.any() else target
+        straddles = (self._state == READY) & (self._offset < cut) & (ends > cut)
+        return int(self._offset[straddles].min()) if straddles.any() else cut
 
     def _reserve(self, index: int, length: int) -> int | None:
         """Space for ``length`` bytes of record ``index``, marked as this process's; None if none is had."""

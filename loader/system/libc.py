@@ -1,10 +1,13 @@
-"""C library calls that Python's ``os`` and ``mmap`` modules do not offer: a raw mmap, madvise, mincore."""
+"""C library calls that Python's ``os`` and ``mmap`` modules do not offer: a raw mmap, madvise, mincore, and
+fallocate's hole punching (``punch_hole``)."""
 
 from __future__ import annotations
 
 import ctypes
+import mmap
+import os
 
-__all__ = ["MAP_FAILED", "libc"]
+__all__ = ["MAP_FAILED", "libc", "punch_hole"]
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mmap.restype = ctypes.c_void_p
@@ -19,4 +22,16 @@ libc.mmap.argtypes = [
 libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
 MAP_FAILED = ctypes.c_void_p(-1).value
+_PUNCH_HOLE = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
+
+
+def punch_hole(fd: int, start: int, end: int) -> None:
+    """Free the file's pages from ``start`` to ``end`` (whole pages within them; tmpfs gives the memory back
+    at once); the file keeps its size, and the range reads as zeros. Raises OSError where it cannot."""
+    page = mmap.PAGESIZE
+    first, last = -(-start // page) * page, -(-end // page) * page
+    if last > first and libc.fallocate(fd, _PUNCH_HOLE, first, last - first) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
