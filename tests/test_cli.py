@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from stallbench.analysis.request import NamedWorkload, parse_data
+from stallbench.conditions.storage import probe_storage_conditions
 from stallbench.report import validate_report_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,6 +62,10 @@ def test_help(tmp_path, command):
         (["analyze", "--data", "tokens:"], "argument --data: the count in 'tokens:'"),
         (["analyze"], "--data"),
         ([], "COMMAND"),
+        (["analyze", "--data", "images:8", "--cache", "-5G"], "argument --cache: '-5G'"),
+        (["compare", "--data", "images:8", "--storage-bandwidth", "-1MB/s"], "'-1MB/s'"),
+        (["analyze", "--data", "images:8", "--"], "nothing after --"),
+        (["analyze", "--data", ".", "--", "no-such-command-xyz"], "not found or is not executable: 'no-such"),
     ],
 )
 def test_bad_input_exits_2_naming_the_culprit(tmp_path, args, culprit):
@@ -282,3 +287,12 @@ def test_interrupt_during_memory_probe_exits_130_and_leaves_nothing(tmp_path):
     assert_clean_interrupt(proc, err, children)
     assert "stallbench analyze: interrupted" in err
     assert not list(scratch.iterdir())
+
+
+def test_a_memory_limit_too_small_for_python_says_so_in_words(tmp_path):
+    problems = probe_storage_conditions(tmp_path)
+    if problems["memory_limit"] is not None:
+        pytest.skip(f"needs a memory cgroup: {problems['memory_limit']}")
+    done = stallbench("analyze", "--data", "images:8", "--memory-limit", "1M", cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "--memory-limit 1.05 MB is too small: the kernel killed the storage reader" in done.stderr

@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -27,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from stallbench.conditions.cgroup import StorageLimits
+from stallbench.conditions.cgroup import StorageConditionUnavailable, StorageLimits
+from stallbench.conditions.sizes import format_bytes
 from stallbench.conditions.storage import device_bytes, evict_page_cache, files_in
 from stallbench.jobs import counters
 
@@ -93,6 +95,12 @@ def _read_files(files: list[str], readers: int, limits: StorageLimits | None) ->
     else:
         with contextlib.nullcontext(limits) if limits.paths else limits:
             done = limits.run(argv, input=feed, capture_output=True, text=True)
+    if done.returncode == -signal.SIGKILL and limits is not None and limits.memory_limit is not None:
+        raise StorageConditionUnavailable(
+            f"--memory-limit {format_bytes(limits.memory_limit)} is too small: the kernel killed the storage "
+            "reader, a bare Python process that reads the data, under it; give the job the memory it needs "
+            "besides the cache (stallbench measures it with --memory-limit auto)"
+        )
     if done.returncode != 0:
         raise RuntimeError(f"the storage reader exited with {done.returncode}: {done.stderr[-800:]}")
     return json.loads(done.stdout)

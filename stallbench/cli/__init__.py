@@ -7,6 +7,8 @@ enforce), 130 interrupted (results so far are written first).
 from __future__ import annotations
 
 import argparse
+import re
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -170,9 +172,14 @@ def _concurrent(parser: argparse.ArgumentParser, args: argparse.Namespace, comma
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = make_parser()
-    own, command = split_command(sys.argv[1:] if argv is None else argv)
-    args = parser.parse_args(own)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, command = split_command(argv)
+    args = parser.parse_args(_negative_values_joined(own))
     _check_outputs(parser, args)
+    if "--" in argv and not command:
+        parser.error("nothing after --: give the command to run, e.g. -- python train.py")
+    if command and shutil.which(command[0]) is None:
+        parser.error(f"the command after -- was not found or is not executable: {command[0]!r}")
     if command and args.command not in ("analyze", "compare"):
         parser.error(f"{args.command} takes no command after --")
     if getattr(args, "max_len", None) is not None and args.packing is None:
@@ -189,6 +196,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.loader = CACHED
     commands = {"analyze": run_analysis, "compare": run_analysis, "simulate": run_simulate, "demo": run_demo}
     return _interruptible(commands[args.command], args)
+
+
+def _negative_values_joined(argv: list[str]) -> list[str]:
+    """``--cache -5G`` as ``--cache=-5G``: argparse takes a value that starts with a minus for an option and
+    says only "expected one argument"; joined, the option's own parser names the value. No option of ours
+    starts with a minus and a digit."""
+    joined: list[str] = []
+    for token in argv:
+        if joined and re.match(r"-\.?\d", token) and joined[-1].startswith("--") and "=" not in joined[-1]:
+            joined[-1] += f"={token}"
+        else:
+            joined.append(token)
+    return joined
 
 
 def _interruptible(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
