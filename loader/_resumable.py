@@ -1,6 +1,7 @@
-"""Resuming a ``loader.DataLoader`` mid-epoch: ``state_dict`` says where the epoch stands (its whole order,
-the batches handed out, the generators' states) and ``load_state_dict`` makes the next iterator yield exactly
-the rest, in this process or a new one. A mixin: the loader keeps the order (``_replay``) and counts."""
+"""Resuming a ``loader.DataLoader`` mid-epoch: ``state_dict`` says where the epoch stands (the random states
+its order was drawn from, the batches handed out, the generators' states now) and ``load_state_dict`` makes
+the next iterator draw that order again and yield exactly the rest, in this process or a new one. A mixin:
+the loader keeps the sampler (``_replay``) and counts."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from loader._resume import generator_states, restore_generators
 
 __all__ = ["STATE_VERSION", "ResumableEpochs"]
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 1 kept the epoch's whole order
 
 
 class ResumableEpochs:
@@ -35,26 +36,37 @@ class ResumableEpochs:
         started = self._replay.epochs_started > self._started_before  # this iterator's order is drawn
         return {
             "version": STATE_VERSION,
-            "epoch_order": list(self._replay.epoch_order) if started else [],
+            "draw_states": self._replay.draw_states if started else {},
             "batches_delivered": self._delivered,
+            "epoch_finished": started and self._epoch_finished(),
             "generators": generator_states(self._generators()),
             # an iterator made whose order is not drawn yet: its base seed is drawn, the order comes next
             "order_next": self._made_iterator and not started,
+            "iterator_made": self._made_iterator,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next ``iter(loader)`` yield exactly the rest of the saved epoch."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ValueError(f"not a loader.DataLoader state of version {STATE_VERSION}")
-        order, done = state["epoch_order"], state["batches_delivered"]
-        if not 0 <= done <= len(order):
-            raise ValueError(f"batches_delivered={done} is outside the saved epoch of {len(order)} batches")
+        draw_states, done = state["draw_states"], state["batches_delivered"]
+        if isinstance(done, bool) or not isinstance(done, int) or done < 0:
+            raise ValueError(f"batches_delivered={done!r} is not a number of batches")
         if self._replay is None:
             raise TypeError("load_state_dict() needs a map-style dataset")
-        if done < len(order):
-            self._replay.resume(order, done)
-        mid_epoch, order_next = done < len(order), bool(state.get("order_next"))
-        self._resume = (state["generators"], mid_epoch, order_next or self.persistent_workers)
+        mid_epoch = bool(draw_states) and not state["epoch_finished"]
+        if mid_epoch:
+            self._replay.resume(draw_states, done)
+        # persistent workers keep the base seed their first iterator drew; later epochs draw only the order
+        kept_seed = self.persistent_workers and bool(state["iterator_made"])
+        self._resume = (state["generators"], mid_epoch, bool(state["order_next"]) or kept_seed)
+
+    def _epoch_finished(self) -> bool:
+        """Whether every batch of the current epoch was handed out (never, for an endless sampler)."""
+        try:
+            return self._delivered >= len(self._replay)
+        except TypeError:
+            return False
 
     def _iter_resumed(self) -> Any:
         """The first iterator after ``load_state_dict``: the generators make the same draws as the saved
@@ -68,9 +80,7 @@ class ResumableEpochs:
         if not mid_epoch:  # the base seed was drawn (or persistent workers keep theirs): the order is next
             self._replay.before_next_draw(restore)
             return super().__iter__()
-        inner = super().__iter__()  # the rest of the epoch is replayed and draws nothing
-        restore()
-        return inner
+        return super().__iter__()  # the sampler draws the epoch again from its saved states, then skips
 
     def _count_delivered(self) -> None:
         self._delivered += 1

@@ -1,7 +1,16 @@
-"""Mid-epoch resume: the epoch's index order is kept, so a restored loader yields exactly what remained."""
+"""Mid-epoch resume: the random states an epoch's order was drawn from and the batches handed out are kept, so
+a restored loader draws that order again and yields exactly what remained.
+
+The position is kept, not the order: a sampler may be endless, or list millions of indices, and listing it
+before the first batch cost 1 GB and a second on 20M indices (torch's loader yields at once). Drawing again
+is exact for a sampler that draws from the loader's generator, its own ``generator`` or torch's global random
+state, as all of torch's samplers do; what was handed out is skipped, as torchdata's StatefulDataLoader
+fast-forwards a sampler without a state of its own.
+"""
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -13,15 +22,19 @@ from loader._serving import FileReads, ServingWorkerInit, serving
 
 __all__ = ["ReplayableSampler", "counting_iterator", "generator_states", "restore_generators"]
 
+GLOBAL = "torch"  # the name of torch's global random state among the states kept
+
 
 class ReplayableSampler:
-    """Wraps the loader's index sampler; draws an epoch's order lazily, exactly as the wrapped one would."""
+    """Wraps the loader's index sampler; draws an epoch's order lazily, exactly as the wrapped one would,
+    keeping the random states (``generators()``'s and torch's global one) the draw started from."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, generators: Callable[[], dict[str, torch.Generator | None]]) -> None:
         self.inner = inner
-        self.epoch_order: list[Any] = []
+        self.generators = generators
+        self.draw_states: dict[str, torch.Tensor] = {}  # what the current epoch's draw started from
         self.epochs_started = 0  # how many times an epoch's order was drawn or resumed
-        self._pending: tuple[list[Any], int] | None = None
+        self._pending: tuple[dict[str, torch.Tensor], int] | None = None
         self._before_draw: Any = None
 
     def __len__(self) -> int:
@@ -29,19 +42,37 @@ class ReplayableSampler:
 
     def __iter__(self) -> Iterator[Any]:
         # a generator: nothing is drawn until the first index is asked for, as with torch's own samplers
-        if self._pending is not None:
-            (self.epoch_order, start), self._pending = self._pending, None
-        else:
+        if self._pending is None:
             if self._before_draw is not None:
                 self._before_draw, before = None, self._before_draw
                 before()
-            self.epoch_order, start = list(self.inner), 0
+            self.draw_states = {**generator_states(self.generators()), GLOBAL: torch.get_rng_state()}
+            self.epochs_started += 1
+            yield from self.inner
+            return
+        (self.draw_states, start), self._pending = self._pending, None
         self.epochs_started += 1
-        yield from self.epoch_order[start:]
+        yield from self._redrawn(start)
 
-    def resume(self, order: list[Any], position: int) -> None:
-        """Make the next epoch the rest of ``order`` from ``position`` on."""
-        self._pending = (order, position)
+    def _redrawn(self, start: int) -> Iterator[Any]:
+        """The saved epoch drawn again from its states, from position ``start`` on; torch's global random
+        state is the process's own again once the handed-out part is skipped."""
+        own = torch.get_rng_state()
+        restore_generators(self.generators(), self.draw_states)
+        torch.set_rng_state(self.draw_states[GLOBAL])
+        order = iter(self.inner)
+        try:
+            first = next(itertools.islice(order, start, None))
+        except StopIteration:
+            return
+        finally:
+            torch.set_rng_state(own)
+        yield first
+        yield from order
+
+    def resume(self, draw_states: dict[str, torch.Tensor], position: int) -> None:
+        """Make the next epoch the one drawn from ``draw_states``, from ``position`` on."""
+        self._pending = (draw_states, position)
 
     def before_next_draw(self, callback: Any) -> None:
         """Call ``callback()`` once, just before the next epoch's order is drawn from the inner sampler."""
@@ -118,6 +149,6 @@ def restore_generators(
     generators: dict[str, torch.Generator | None], states: dict[str, torch.Tensor]
 ) -> None:
     for name, state in states.items():
-        generator = generators.get(name)
+        generator = generators.get(name) if name != GLOBAL else None
         if generator is not None:
             generator.set_state(state)

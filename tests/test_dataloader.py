@@ -191,9 +191,13 @@ def test_state_dict_rejects_what_it_cannot_resume():
     data = SourceDataset(MemorySource(4))
     with pytest.raises(ValueError, match="version"):
         DataLoader(data).load_state_dict({"epoch_order": []})
-    with pytest.raises(ValueError, match="batches_delivered"):
+    with pytest.raises(ValueError, match="version 2"):
         DataLoader(data).load_state_dict(
             {"version": 1, "epoch_order": [[0]], "batches_delivered": 5, "generators": {}}
+        )
+    with pytest.raises(ValueError, match="batches_delivered=-1 is not a number of batches"):
+        DataLoader(data).load_state_dict(
+            {"version": 2, "draw_states": {}, "batches_delivered": -1, "epoch_finished": False}
         )
 
 
@@ -254,12 +258,13 @@ def test_bad_record_in_a_worker_is_still_a_bad_record_error():
     )
 
 
-def resumable(num_workers: int, shm_dir) -> DataLoader:
+def resumable(num_workers: int, shm_dir, persistent: bool = False) -> DataLoader:
     return DataLoader(
         SourceDataset(MemorySource(40), transform=first_index),
         batch_size=3,
         shuffle=True,
         num_workers=num_workers,
+        persistent_workers=persistent,
         generator=torch.Generator().manual_seed(7),
         cache_bytes=1 << 20,
         cache_dir=shm_dir,
@@ -290,6 +295,16 @@ def test_a_state_saved_before_the_first_batch_gives_that_epoch(num_workers, shm_
     restored = resumable(num_workers, shm_dir)
     restored.load_state_dict(state)
     assert [b[0].tolist() for b in restored] == [b[0].tolist() for b in it]
+
+
+@pytest.mark.parametrize(("num_workers", "persistent"), [(0, False), (2, False), (2, True)])
+def test_a_state_saved_before_the_first_iterator_gives_the_first_epoch(num_workers, persistent, shm_dir):
+    original = resumable(num_workers, shm_dir, persistent)
+    state = original.state_dict()
+    restored = resumable(num_workers, shm_dir, persistent)
+    restored.load_state_dict(state)
+    for _ in range(2):
+        assert [b[0].tolist() for b in restored] == [b[0].tolist() for b in original]
 
 
 def test_an_image_folder_job_loads_neither_pyarrow_nor_lmdb(tmp_path, shm_dir):
