@@ -52,9 +52,12 @@ def size(text: str) -> int:
 
 def bandwidth(text: str) -> int:
     """``"200MB/s"`` or ``"200MB"`` -> bytes per second (must be positive)."""
-    value = size(text[:-2] if text.endswith("/s") else text)
+    try:
+        value = parse_size(text[:-2] if text.endswith("/s") else text)
+    except ValueError:
+        value = 0
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"a bandwidth must be positive, got {text!r}")
+        raise argparse.ArgumentTypeError(f"a bandwidth must be a positive size per second, got {text!r}")
     return value
 
 

@@ -1,0 +1,116 @@
+"""Never slower at a tight budget: a user's own Dataset under one memory limit for both loaders.
+
+Issue 19's digits job (``_digits_job.py``): 11,520 + 1,000 digit JPEGs of ~3.8 KB (D, ~45 MB), a Dataset
+that opens each with ``PIL.Image.open``, a small CNN trained on the CPU to 95% test accuracy, 2 workers,
+storage throttled to 5 MB/s, page cache evicted before each run. torch's DataLoader against ours with the
+one import and the one argument (``cache_bytes="auto", cache_files=ROOT``), pairs alternating, each job in
+its own process and cgroup, under L = M + D/2 and L = M + D/2 + 32 MiB, where M is the job's own memory:
+the peak of torch's job measured in an unlimited cgroup, less the data it left in the page cache. torch's
+job gives the spare memory to its page cache; ours to its store and the page cache. Target: at each limit,
+the median over pairs of torch's time to the accuracy over ours >= 1.0.
+
+    python -m pytest benchmarks/bench_tight_budget.py -p no:cacheprovider --benchmark-enable -s
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+from stallbench.conditions.cgroup import StorageLimits
+from stallbench.conditions.storage import evict_page_cache, probe_storage_conditions, resident_bytes
+from stallbench.jobs.run import run_job, scratch_cache_dir
+from stallbench.report import plain_table
+
+SCRIPT = Path(__file__).with_name("_digits_job.py")
+READ_BPS, TARGET, MAX_EPOCHS, PAIRS = 5_000_000, 0.95, 15, 3
+MIB = 1 << 20
+BUDGETS = {"D/2": 0, "D/2 + 32 MiB": 32 * MIB}
+MIN_RATIO = 1.0
+
+
+@pytest.fixture(scope="module")
+def data(bench_data_root: Path) -> Path:
+    root = bench_data_root / "digits-v1"
+    if not (root / "test").is_dir():
+        shutil.rmtree(root, ignore_errors=True)
+        run_job([sys.executable, str(SCRIPT), "make", str(root)])
+    problems = {k: v for k, v in probe_storage_conditions(root).items() if v is not None}
+    if problems:
+        pytest.fail(f"the storage conditions cannot be set up here: {problems}", pytrace=False)
+    return root
+
+
+def data_bytes(root: Path) -> int:
+    return sum(f.stat().st_size for f in root.rglob("*.jpg"))
+
+
+def train(
+    kind: str, data: Path, memory_limit: int | None, target: float = TARGET
+) -> tuple[list[dict], StorageLimits]:
+    """One job from a cold page cache, to the target, inside its own cgroup; its epochs and the cgroup."""
+    cache_dir = scratch_cache_dir()
+    argv = [sys.executable, str(SCRIPT), kind, str(data), str(cache_dir), str(target), str(MAX_EPOCHS)]
+    try:
+        evict_page_cache(data)
+        limits = StorageLimits(memory_limit=memory_limit, storage_bandwidth=READ_BPS, device_path=data)
+        with limits:
+            epochs = run_job(argv, limits, timeout=1200)
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    if epochs[-1]["accuracy"] < target:
+        pytest.fail(f"{kind} missed {TARGET} in {MAX_EPOCHS} epochs: {epochs[-1]}", pytrace=False)
+    return epochs, limits
+
+
+@pytest.fixture(scope="module")
+def own_memory(data: Path) -> int:
+    """M: the peak of torch's job in an unlimited cgroup, less the data it left in the page cache. A first
+    job of one epoch, not measured, puts the interpreter's and torch's files in the page cache: M is then
+    the job's own memory, not the libraries' pages it read first."""
+    train("torch", data, None, target=0.0)
+    _, limits = train("torch", data, None)
+    return limits.memory_max_usage() - resident_bytes(data, whole_pages=True)
+
+
+@pytest.mark.benchmark(group="tight-budget")
+@pytest.mark.parametrize("budget", list(BUDGETS))
+def test_tight_budget(benchmark, data: Path, own_memory: int, budget: str) -> None:
+    memory_limit = own_memory + data_bytes(data) // 2 + BUDGETS[budget]
+    runs: dict[str, list[list[dict]]] = {"torch": [], "ours": []}
+
+    def pair() -> None:
+        order = ("torch", "ours") if len(runs["torch"]) % 2 == 0 else ("ours", "torch")
+        for kind in order:
+            runs[kind].append(train(kind, data, memory_limit)[0])
+
+    benchmark.pedantic(pair, rounds=PAIRS)
+    while len(runs["torch"]) < PAIRS:  # benchmarks disabled: pedantic ran one round
+        pair()
+    total = {k: [sum(e["seconds"] for e in job) for job in jobs] for k, jobs in runs.items()}
+    ratios = [t / o for t, o in zip(total["torch"], total["ours"], strict=True)]
+    rows = [
+        [k, [len(job) for job in jobs], [f"{t:.1f}" for t in total[k]], _later_reads(jobs), _held(jobs)]
+        for k, jobs in runs.items()
+    ]
+    print(
+        f"\nL = M + {budget}: {memory_limit / MIB:.0f} MiB (M {own_memory / MIB:.0f} MiB, "
+        f"D {data_bytes(data) / MIB:.1f} MiB), storage {READ_BPS / 1e6:.0f} MB/s, {PAIRS} pairs"
+    )
+    print(plain_table(["loader", "epochs", "seconds", "MB read per later epoch", "cache MB"], rows))
+    ratio = statistics.median(ratios)
+    print(f"torch/ours per pair {[f'{r:.2f}' for r in ratios]}, median {ratio:.2f} (target >= {MIN_RATIO})")
+    benchmark.extra_info.update(budget=budget, memory_limit=memory_limit, ratios=ratios)
+    assert ratio >= MIN_RATIO, f"L = M + {budget}: torch/ours {ratio:.2f}"
+
+
+def _later_reads(jobs: list[list[dict]]) -> list[str]:
+    return [f"{statistics.mean(e['storage_bytes'] for e in job[1:]) / 1e6:.1f}" for job in jobs]
+
+
+def _held(jobs: list[list[dict]]) -> list[str]:
+    return [f"{job[-1]['cached_bytes'] / 1e6:.1f}" for job in jobs]
