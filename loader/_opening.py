@@ -75,7 +75,8 @@ def open_options(
         cache = opened.store if opened.prepared is None else None
         depth = (num_workers or 1) * (prefetch_factor or 2) + 2  # batches a rank may hold received
         ahead = depth * (batch_size or 1)
-        partition = open_partition(partition_cache, cache, cache_dir, (sampler, batch_sampler), ahead)
+        samplers = (sampler, batch_sampler)
+        partition = open_partition(partition_cache, cache, cache_bytes, cache_dir, samplers, ahead)
         peers = partition.peers if partition is not None else None
         bound = dataset.bind(
             cache=cache,
@@ -103,13 +104,13 @@ def open_options(
 
 
 def open_partition(
-    value: Any, cache: MinIOCache | None, cache_dir: Any, samplers: tuple, ahead: int
+    value: Any, cache: MinIOCache | None, cache_bytes: Any, cache_dir: Any, samplers: tuple, ahead: int
 ) -> PartitionedCache | None:
     """The partitioned cache's part of this rank (``partition_cache=``), or None."""
     options = partition_from(value)
     if options is None:
         return None
-    check_partition_args(cache, *samplers)
+    check_partition_args(cache, cache_bytes, cache_dir, *samplers)
     return PartitionedCache(options, cache_dir, ahead)
 
 

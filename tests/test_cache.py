@@ -78,10 +78,13 @@ def test_missing_cache_dir_is_named(tmp_path):
         MinIOCache.open(fingerprint=FP, num_records=N, capacity=1 << 20, cache_dir=tmp_path / "no-such-dir")
 
 
-def test_other_data_with_a_colliding_name_is_refused(shm_dir):
-    open_store(shm_dir, 1 << 20)
-    with pytest.raises(ValueError, match="belongs to other data"):
-        open_store(shm_dir, 1 << 20, n=N + 1)
+def test_a_store_whose_record_count_is_damaged_is_made_anew(shm_dir):
+    first = open_store(shm_dir, 1 << 20)
+    first.admit(1, record(1))
+    first._header["num_records"] = N + 7  # a stray write into the user's own store
+    with pytest.warns(RuntimeWarning, match=f"counts {N + 7} records where its data has {N}.*made anew"):
+        again = open_store(shm_dir, 1 << 20)
+    assert again.get(1) is None and again.admit(1, record(1)) and again.get(1) == record(1)
 
 
 def test_full_shared_memory_stops_admitting_with_one_warning(shm_dir):

@@ -163,18 +163,43 @@ def test_with_workers_a_loop_that_breaks_gets_a_whole_next_epoch(shm_dir, persis
     assert not list(shm_dir.iterdir())
 
 
-@pytest.mark.parametrize("plant", ["open to others", "another owner", "a link"])
-def test_a_planted_staging_area_is_refused(shm_dir, tmp_path, plant):
+def test_our_own_staging_area_open_to_others_is_refused_by_name(shm_dir):
     dl = coordinated(shm_dir)
     area = dl._coordinated.area.path
-    if plant == "a link":
-        (tmp_path / "elsewhere").mkdir(mode=0o700)
-        area.symlink_to(tmp_path / "elsewhere")
-    else:
+    del dl
+    gc.collect()
+    area.mkdir(mode=0o700)
+    os.chmod(area, 0o777)
+    with pytest.raises(UntrustedCacheError, match=rf"{area} .*mode 0777"):
+        coordinated(shm_dir)
+
+
+def plant(area: Path, how: str, target: Path) -> None:
+    """Another user (nobody) takes the area's name first: a folder of theirs, or their link to elsewhere."""
+    if how == "a folder":
         area.mkdir(mode=0o700)
-        os.chmod(area, 0o777) if plant == "open to others" else os.chown(area, 65534, 65534)
-    with pytest.raises(UntrustedCacheError, match=str(area)):
-        next(iter(dl))
+        os.chown(area, 65534, 65534)
+    else:
+        area.symlink_to(target)
+        os.lchown(area, 65534, 65534)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="planting as another user needs root")
+@pytest.mark.parametrize("how", ["a folder", "a link"])
+def test_a_staging_area_another_user_planted_is_passed_over_and_said_once(shm_dir, tmp_path, how):
+    os.chmod(shm_dir, 0o1777)  # as /dev/shm is
+    dl = coordinated(shm_dir)
+    area = dl._coordinated.area.path
+    del dl
+    gc.collect()
+    plant(area, how, tmp_path)
+    with pytest.warns(
+        RuntimeWarning, match=rf"{area} was made by another user .* set Coordination\(staging_dir"
+    ):
+        dl = coordinated(shm_dir)
+    assert dl._coordinated.area.path == area.with_name(area.name + "-1")
+    assert sorted(i for _, idx in dl for i in idx.tolist()) == list(range(N))
+    assert not list(tmp_path.iterdir())  # the link was not followed
 
 
 def test_different_data_batching_or_transform_never_share(tmp_path, shm_dir):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -113,6 +114,25 @@ def test_under_torch_distributed_it_needs_a_distributed_sampler_and_a_cache(tmp_
         loader.DataLoader(dataset, cache_bytes=1 << 20, cache_dir=shm_dir, partition_cache=True)
     with pytest.raises(ValueError, match="cache_bytes"):
         loader.DataLoader(dataset, sampler=DistributedSampler(dataset), partition_cache=True)
+
+
+def test_a_cache_that_cannot_be_made_is_named_as_such_not_as_a_missing_cache_bytes(
+    tmp_path, shm_dir, one_rank
+):
+    dataset = loader.ImageFolder(str(make_jpeg_folder(tmp_path / "images")), transform=None)
+    own = shm_dir / f"stallbench-{os.geteuid()}"
+    own.mkdir(mode=0o700)
+    own.chmod(0o777)  # our own folder, opened to others: refused
+    with (
+        pytest.warns(UserWarning, match="cannot be made"),
+        pytest.raises(
+            ValueError, match=rf"none could be made in cache_dir='{shm_dir}' with cache_bytes=1048576"
+        ),
+    ):
+        loader.DataLoader(
+            dataset, sampler=DistributedSampler(dataset), cache_bytes=1 << 20, cache_dir=shm_dir,
+            partition_cache=True,
+        )  # fmt: skip
 
 
 def test_one_node_alone_reads_through_its_cache_as_without_partitioning(tmp_path, shm_dir, one_rank):

@@ -24,7 +24,7 @@ from loader.cache._admission import AdmissionGate
 from loader.cache._layout import HEADER_BYTES, HEADER_DTYPE, READY, SLOT_DTYPE, index_bytes
 from loader.cache._storefiles import StoreDamaged, check_capacity, check_header, create_store
 from loader.system.locks import StoreMutex, forget_writer
-from loader.system.private import check_private, open_private, private_dir
+from loader.system.private import check_private, open_private, user_dir
 
 __all__ = ["LOCK_TIMEOUT", "CacheInfo", "SharedStore", "store_path"]
 
@@ -43,7 +43,8 @@ class CacheInfo:
 
 
 def store_path(cache_dir: str | os.PathLike, fingerprint: str) -> Path:
-    """Where the store of a source with ``fingerprint`` lives: in this user's folder of ``cache_dir``."""
+    """Where the store of a source with ``fingerprint`` lives: in this user's folder of ``cache_dir`` (its
+    first choice: where another user took that folder's name, the next free one, ``user_dir``)."""
     return Path(cache_dir) / f"stallbench-{os.geteuid()}" / f"minio-{fingerprint[:64]}"
 
 
@@ -81,8 +82,7 @@ class SharedStore:
         check_capacity(capacity, num_records)
         if not Path(cache_dir).is_dir():
             raise ValueError(f"cache_dir {str(cache_dir)!r} is not an existing directory")
-        path = store_path(cache_dir, fingerprint)
-        private_dir(path.parent.parent, path.parent.name)
+        path = user_dir(Path(cache_dir), "cache_dir") / store_path(cache_dir, fingerprint).name
         try:
             store = cls._attach_or_create(path, fingerprint, num_records, capacity, lock_timeout)
         except StoreDamaged as exc:

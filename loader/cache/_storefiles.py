@@ -75,10 +75,12 @@ def check_capacity(capacity: int, num_records: int) -> None:
 
 
 def check_header(header: np.ndarray, path: Path, fingerprint: str, num_records: int) -> None:
-    """StoreDamaged for a header of another version or data; ValueError for another record count."""
+    """StoreDamaged for a header of another version, data or record count (the fingerprint covers the
+    records, so a count that differs under it is damage: the store is made anew)."""
     if header["magic"][0] != MAGIC or header["version"][0] != VERSION:
         raise StoreDamaged(f"{path} is not a stallbench cache of version {VERSION}")
     if header["fingerprint"][0].decode(errors="replace") != fingerprint[:64]:
         raise StoreDamaged(f"the header of {path} names other data")
     if header["num_records"][0] != num_records:
-        raise ValueError(f"the cache at {path} belongs to other data (fingerprint or record count differ)")
+        counted = int(header["num_records"][0])
+        raise StoreDamaged(f"the header of {path} counts {counted} records where its data has {num_records}")

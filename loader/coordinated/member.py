@@ -195,6 +195,9 @@ class Member:
 
     def leave(self) -> None:
         """Out of the group (the last one out removes the staging area); ``stats()`` keeps its figures."""
+        if self.row is None:  # never joined: the area made for it goes if no one else has used it
+            with contextlib.suppress(OSError):
+                os.rmdir(self.area.path)
         if self.row is not None:
             with contextlib.suppress(Exception):
                 self._final = self.stats()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from loader.coordinated.area import Area
 from loader.coordinated.member import Member
 from loader.coordinated.options import Coordination, group_key
 from loader.coordinated.prep import Preparer, Tickets
+from loader.system.private import user_dir
 
 __all__ = ["CoordinatedEpochs"]
 
@@ -42,7 +44,8 @@ class CoordinatedEpochs:
             collate_fn=collate,
             name=options.group,
         )
-        self.area = Area(options.staging_dir, key, len(batches), options.staged_batches)
+        area = user_dir(Path(options.staging_dir), "Coordination(staging_dir=...)", key)
+        self.area = Area(area.parent, area.name, len(batches), options.staged_batches)
         self.member = Member(
             self.area, options, Preparer(self.area, 0, loader.dataset, loader.collate_fn), loader.num_workers
         )

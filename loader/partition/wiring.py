@@ -20,20 +20,27 @@ from loader.partition.inbox import Inbox
 from loader.partition.options import Partition
 from loader.partition.peers import PeerRecords
 from loader.partition.plan import Layout, order_of
-from loader.system.private import private_dir
+from loader.system.private import user_dir
 
 __all__ = ["PartitionedCache", "check_partition_args"]
 
 
-def check_partition_args(cache: MinIOCache | None, sampler: Any, batch_sampler: Any) -> None:
+def check_partition_args(
+    cache: MinIOCache | None, cache_bytes: Any, cache_dir: Any, sampler: Any, batch_sampler: Any
+) -> None:
     """What ``partition_cache`` needs, checked before anything is made."""
     if not (dist.is_available() and dist.is_initialized()):
         raise ValueError(
             "partition_cache needs torch.distributed: start the job with torchrun and call "
             "torch.distributed.init_process_group() before making the DataLoader"
         )
-    if cache is None:
+    if cache is None and cache_bytes is None:
         raise ValueError("partition_cache needs a cache: set cache_bytes (each node caches its share)")
+    if cache is None:
+        raise ValueError(
+            f"partition_cache needs a cache, and none could be made in cache_dir={str(cache_dir)!r} with "
+            f"cache_bytes={cache_bytes!r} (the warning above says why)"
+        )
     if batch_sampler is not None or not isinstance(sampler, DistributedSampler):
         raise ValueError(
             "partition_cache needs sampler=DistributedSampler(...) (and no batch_sampler): every node "
@@ -53,7 +60,7 @@ class PartitionedCache:
         place = (socket.gethostname(), os.path.realpath(cache_dir))
         dist.all_gather_object(places, place, group=self.group)
         self.layout = Layout.from_places(places, dist.get_rank(self.group))
-        parent = private_dir(Path(cache_dir), f"stallbench-{os.geteuid()}")
+        parent = user_dir(Path(cache_dir), "cache_dir")
         self.inbox = Inbox.make(parent, self.layout.rank)
         self.peers = PeerRecords(self.layout, self.inbox, options.timeout)
         self.read_to_serve = 0  # bytes this rank read from storage to send to other nodes

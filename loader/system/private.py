@@ -3,7 +3,8 @@
 ``/dev/shm`` and ``/tmp`` are world-writable: another user can create, ahead of us, the very name our store
 would take. So the store lives in a per-user folder that is made 0700 or, if it exists, is used only when it
 is a real folder (not a link) owned by us that no one else may enter; every file in it is opened with
-``O_NOFOLLOW`` and checked the same way.
+``O_NOFOLLOW`` and checked the same way. Where another user took the per-user name first, the next free
+name is ours (``user_dir``): a planted name never stops a job.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ import contextlib
 import os
 import pwd
 import stat
+import warnings
 from pathlib import Path
 
-__all__ = ["UntrustedCacheError", "check_private", "open_private", "private_dir"]
+__all__ = ["UntrustedCacheError", "check_private", "open_private", "private_dir", "user_dir"]
 
 _FOREIGN_BITS = 0o077  # any access for group or others
+_NAMES = 16  # per-user names tried before giving up: stallbench-<uid>, then stallbench-<uid>-1 ...
+_said: set[Path] = set()  # the folders this process has said it uses instead of a planted one
 
 
 class UntrustedCacheError(PermissionError):
@@ -31,6 +35,45 @@ def private_dir(parent: Path, name: str) -> Path:
         os.mkdir(path, 0o700)
     check_private(os.lstat(path), path, want=stat.S_IFDIR)
     return path
+
+
+def user_dir(parent: Path, option: str, base: str | None = None) -> Path:
+    """This user's private folder ``base`` (default ``stallbench-<uid>``) in ``parent``, or, where another
+    user made that name first, the first of ``base-1``, ``base-2`` ... that is ours or free. Every process of
+    every job of this user tries the names in the same order, so they all find the same folder and still
+    share; the first use in a process says so once, naming the planted folder and ``option``, the setting
+    that moves ``parent``. Our own folder opened to others is refused (UntrustedCacheError), not passed
+    over."""
+    base = base or f"stallbench-{os.geteuid()}"
+    for n in range(_NAMES):
+        name = f"{base}-{n}" if n else base
+        try:
+            path = private_dir(parent, name)
+        except UntrustedCacheError:
+            if _ours(parent / name):
+                raise
+            continue
+        if n and path not in _said:
+            _said.add(path)
+            warnings.warn(
+                f"{parent / base} was made by another user ({_owner(os.lstat(parent / base).st_uid)}), not "
+                f"you: this job uses {path} instead; to use a folder of your own, set {option}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return path
+    raise UntrustedCacheError(
+        f"{parent / base} and the next {_NAMES - 1} names after it were made by other users: set {option} "
+        "to a folder of your own"
+    )
+
+
+def _ours(path: Path) -> bool:
+    """Whether ``path`` is this user's (so a fault in it is ours to hear about, not a name to pass over)."""
+    try:
+        return os.lstat(path).st_uid == os.geteuid()
+    except FileNotFoundError:
+        return True
 
 
 def open_private(folder: Path, name: str, flags: int) -> int:
@@ -57,7 +100,7 @@ def check_private(st: os.stat_result, path: Path, *, want: int) -> None:
     if st.st_uid != os.geteuid():
         raise UntrustedCacheError(
             f"the cache {kind} {path} belongs to {_owner(st.st_uid)}, not to you "
-            f"({_owner(os.geteuid())}); not used: remove it or choose another cache_dir"
+            f"({_owner(os.geteuid())}); not used"
         )
     if st.st_mode & _FOREIGN_BITS:
         raise UntrustedCacheError(
