@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from torch.utils.data import DistributedSampler
@@ -72,6 +76,33 @@ def test_the_inbox_stops_waiting_when_the_owner_is_gone_or_at_the_timeout(tmp_pa
     inbox.mark_gone(1)
     start = time.monotonic()
     assert inbox.take(1, owner=1, timeout=60) is None and time.monotonic() - start < 5
+
+
+KILLED_RANK = """
+import os, signal, sys
+from pathlib import Path
+from loader.partition.inbox import Inbox
+inbox = Inbox.make(Path(sys.argv[1]), rank=1)
+for i in range(42):
+    inbox.put(i, bytes(30_000))
+print(inbox.path, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # as a node is killed: nothing runs after
+"""
+
+
+@pytest.mark.multiproc
+def test_the_next_rank_to_start_removes_the_inbox_a_killed_rank_left(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_RANK, str(tmp_path)], capture_output=True, text=True, env=env
+    )
+    assert killed.returncode == -signal.SIGKILL
+    left = Path(killed.stdout.strip())
+    assert len(list(left.glob("p-*"))) == 42  # 1.3 MB, as a killed node left it
+    live = Inbox.make(tmp_path, rank=0)
+    assert not left.exists() and list(tmp_path.iterdir()) == [live.path]
+    again = Inbox.make(tmp_path, rank=1)  # a live rank's inbox is left alone
+    assert live.path.exists() and again.path.exists()
 
 
 @pytest.mark.parametrize(

@@ -5,19 +5,22 @@ free number, as a batch may hold ``i`` twice), made whole under a temporary name
 worker that needs ``i`` takes any ``p-<i>-*`` by renaming it to a name of its own, so no two workers take
 the same file. Each file is an xxh3-64 of the record then the record; a file that fails it is not used.
 A peer found gone leaves ``gone-<node>``: workers stop waiting for its records and read them from storage.
-The folder is private to this user and removed with the loader.
+The folder is private to this user and removed with the loader; its name holds the pid and start time of
+the rank that made it, so that the next rank to start on the node removes the inbox of one that was killed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import struct
 import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import xxhash
 
 from loader.system.private import open_private
@@ -37,7 +40,13 @@ class Inbox:
 
     @classmethod
     def make(cls, parent: Path, rank: int) -> Inbox:
-        return cls(Path(tempfile.mkdtemp(prefix=f"peers-r{rank}-", dir=parent)))
+        """A fresh inbox in ``parent``, after removing those there whose rank's process is gone."""
+        for entry in parent.glob("peers-r*-p*-s*-*"):
+            if not _maker_alive(entry.name):
+                shutil.rmtree(entry, ignore_errors=True)
+        me = psutil.Process()
+        prefix = f"peers-r{rank}-p{me.pid}-s{_started(me)}-"
+        return cls(Path(tempfile.mkdtemp(prefix=prefix, dir=parent)))
 
     def put(self, index: int, record: bytes | memoryview) -> None:
         """Stage ``record`` for a worker (called by the exchange thread)."""
@@ -106,3 +115,21 @@ class Inbox:
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _started(process: psutil.Process) -> int:
+    return round(process.create_time() * 100)
+
+
+def _maker_alive(name: str) -> bool:
+    """Whether the process named in an inbox's name (``peers-r<rank>-p<pid>-s<start>-...``) still runs: the
+    pid alone could be another process's by now."""
+    match = re.match(r"peers-r\d+-p(\d+)-s(\d+)-", name)
+    if match is None:
+        return True  # not ours to judge
+    try:
+        return _started(psutil.Process(int(match[1]))) == int(match[2])
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
