@@ -120,19 +120,22 @@ def coordinated(shm_dir: Path, **kwargs) -> loader.DataLoader:
     return loader.DataLoader(Indexed(N), batch_size=8, shuffle=True, coordinate=options, **kwargs)
 
 
-def test_a_job_alone_gets_what_torch_gives_with_the_same_generator(shm_dir):
-    ours = coordinated(shm_dir, generator=torch.Generator().manual_seed(5))
-    theirs = torch.utils.data.DataLoader(
-        Indexed(N), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(5)
+@pytest.mark.parametrize(("workers", "persistent"), [(0, False), (2, False), (2, True)])
+def test_a_job_alone_gets_what_torch_gives_with_the_same_generator(shm_dir, workers, persistent):
+    kwargs = dict(
+        num_workers=workers, persistent_workers=persistent, generator=torch.Generator().manual_seed(5)
     )
-    for _ in range(2):
+    ours = coordinated(shm_dir, **kwargs)
+    kwargs["generator"] = torch.Generator().manual_seed(5)
+    theirs = torch.utils.data.DataLoader(Indexed(N), batch_size=8, shuffle=True, **kwargs)
+    for _ in range(3):
         mine, torchs = list(ours), list(theirs)
         assert len(mine) == len(torchs) == 5
         assert all(
             torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(mine, torchs, strict=True)
         )
     stats = ours.stats().coordination
-    assert (stats.batches_prepared, stats.batches_consumed, stats.prep_cpu_saved_seconds) == (10, 10, 0.0)
+    assert (stats.batches_prepared, stats.batches_consumed, stats.prep_cpu_saved_seconds) == (15, 15, 0.0)
     area = ours._coordinated.area.path
     assert area.is_dir() and oct(area.stat().st_mode & 0o777) == "0o700"
     del ours

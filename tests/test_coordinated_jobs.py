@@ -22,7 +22,8 @@ REPO = JOB.parent.parent
 SAMPLES = 96  # 12 batches of 8
 
 
-def start(tmp_path: Path, name: str, **config) -> subprocess.Popen:
+def start(tmp_path: Path, name: str, own_group: bool = False, **config) -> subprocess.Popen:
+    """A job; ``own_group``: in a process group of its own, so that it can be stopped whole."""
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(config))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(JOB.parent)])}
@@ -32,6 +33,7 @@ def start(tmp_path: Path, name: str, **config) -> subprocess.Popen:
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        start_new_session=own_group,
     )
 
 
@@ -111,6 +113,34 @@ def test_a_slow_job_is_detached_and_goes_on_alone(tmp_path, shm_dir):
     assert all(every_sample_once(e) for r in (*fast_results, (slow_epochs,)) for e in r[0])
     # the slow job's first epoch is the group's order, the part it took before it left and the rest alone
     assert slow_epochs[0]["indices"] == fast_results[0][0][0]["indices"]
+    assert not list(shm_dir.iterdir())
+
+
+@pytest.mark.parametrize("moment", ["batch 0 3", "batch 0 11"], ids=["mid-epoch", "at-the-epoch-end"])
+def test_a_stopped_job_holds_the_others_no_longer_than_its_patience(tmp_path, shm_dir, moment):
+    patience = 2.0
+    config = dict(
+        data="indexed", samples=SAMPLES, group="stop", staging=str(shm_dir), epochs=3, min_members=3
+    )
+    config.update(patience=patience, staged=4, workers=2)
+    victim = start(tmp_path, "victim", own_group=True, **config, step=0.05)
+    others = [start(tmp_path, f"job{k}", **config, step=0.02) for k in range(2)]
+    wait_for_line(victim, moment)
+    os.killpg(victim.pid, signal.SIGSTOP)  # the whole job, workers too, as a scheduler or a debugger stops it
+    stopped = time.monotonic()
+    try:
+        for job in others:  # they finish while it is stopped: 3x its patience
+            job.wait(timeout=max(0.1, stopped + 3 * patience - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the others were still held {3 * patience:g} s after the stop (patience {patience:g} s)")
+    finally:
+        os.killpg(victim.pid, signal.SIGCONT)
+    results = [finish(job) for job in others]
+    victim_epochs, victim_stats, victim_err = finish(victim)
+    assert results[0][0] == results[1][0] and len(results[0][0]) == 3
+    assert all(every_sample_once(e) for r in (*results, (victim_epochs,)) for e in r[0])
+    assert all(r[1]["batches_consumed"] == 36 and r[1]["status"] == "member" for r in results)
+    assert "goes on alone" in victim_err and victim_stats["status"].startswith("alone")
     assert not list(shm_dir.iterdir())
 
 

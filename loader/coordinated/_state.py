@@ -26,7 +26,7 @@ __all__ = [
     "State",
 ]
 
-MAGIC, VERSION, MAX_MEMBERS = b"SBGROUP1", 1, 64
+MAGIC, VERSION, MAX_MEMBERS = b"SBGROUP1", 2, 64
 EMPTY, ACTIVE, PENDING, DETACHED = 0, 1, 2, 3  # a member's status
 FREE, UNCLAIMED, CLAIMED, READY, FAILED = 0, 1, 2, 3, 4  # a slot's state
 
@@ -40,8 +40,8 @@ MEMBER = np.dtype(
 )  # fmt: skip
 SLOT = np.dtype(
     [("g", "<i8"), ("state", "<u4"), ("writer", "<u4"), ("gen", "<u4"), ("member", "<i4"), ("nbytes", "<i8"),
-     ("cpu", "<f8")]
-)  # fmt: skip
+     ("cpu", "<f8"), ("claimed_at", "<f8")]
+)  # fmt: skip  # claimed_at: time.monotonic() (CLOCK_MONOTONIC, one clock for every process of the machine)
 
 
 class State:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,7 +40,23 @@ DONE, WAIT = -1, -2  # what ``claim`` returns when it has no batch to give
 
 
 class Area(Folder):
-    """The group's operations on its table: members, the epoch's order, claims, staged batches."""
+    """The group's operations on its table: members, the epoch's order, claims, staged batches. A claim holds
+    its batch for ``patience`` seconds: after that it is taken over, whether its process is dead, stopped
+    (SIGSTOP, a debugger, swapping) or only slow, and the late process's batch is dropped at its publish."""
+
+    def __init__(
+        self, parent: str | os.PathLike, name: str, num_batches: int, window: int, patience: float
+    ) -> None:
+        super().__init__(parent, name, num_batches, window)
+        self.patience = patience
+
+    def held(self, slot: np.ndarray) -> bool:
+        """Whether ``slot`` is claimed by a live process for no longer than ``patience`` seconds."""
+        return (
+            slot["state"] == CLAIMED
+            and time.monotonic() - float(slot["claimed_at"]) <= self.patience
+            and self.alive(int(slot["writer"]), int(slot["gen"]))
+        )
 
     def reap(self, state: State) -> list[int]:
         """Under the lock: rows of dead members freed, claims of dead writers undone. Returns the rows."""
@@ -126,35 +144,44 @@ class Area(Folder):
             open_ = (gs >= floor) & (gs < end) & ((states == UNCLAIMED) | (states == CLAIMED))
             for k in np.flatnonzero(open_)[np.argsort(gs[open_], kind="stable")]:
                 slot, g = state.slots[k], int(gs[k])
-                if slot["state"] == CLAIMED and self.alive(int(slot["writer"]), int(slot["gen"])):
+                if self.held(slot):
                     continue
                 if g >= floor + self._window:
                     return WAIT
                 slot["writer"], slot["gen"] = self.me()
-                slot["state"], slot["member"] = CLAIMED, m
+                slot["state"], slot["member"], slot["claimed_at"] = CLAIMED, m, time.monotonic()
                 return g
             return DONE
 
     def failed_batch(self, g: int, message: str) -> None:
-        """Batch ``g`` could not be prepared: every job that reaches it raises ``message``."""
-        self.write_error(g, message)
+        """Batch ``g`` could not be prepared: every job that reaches it raises ``message`` (unless the claim
+        was taken over meanwhile: then the batch is another process's to make)."""
         with self.locked() as state:
             slot = state.slot(g)
-            if slot["g"] == g and slot["state"] == CLAIMED:
+            if self._mine(slot, g):
+                self.write_error(g, message)
                 slot["state"] = FAILED
 
-    def published_batch(self, g: int, m: int, nbytes: int, cpu: float) -> None:
-        """Under the lock: batch ``g`` (written to its file) is ready; member ``m``'s process made it."""
+    def published_batch(self, g: int, m: int, written: Path, nbytes: int, cpu: float) -> None:
+        """Batch ``g``, written to ``written``, made ready under its name; member ``m``'s process made it.
+        Dropped if this process's claim was taken over (it was too late) or no one needs ``g`` any more:
+        a batch enters the stream once."""
         with self.locked() as state:
             slot = state.slot(g)
             row = state.members[m]
             row["prepared"] += 1
             row["prep_cpu"] += cpu
-            if slot["g"] != g or g < state.floor():  # taken over, or no longer wanted
+            if not self._mine(slot, g) or g < state.floor():
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.batch_file(g))
+                    os.unlink(written)
                 return
+            os.rename(written, self.batch_file(g))
             slot["state"], slot["nbytes"], slot["cpu"], slot["member"] = READY, nbytes, cpu, m
+
+    def _mine(self, slot: np.ndarray, g: int) -> bool:
+        """Under the lock: whether this process still holds the claim on batch ``g``."""
+        claim = (int(slot["writer"]), int(slot["gen"]))
+        return slot["g"] == g and slot["state"] == CLAIMED and claim == self.me()
 
     def consumed(self, m: int, g: int) -> None:
         """Member ``m`` has taken batch ``g``: its position moves on and what no one needs goes."""

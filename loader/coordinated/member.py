@@ -62,12 +62,13 @@ class Member:
             yield from plain()
             return
         B = self.area.num_batches
+        order = self.area.order(epoch)  # kept: a job stopped long enough may find the group epochs ahead
         prep = start_prep(epoch)
         try:
             for g in range(epoch * B, (epoch + 1) * B):
                 batch = self._take(g, (epoch + 1) * B)
                 if batch is _ALONE:
-                    yield from alone(self.area.order(epoch)[g - epoch * B :])
+                    yield from alone(order[g - epoch * B :])
                     return
                 yield batch
         finally:
@@ -149,10 +150,8 @@ class Member:
             now = time.monotonic()
             unclaimed = slot["g"] == g and slot["state"] == UNCLAIMED
             unclaimed_since = (unclaimed_since or now) if unclaimed else None
-            dead_claim = slot["state"] == CLAIMED and not self.area.alive(
-                int(slot["writer"]), int(slot["gen"])
-            )
-            if self.num_workers == 0 or dead_claim or (unclaimed and now - unclaimed_since > _UNCLAIMED_WAIT):
+            lapsed = slot["g"] == g and slot["state"] == CLAIMED and not self.area.held(slot)  # dead, stopped
+            if self.num_workers == 0 or lapsed or (unclaimed and now - unclaimed_since > _UNCLAIMED_WAIT):
                 mine = self.area.claim(self.row, limit)
                 if mine >= 0:
                     self.preparer.prepare(mine)
@@ -161,8 +160,8 @@ class Member:
                 with self.area.locked() as state:
                     self.area.reap(state)
                 last_reap = now
-            floor = state.floor()  # patience counts only while the job at the floor is in g's epoch
-            if g >= floor + self.area.window() and floor >= g - g % self.area.num_batches:
+            floor = state.floor()  # patience counts across an epoch's end too: a stopped job holds no one
+            if g >= floor + self.area.window():
                 held_back, self._held_back_since = True, self._held_back_since or now
                 if now - self._held_back_since > self.options.patience and self.options.on_lag == "detach":
                     self.area.detach_laggards(self.row, g)

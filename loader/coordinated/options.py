@@ -26,8 +26,9 @@ class Coordination:
     staged_batches: the most batches staged at once in shared memory, and how far the fastest job may run
         ahead of the slowest (at most one epoch).
     min_members: the first epoch waits (at most ``join_timeout`` seconds) until this many jobs have joined.
-    patience: seconds the group waits on a job that holds it back by ``staged_batches`` before that job is
-        detached; ``on_lag="wait"`` never detaches.
+    patience: the longest one job, stopped, slow or dead, holds the others: a batch it claimed is taken over
+        after it, and a job that holds the group back by ``staged_batches`` for longer is detached;
+        ``on_lag="wait"`` never detaches (claims are still taken over).
     staging_dir: where the staging area lives (a tmpfs: /dev/shm).
     """
 

@@ -67,7 +67,7 @@ class Preparer(torch.utils.data.Dataset):
         fetch_many = getattr(self.dataset, "__getitems__", None)
         samples = fetch_many(indices) if fetch_many is not None else [self.dataset[i] for i in indices]
         batch = self.collate_fn(samples)
-        final, tmp = self.area.batch_file(g), self.area.path / f".b-{g}-{os.getpid()}"
+        tmp = self.area.path / f".b-{g}-{os.getpid()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             nbytes = write_batch(fd, batch)
@@ -76,8 +76,7 @@ class Preparer(torch.utils.data.Dataset):
             raise
         finally:
             os.close(fd)
-        os.rename(tmp, final)
-        self.area.published_batch(g, self.row, nbytes, time.process_time() - start)
+        self.area.published_batch(g, self.row, tmp, nbytes, time.process_time() - start)
 
     def _order(self, epoch: int) -> list[list[int]]:
         if epoch not in self._orders:

@@ -45,18 +45,22 @@ class CoordinatedEpochs:
             name=options.group,
         )
         area = user_dir(Path(options.staging_dir), "Coordination(staging_dir=...)", key)
-        self.area = Area(area.parent, area.name, len(batches), options.staged_batches)
+        self.area = Area(area.parent, area.name, len(batches), options.staged_batches, options.patience)
         self.member = Member(
             self.area, options, Preparer(self.area, 0, loader.dataset, loader.collate_fn), loader.num_workers
         )
         self._prep_loader: torch.utils.data.DataLoader | None = None
+        self._prep_seed = 0  # the prep workers' own generator's seed: the job's first base seed
         weakref.finalize(loader, self.member.leave)
 
     def epoch(self, plain: Callable[[], Iterator[Any]]) -> Iterator[Any]:
         loader = self.loader
         pin = loader.pin_memory and torch.cuda.is_available()
-        if loader.num_workers == 0:  # as torch's iterator does, before the sampler draws the order
-            torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+        # torch's iterator draws its workers' base seed before the sampler draws the order (persistent
+        # workers: the first epoch only); the same draws here give torch's order for the same generator
+        if not (loader.persistent_workers and self._prep_loader is not None):
+            base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=loader.generator))
+            self._prep_seed = self._prep_seed or base_seed
         batches = self.member.epoch(
             draw_order=lambda: [list(b) for b in loader.batch_sampler],
             plain=plain,
@@ -79,7 +83,7 @@ class CoordinatedEpochs:
                 num_workers=loader.num_workers,
                 worker_init_fn=loader.worker_init_fn,
                 multiprocessing_context=loader.multiprocessing_context,
-                generator=loader.generator,
+                generator=torch.Generator().manual_seed(self._prep_seed),  # the user's draws are made above
                 prefetch_factor=1,
                 persistent_workers=loader.persistent_workers,
             )
