@@ -5,7 +5,8 @@ The position is kept, not the order: a sampler may be endless, or list millions 
 before the first batch cost 1 GB and a second on 20M indices (torch's loader yields at once). Drawing again
 is exact for a sampler that draws from the loader's generator, its own ``generator`` or torch's global random
 state, as all of torch's samplers do; what was handed out is skipped, as torchdata's StatefulDataLoader
-fast-forwards a sampler without a state of its own.
+fast-forwards a sampler. A sampler with a ``state_dict()`` of its own (``PackedBatchSampler``) is restored by
+the user, mid-epoch at the packs it handed out ahead of use: its epoch's order is kept instead.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ from loader._serving import FileReads, ServingWorkerInit, serving
 __all__ = ["ReplayableSampler", "counting_iterator", "generator_states", "restore_generators"]
 
 GLOBAL = "torch"  # the name of torch's global random state among the states kept
+OWN = "order"  # and of the whole order of a sampler with a state_dict() of its own (a PackedBatchSampler)
+
+
+def _stateful(sampler: Any) -> bool:
+    return all(callable(getattr(sampler, name, None)) for name in ("state_dict", "load_state_dict"))
 
 
 class ReplayableSampler:
@@ -48,10 +54,17 @@ class ReplayableSampler:
                 before()
             self.draw_states = {**generator_states(self.generators()), GLOBAL: torch.get_rng_state()}
             self.epochs_started += 1
+            if _stateful(self.inner):  # its own state is restored by the user: its epoch's order is kept
+                self.draw_states[OWN] = list(self.inner)
+                yield from self.draw_states[OWN]
+                return
             yield from self.inner
             return
         (self.draw_states, start), self._pending = self._pending, None
         self.epochs_started += 1
+        if OWN in self.draw_states:
+            yield from self.draw_states[OWN][start:]
+            return
         yield from self._redrawn(start)
 
     def _redrawn(self, start: int) -> Iterator[Any]:
@@ -149,6 +162,6 @@ def restore_generators(
     generators: dict[str, torch.Generator | None], states: dict[str, torch.Tensor]
 ) -> None:
     for name, state in states.items():
-        generator = generators.get(name) if name != GLOBAL else None
+        generator = generators.get(name) if name not in (GLOBAL, OWN) else None
         if generator is not None:
             generator.set_state(state)

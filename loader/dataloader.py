@@ -130,9 +130,8 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
             in_order=in_order,
         )
         self._cache, self._board = opened.cache, board
-        # Only a map-style dataset's order can be drawn again: an IterableDataset's comes from the dataset.
-        sampler = super()._index_sampler
-        self._replay = ReplayableSampler(sampler, self._generators) if self._resumable_kind else None
+        drawn_again = self._resumable_kind  # a map-style order; an IterableDataset's comes from the dataset
+        self._replay = ReplayableSampler(super()._index_sampler, self._generators) if drawn_again else None
         self._delivered = 0
         self._started_before = 0  # epochs the sampler had started when the current iterator was made
         self._made_iterator = False

@@ -26,6 +26,8 @@ LONG = {
     "stallbench/simulate.py",
     "stallbench/workloads.py",
     "loader/coordinated/member.py",
+    "loader/coordinated/area.py",  # the group table's operations, each under the one lock
+    "stallbench/cli/__init__.py",  # the parser, one option per call, and the checks across options
 }
 
 
