@@ -212,8 +212,8 @@ dl = loader.DataLoader(ds, batch_size=5, num_workers=2, cache_bytes=1 << 24, cac
 it = iter(dl)
 next(it)
 victim = it._workers[0].pid
-os.kill(victim, signal.SIGKILL)  # while it prepares its share of the epoch
-try:
+try:  # torch's SIGCHLD handler raises as soon as the worker dies: the kill too is inside the try
+    os.kill(victim, signal.SIGKILL)  # while it prepares its share of the epoch
     for _ in it:
         pass
 except RuntimeError as exc:  # torch names the dead worker
