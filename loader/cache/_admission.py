@@ -30,9 +30,7 @@ class AdmissionGate:
         self.path = path
         self.off = False  # this process cannot use the store: it reads from storage for good
         self.memory_pauses = 0  # times this process paused admission because memory was short
-        self.given_back = (
-            0  # bytes this process had the store give back because the job grew into the reserve
-        )
+        self.given_back = 0  # bytes this process's store gave back: the job grew into the reserve
         self._paused_until = 0.0
         self._gauge = PressureGauge()
 

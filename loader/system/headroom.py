@@ -10,10 +10,10 @@ from time import monotonic
 from loader.system import memory as _memory
 from loader.system.memory import MemoryView, format_bytes
 
-__all__ = ["RESERVE_FLOOR", "PressureGauge", "auto_cache_bytes", "reserve_bytes", "reserve_for_limit"]
+__all__ = ["PressureGauge", "auto_cache_bytes", "reserve_bytes", "reserve_for_limit"]
 
 _MIB = 1 << 20
-RESERVE_FLOOR = 128 * _MIB  # see reserve_bytes
+_RESERVE_FLOOR = 128 * _MIB  # see reserve_bytes
 
 
 def reserve_bytes(view: MemoryView) -> int:
@@ -30,7 +30,7 @@ def reserve_bytes(view: MemoryView) -> int:
 
 def reserve_for_limit(limit: int) -> int:
     """What the cache leaves free under a memory limit of ``limit`` bytes (``reserve_bytes``)."""
-    return max(RESERVE_FLOOR, limit * 5 // 100)
+    return max(_RESERVE_FLOOR, limit * 5 // 100)
 
 
 def auto_cache_bytes(wanted: int, view: MemoryView | None = None) -> tuple[int, str]:
