@@ -29,7 +29,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
 
 RECORDS, RECORD, THROTTLE = 3_000, 6_000, 5_000_000
 MAX_ERROR = 0.15  # |predicted - measured| / measured epoch of the advised setting
-NOISE = 0.05  # how far a roofline term may pass the epoch it bounds by the noise of the runs (seen: 2.3%)
+# how far a roofline term may pass the epoch it bounds by the noise of the runs (seen: 2.3% fetch-bound; 6.3%
+# prep-bound in a CI run, the prep term timed in its own run); mixing units put it at 1.26-1.37
+NOISE = 0.10
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from helpers import MemorySource, first_index
 
 import loader.system.memory
 from loader import DataLoader, SourceDataset
+from loader.cache._admission import AdmissionGate
 from loader.cache._layout import index_bytes
 from loader.system.headroom import reserve_bytes
 from loader.system.memory import MemoryView, format_bytes
@@ -207,6 +208,16 @@ def test_a_job_that_grows_after_its_cache_filled_gets_memory_back_and_is_not_kil
     assert stats["cached_after_epoch1"] * RECORD_BYTES >= 48 * MIB
     assert "gave back" in stderr and "grew into the memory the cache keeps free" in stderr
     assert stats["records_cached"] * RECORD_BYTES <= stats["cached_after_epoch1"] * RECORD_BYTES - 16 * MIB
+
+
+def test_a_thread_that_gave_back_between_another_s_look_and_its_warning_leaves_the_warning_whole(memory):
+    memory(free(RESERVE // 4, limit=512 * MIB))  # overdrawn
+    gate, used = AdmissionGate(Path("a store")), np.array([64 * MIB])
+    asked = gate.overdrawn(used)  # one read-ahead thread asks...
+    gate.note_given_back(0, 0)  # ...another gives back first (nothing left for it) and forgets the reading
+    with pytest.warns(RuntimeWarning, match=r"32.0 MiB free per a test's memory, 128.0 MiB kept free"):
+        gate.note_given_back(asked, 3)
+    assert gate.given_back == asked == RESERVE - RESERVE // 4
 
 
 def test_records_given_back_are_read_from_the_source_and_the_loader_warns_once(shm_dir, memory):

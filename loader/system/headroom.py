@@ -95,8 +95,9 @@ class PressureGauge:
         return self._noted + adding >= between or monotonic() - self._read_at >= self.interval
 
     def forget(self) -> None:
-        """Read the memory again at the next question (after the store gave memory back)."""
-        self.last = None
+        """Read the memory again at the next question (after the store gave memory back). ``last`` stays:
+        another read-ahead thread of the process may be warning with it now."""
+        self._read_at = float("-inf")
 
     def _read(self, held: int) -> None:
         view = _memory.memory_view()  # through the module: tests point it at fixtures
