@@ -8,9 +8,9 @@ import dataclasses
 import warnings
 from typing import Any
 
-from loader._forms import FormChoice
 from loader._serving import FileReads
 from loader._source_cache import open_cache
+from loader._weighing import FormChoice
 from loader.cache import MinIOCache
 from loader.collate import timed_collate
 from loader.datasets import SourceDataset
@@ -28,7 +28,8 @@ class Opened:
 
     dataset: Any
     collate_fn: Any
-    cache: MinIOCache | None = None
+    cache: MinIOCache | None = None  # the store of raw records, else of prepared ones
+    stores: tuple[MinIOCache, ...] = ()  # every store its records are held in
     sizing: str = ""  # how cache_bytes="auto" chose
     form: FormChoice | None = None  # the form of record the cache holds, and why
     partition: PartitionedCache | None = None
@@ -72,7 +73,7 @@ def open_options(
         opened = open_cache(
             dataset, cache_bytes, cache_dir, "raw" if partitioned else cache_form, num_workers
         )
-        cache = opened.store if opened.prepared is None else None
+        cache = opened.raw
         depth = (num_workers or 1) * (prefetch_factor or 2) + 2  # batches a rank may hold received
         ahead = depth * (batch_size or 1)
         samplers = (sampler, batch_sampler)
@@ -89,7 +90,9 @@ def open_options(
         if partition is not None:
             partition.serve_from(bound)
         timed = timed_collate(collate_fn, board, batched)
-        return Opened(bound, timed, opened.store, opened.sizing, opened.form, partition)
+        stores = opened.stores
+        first = stores[0] if stores else None
+        return Opened(bound, timed, first, stores, opened.sizing, opened.form, partition)
     if cache_form != "auto":
         raise ValueError(f"cache_form needs a source-backed dataset, not {type(dataset).__name__}")
     if partition_from(partition_cache) is not None:

@@ -27,8 +27,9 @@ def prepared_fingerprint(source_fingerprint: str, identity: str) -> str:
 class PreparedRecords:
     """A dataset's prepared records: ``fetch`` one from the store, ``make`` a sample from a fetch."""
 
-    def __init__(self, store: MinIOCache, transform: StagedTransform) -> None:
+    def __init__(self, store: MinIOCache, transform: StagedTransform, raw: MinIOCache | None = None) -> None:
         self.store, self.transform = store, transform
+        self.raw = raw  # a mix of forms: the raw store takes what the prepared store has no room for
 
     def fetch(self, index: int) -> Fetched | None:
         """The record prepared, as stored (a hit), or None: a miss, or a stored copy that failed its check
@@ -43,12 +44,16 @@ class PreparedRecords:
         return Fetched(stored, True, False, time.perf_counter() - start, prepared=True)
 
     def make(self, index: int, got: Fetched) -> tuple[Any, bool]:
-        """(the sample, whether a prepared record was admitted): from the stored record on a hit; else
-        prepared from the raw bytes, offered to the store, then augmented. Raises ValueError or OSError for
+        """(the sample, whether the record was admitted): from the stored record on a hit; else prepared
+        from the raw bytes, offered to the store (in a mix, where it has no room, the raw bytes to the raw
+        store), then augmented. Raises ValueError or OSError for
         a record that cannot be prepared."""
         transform = self.transform
         if got.prepared:
             return transform.augment(decode_prepared(got.raw)), False
         prepared = transform.prepare(got.raw)
         admitted = self.store.accepting(index) and self.store.admit(index, encode_prepared(prepared))
+        raw = self.raw
+        if not admitted and raw is not None and not (got.hit or got.admitted or got.corrupt):
+            admitted = raw.accepting(index) and raw.admit(index, got.raw)  # it did not fit prepared
         return transform.augment(prepared), admitted

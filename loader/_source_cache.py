@@ -8,8 +8,9 @@ import os
 import warnings
 from typing import Any
 
-from loader._forms import FormChoice, choose_form
+from loader._forms import choose_form
 from loader._prepared import PreparedRecords, prepared_fingerprint
+from loader._weighing import FormChoice
 from loader.cache import MinIOCache
 from loader.cache._layout import index_bytes
 from loader.datasets import SourceDataset
@@ -24,12 +25,20 @@ _ALL_MEMORY = 1 << 62  # what "auto" asks for when it only wants to know the roo
 
 @dataclasses.dataclass(frozen=True)
 class SourceCache:
-    """The store (None: none), the prepared records it holds in the prepared form, and why."""
+    """The store of raw records (None: none, or the prepared form), the prepared records, and why.
 
-    store: MinIOCache | None = None
+    ``cache_form`` "raw": ``raw`` only; "prepared": ``prepared`` only; "mixed": both, in two stores."""
+
+    raw: MinIOCache | None = None
     prepared: PreparedRecords | None = None
     sizing: str = ""  # how cache_bytes="auto" chose the capacity
     form: FormChoice | None = None
+
+    @property
+    def stores(self) -> tuple[MinIOCache, ...]:
+        """The stores the cache holds records in: raw first."""
+        prepared = (self.prepared.store,) if self.prepared is not None else ()
+        return (self.raw,) * (self.raw is not None) + prepared
 
 
 def open_cache(
@@ -60,33 +69,63 @@ def open_cache(
                 f"cache_bytes='auto' makes no cache ({sizing}); reading from storage", RuntimeWarning, 3
             )
             return SourceCache(sizing=sizing, form=choice)
-    prepared = choice.form == "prepared"
-    fingerprint = dataset.source.fingerprint
-    if prepared:
-        fingerprint = prepared_fingerprint(fingerprint, dataset.transform.identity)
+    opening = _Opening(dataset, cache_dir, warn_capacity=not sizing)
     try:
-        store = MinIOCache.open(
-            fingerprint=fingerprint,
-            num_records=len(dataset),
-            capacity=cache_bytes,
-            cache_dir=cache_dir,
-            warn_capacity=not sizing,
-        )
+        opened = opening.open(choice, cache_bytes, index)
     except OSError as exc:  # /dev/shm full or not writable: train on without the cache
+        opening.close()
         warnings.warn(
             f"the cache in {cache_dir} cannot be made ({exc}); reading from storage only", stacklevel=3
         )
         return SourceCache(sizing=sizing, form=choice)
-    if sizing and store.capacity != cache_bytes:
-        sizing += f"; the cache already held this data with {format_bytes(store.capacity)} and is used as is"
-    records = PreparedRecords(store, dataset.transform) if prepared else None
-    return SourceCache(store, records, sizing, choice)
+    if sizing and sum(store.capacity for store in opening.stores) != cache_bytes:
+        capacity = format_bytes(sum(store.capacity for store in opening.stores))
+        sizing += f"; the cache already held this data with {capacity} and is used as is"
+    return dataclasses.replace(opened, sizing=sizing, form=choice)
+
+
+class _Opening:
+    """The stores of one cache, opened in turn; ``close`` closes those opened when a later one fails."""
+
+    def __init__(self, dataset: SourceDataset, cache_dir: str | os.PathLike, warn_capacity: bool) -> None:
+        self.dataset, self.cache_dir, self.warn_capacity = dataset, cache_dir, warn_capacity
+        self.stores: list[MinIOCache] = []
+
+    def open(self, choice: FormChoice, cache_bytes: int, index: int) -> SourceCache:
+        """The stores ``choice`` holds records in, within ``cache_bytes`` (a mix: the prepared store takes
+        ``choice.prepared_room`` and its index, the raw store the rest)."""
+        raw_fingerprint = self.dataset.source.fingerprint
+        if choice.form == "raw":
+            return SourceCache(raw=self._store(raw_fingerprint, cache_bytes))
+        transform = self.dataset.transform
+        fingerprint = prepared_fingerprint(raw_fingerprint, transform.identity)
+        if choice.form == "prepared":
+            return SourceCache(prepared=PreparedRecords(self._store(fingerprint, cache_bytes), transform))
+        prepared = self._store(fingerprint, index + choice.prepared_room)
+        raw = self._store(raw_fingerprint, cache_bytes - index - choice.prepared_room)
+        return SourceCache(raw=raw, prepared=PreparedRecords(prepared, transform, raw))
+
+    def _store(self, fingerprint: str, capacity: int) -> MinIOCache:
+        store = MinIOCache.open(
+            fingerprint=fingerprint,
+            num_records=len(self.dataset),
+            capacity=capacity,
+            cache_dir=self.cache_dir,
+            warn_capacity=self.warn_capacity,
+        )
+        self.stores.append(store)
+        return store
+
+    def close(self) -> None:
+        for store in self.stores:
+            store.close()
 
 
 def _records_bytes(dataset: SourceDataset, choice: FormChoice) -> int:
     """What the records take in the chosen form: the source's bytes raw; the measured size of a prepared
-    record times the records, with 10% to spare (sizes vary), prepared."""
+    record times the records, with 10% to spare (sizes vary), prepared; all the room there is, mixed (a mix
+    is chosen only where memory binds)."""
     if choice.form == "prepared":
         return int(choice.prepared_bytes * len(dataset) * 1.1)
-    records: Any = dataset.source.nbytes
+    records: Any = dataset.source.nbytes if choice.form == "raw" else None
     return records if records is not None else _ALL_MEMORY

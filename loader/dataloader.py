@@ -38,9 +38,9 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         behaviour. Shared by every worker and every job that reads the same source; it survives the job,
         so the next run starts warm. Whatever the size, admission pauses while memory is short.
       cache_dir: where the cache lives (default ``/dev/shm``).
-      cache_form: ``"auto"`` (default) holds records raw or *prepared* (a staged transform's deterministic
-        part done: decoded pixels for ``"train"``, the whole sample for ``"eval"``), whichever a measurement
-        predicts faster; ``"raw"`` or ``"prepared"`` forces one (docs/concepts/prepared-cache.md).
+      cache_form: ``"auto"`` (default) holds records raw, *prepared* (a staged transform's deterministic
+        part done: decoded pixels for ``"train"``, the whole sample for ``"eval"``) or mixed, as measured
+        fastest; ``"raw"`` or ``"prepared"`` forces one (docs/concepts/prepared-cache.md).
       on_error: ``"raise"`` (default) stops at a bad record with an error naming it; ``"skip"`` drops it from
         its batch and counts it in ``stats().records_skipped``.
       readahead: threads per worker that fetch a batch's records while the worker decodes, used only while
@@ -191,7 +191,7 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
     def stats(self) -> LoaderStats:
         """Totals since this loader was made, over all its workers and epochs."""
         stores = self._files.files.infos() if self._files is not None else []
-        stores += [self._cache.info()] if self._cache is not None else []
+        stores += [store.info() for store in self._opened.stores]
         totals = self._board.totals(stores, self._opened.sizing, self._opened.form)
         if self._coordinated is not None:
             totals = dataclasses.replace(totals, coordination=self._coordinated.member.stats())

@@ -123,12 +123,17 @@ class SourceDataset(Dataset):
             raw, corrupt = None, True
         if raw is not None:
             return Fetched(raw, True, False, time.perf_counter() - start)
-        if cache is None or corrupt or not cache.accepting(index):
+        if cache is None or corrupt or not cache.accepting(index) or self._held_prepared(index):
             return Fetched(self.source.read(index), False, False, time.perf_counter() - start, corrupt)
         pauses = cache.memory_pauses
         raw, admitted = self.source.read_admitting(index, lambda raw: cache.admit(index, raw))
         paused = cache.memory_pauses != pauses
         return Fetched(raw, False, admitted, time.perf_counter() - start, memory_pause=paused)
+
+    def _held_prepared(self, index: int) -> bool:
+        """Whether a miss will be held prepared (a mix of forms: the prepared store takes it while it has
+        room), so it is not admitted raw as well."""
+        return self._prepared is not None and self._prepared.store.accepting(index)
 
     def _note(self, got: Fetched) -> None:
         note_fetch(self._board.add if self._board is not None else None, self._spent, got)

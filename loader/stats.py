@@ -68,8 +68,10 @@ class LoaderStats:
     (the three sources of bytes: ``bytes_from_cache``, ``bytes_from_peers``, ``bytes_from_source``), and
     ``partition`` has the exchange's own counts. ``cache_sizing`` says how ``cache_bytes="auto"`` chose
     the capacity (empty for an explicit size), and, where memory ran short and admission paused below the
-    capacity, the size the cache really reached; ``cache_form`` what form of record the cache holds (raw or
-    prepared) and ``cache_form_reason`` why, in numbers.
+    capacity, the size the cache really reached; ``cache_form`` what form of record the cache holds (raw,
+    prepared or mixed: its counts and sizes are its two stores' sums), ``cache_form_reason`` why, in
+    numbers, and ``cache_form_epochs`` the steady epoch the loader predicted for each form it weighed (its
+    own model, from the records it probed: seconds that rank the forms, not a forecast of the job's epoch).
     """
 
     hits: int = 0
@@ -92,8 +94,9 @@ class LoaderStats:
     cache_bytes_used: int = 0
     cache_capacity: int = 0
     cache_sizing: str = ""
-    cache_form: str = ""  # "raw" or "prepared": what the cache holds ("" without a cache)
+    cache_form: str = ""  # "raw", "prepared" or "mixed": what the cache holds ("" without a cache)
     cache_form_reason: str = ""  # why, with the measured numbers
+    cache_form_epochs: dict[str, float] = dataclasses.field(default_factory=dict)  # the seconds weighed
     coordination: CoordinationStats | None = None
     partition: dict[str, int] | None = None
 
@@ -166,7 +169,7 @@ class StatsBoard:
             cache_capacity=sum(c.capacity for c in caches),
         )
         if form is not None:
-            values.update(cache_form=form.form, cache_form_reason=form.reason)
+            values.update(cache_form=form.form, cache_form_reason=form.reason, cache_form_epochs=form.epochs)
         if values["memory_pauses"] and values["cache_bytes_used"] < values["cache_capacity"]:
             held = f"memory ran short: it holds {format_bytes(values['cache_bytes_used'])} (admission paused)"
             cache_sizing = f"{cache_sizing}; {held}" if cache_sizing else held

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers import make_jpeg_folder
 
 from loader.system.counters import cpu_seconds
 from stallbench.analysis.memory import OVERHEAD_MARGIN, memory_limit
+from stallbench.analysis.phases import _record
 from stallbench.jobs.run import JobFailed, run_job, run_workload, scratch_cache_dir
 from stallbench.jobs.spec import WorkloadJob
 
@@ -122,6 +124,20 @@ def test_a_workload_job_goes_to_the_child_as_json_and_back():
 def test_a_workload_job_refuses_what_the_child_cannot_run(option, message):
     with pytest.raises(ValueError, match=message):
         WorkloadJob(**{"loader": "torch", "data": "d", **option})
+
+
+@pytest.mark.multiproc
+def test_a_generated_job_of_ours_hands_back_the_forms_its_cache_weighed(
+    tmp_path: Path, shm_dir: Path
+) -> None:
+    data = make_jpeg_folder(tmp_path / "imgs", per_class=8, classes=2)
+    job = WorkloadJob(
+        "cached", data, epochs=2, workers=0, batch_size=8, cache_bytes=1 << 26, cache_dir=shm_dir
+    )
+    records = run_workload(job)
+    run = _record("cold", "", records, 0.0)
+    assert run.cache_form == records[-1]["cache_form"] in ("raw", "prepared", "mixed")
+    assert {"raw", "prepared"} <= set(run.cache_form_epochs) and run.cache_form in run.cache_form_epochs
 
 
 def test_a_failed_workload_job_names_its_loader_and_run(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -16,7 +17,9 @@ from helpers import MemorySource, make_jpeg_folder
 from PIL import Image
 
 from loader import DataLoader, EvalTransform, ImageFolder, SourceDataset, Staged, TrainTransform
-from loader._forms import Probe, _weigh, probe
+from loader._forms import probe
+from loader._weighing import Probe, weigh
+from loader.cache._layout import index_bytes
 from loader.staged import decode_prepared, encode_prepared
 
 SMALL = TrainTransform(size=32)
@@ -35,7 +38,7 @@ def make(dataset, shm_dir, workers=2, **kw) -> DataLoader:
     kw = {"batch_size": 5, "shuffle": True, "generator": torch.Generator().manual_seed(7), **kw}
     if workers:
         kw["timeout"] = 120
-    return DataLoader(dataset, num_workers=workers, cache_bytes=1 << 24, cache_dir=shm_dir, **kw)
+    return DataLoader(dataset, num_workers=workers, cache_dir=shm_dir, **{"cache_bytes": 1 << 24, **kw})
 
 
 @pytest.mark.multiproc
@@ -156,18 +159,31 @@ def prober(**values: float) -> Probe:
 
 def test_the_choice_weighs_the_predicted_epochs():
     records = 1000
-    assert _weigh(prober(), records, room=600e6, workers=2).form == "prepared"  # prep-bound, room for all
+    assert weigh(prober(), records, room=600e6, workers=2).form == "prepared"  # prep-bound, room for all
     fetch_bound = prober(fetch=20e-3)  # 20 ms a record from storage: misses dominate
-    assert _weigh(fetch_bound, records, room=100e6, workers=2).form == "raw"  # raw fits all, prepared 200
-    assert _weigh(prober(), records, room=60e6, workers=2).form == "raw"  # 120 prepared fit: little gain
-    said = _weigh(prober(), records, room=600e6, workers=2).reason
+    assert weigh(fetch_bound, records, room=100e6, workers=2).form == "raw"  # raw fits all, prepared 200
+    assert weigh(prober(), records, room=60e6, workers=2).form == "raw"  # 120 prepared fit: little gain
+    said = weigh(prober(), records, room=600e6, workers=2).reason
     assert "prepare 2.00 ms" in said and "1000 of 1000 fit prepared" in said
     warm = prober(from_storage=0.0)  # the probe read the page cache: storage's cost is unknown
-    assert _weigh(warm, records, room=600e6, workers=2).form == "prepared"  # all fit: no more misses
-    kept = _weigh(warm, records, room=300e6, workers=2)  # 600 fit prepared, 1000 raw: 400 more misses
-    assert (
-        kept.form == "raw" and "the storage reads of the 400 more misses prepared would make" in kept.reason
-    )
+    assert weigh(warm, records, room=600e6, workers=2).form == "prepared"  # all fit: no more misses
+    mixed = weigh(warm, records, room=300e6, workers=2)  # 600 fit prepared, 1000 raw: 400 more misses
+    assert "the storage reads of the 400 more misses prepared would make" in mixed.reason
+    # a mix with no miss more: 539 prepared (500 kB) and 461 raw (60 kB, planned at 66 kB) fill the room
+    assert mixed.form == "mixed" and "mixed 0.56 s with 539 prepared and 461 raw" in mixed.reason
+    assert mixed.prepared_room == 539 * 500e3
+
+
+def test_a_mix_is_weighed_against_each_form_alone():
+    records = 1000
+    timed = weigh(prober(), records, room=300e6, workers=2)  # misses cost 0.1 ms: 600 prepared beat a mix
+    assert timed.form == "prepared" and timed.prepared_room == 0 and "mixed" in timed.reason
+    fetch_bound = weigh(prober(fetch=20e-3, from_storage=0.0), records, room=300e6, workers=2)
+    assert fetch_bound.form == "mixed"  # raw all fit: no miss more, 539 records no longer prepared each epoch
+    slow_storage = weigh(prober(fetch=20e-3), records, room=300e6, workers=2)
+    assert slow_storage.form == "mixed" and "4.00 s prepared" in slow_storage.reason  # 400 misses at 20 ms
+    no_room_for_both = weigh(prober(), records, room=61e6, workers=2)  # every record raw takes the room
+    assert no_room_for_both.form == "raw"
 
 
 def test_the_probe_leaves_the_random_modules_as_they_were(images):
@@ -259,3 +275,57 @@ def test_a_stored_prepared_record_that_fails_its_check_is_prepared_again(images,
     assert epochs(dl, 1)[0] == first  # each failed its check: prepared again from the source
     stats = dl.stats()
     assert 0 < stats.records_corrupt < 24 and stats.hits == 24 - stats.records_corrupt
+
+
+def slow_prepare(raw: bytes) -> np.ndarray:
+    time.sleep(0.004)  # the decode a prepared record saves
+    return np.frombuffer(raw, np.uint8).astype(np.int64)  # 8x the raw bytes
+
+
+def jitter(prepared: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(prepared[:6] + int(torch.randint(0, 100, ())))
+
+
+def mixed_loader(shm_dir, workers: int, source: MemorySource, **kw) -> DataLoader:
+    """Room for every record raw and about half of them prepared; the probe reads memory (untimed
+    storage), so prepared alone, with misses, is not weighed and the mix wins."""
+    room = len(source) * 1000 * 11 // 10 + len(source) // 2 * 8100 + 2 * index_bytes(len(source))
+    dataset = SourceDataset(source, transform=Staged(slow_prepare, jitter, identity="slow x8"))
+    return make(dataset, shm_dir, workers, cache_bytes=room, **kw)
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_mix_of_forms_gives_the_uncached_samples_bit_for_bit(shm_dir, workers):
+    source = MemorySource(40, 1000)
+    reference = torch.utils.data.DataLoader(
+        SourceDataset(source, transform=Staged(slow_prepare, jitter)),
+        batch_size=5,
+        shuffle=True,
+        num_workers=workers,
+        generator=torch.Generator().manual_seed(7),
+    )
+    ours = mixed_loader(shm_dir, workers, source)
+    torch.manual_seed(5)
+    want = epochs(reference, 3)
+    torch.manual_seed(5)
+    got = epochs(ours, 3)  # epoch 1 fills both stores; 2 and 3 read every record from one of them
+    assert got == want
+    stats = ours.stats()
+    assert stats.cache_form == "mixed", stats.cache_form_reason
+    assert (stats.misses, stats.hits, stats.records_cached) == (40, 80, 40)  # no record held twice
+    predicted = stats.cache_form_epochs
+    assert set(predicted) == {"raw", "prepared", "mixed"} and predicted["mixed"] < 0.9 * predicted["raw"]
+
+
+def test_a_mix_prepares_again_only_the_records_it_holds_raw(shm_dir, monkeypatch):
+    calls, prepare = [], slow_prepare
+    monkeypatch.setattr(sys.modules[__name__], "slow_prepare", lambda raw: calls.append(1) or prepare(raw))
+    dl = mixed_loader(shm_dir, 0, MemorySource(40, 1000), shuffle=False)
+    list(dl)
+    first = len(calls)
+    list(dl)
+    again = len(calls) - first
+    stats = dl.stats()
+    assert stats.cache_form == "mixed" and 8 <= again <= 32  # the raw share: about half
+    assert stats.records_cached == 40 and stats.cache_bytes_used >= again * 1000 + (40 - again) * 8000

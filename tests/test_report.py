@@ -20,6 +20,7 @@ from stallbench.analysis.results import (
     SCHEMA,
     Breakdown,
     EpochRecord,
+    FormPrediction,
     LoaderReport,
     Machine,
     Prediction,
@@ -91,7 +92,9 @@ def make_report(loader: str, epoch: float, fetch: float, storage: int, **changes
 
 @pytest.fixture
 def pair() -> tuple[LoaderReport, LoaderReport]:
-    cached = make_report("cached", 9.25, 2.0, GB, nodes_predictions=nodes_what_if(WORKLOAD, "cached"))
+    forms = (FormPrediction("raw", 9.25, True), FormPrediction("prepared", 4.5, False))
+    nodes = nodes_what_if(WORKLOAD, "cached")
+    cached = make_report("cached", 9.25, 2.0, GB, nodes_predictions=nodes, form_predictions=forms)
     return make_report("torch", 15.25, 8.0, 3 * GB // 2), cached
 
 
@@ -153,6 +156,13 @@ def test_nodes_what_if_lines_are_the_cached_loaders_only(pair):
     assert lines[head + 2].split() == ["1", "666.67", "MB", "666.67", "MB", "666.67", "MB", "666.67", "MB"]
     assert lines[head + 3].split() == ["2", "0", "Bytes", "0", "Bytes", "666.67", "MB", "333.33", "MB"]
     assert lines[head + 5].split() == ["8", "0", "Bytes", "0", "Bytes", "666.67", "MB", "83.33", "MB"]
+
+
+def test_the_form_what_if_is_the_cached_loaders_one_line_with_the_form_run_starred(pair):
+    torch_part, cached_part = format_report(pair).split("advice (torch)")
+    assert "cache_form" not in torch_part
+    line = next(line for line in cached_part.splitlines() if "cache_form" in line)
+    assert line.startswith("  cache_form *raw: 9.25 s, prepared: 4.50 s (the loader's own weighing")
 
 
 def test_a_difference_within_the_spreads_is_noise_the_headline_ratio_included(pair):

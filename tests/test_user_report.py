@@ -87,3 +87,12 @@ def test_a_column_is_named_by_the_loader_asked_for_and_says_where_its_batches_ca
     as_is = user_report(JOB, runs({0: 1.0}), storage_bytes_per_s=1e8, memory_bytes_per_s=1e10)
     assert as_is.loader == "torch" and not as_is.advice.startswith("the batches came from")
     assert "torch" in format_report([as_is, asked]) and "cached vs torch" in format_report([as_is, asked])
+
+
+def test_the_forms_our_loader_weighed_in_the_user_s_job_become_its_form_what_if():
+    stats = {"cache_form": "prepared", "cache_form_epochs": {"raw": 2.0, "prepared": 1.0}}
+    ours = replace(JOB, cache_bytes=1 << 30)
+    report = user_report(ours, runs({0: 1.0}, stats=stats), storage_bytes_per_s=1e8, memory_bytes_per_s=1e10)
+    got = {p.form: (p.epoch_seconds, p.as_run) for p in report.form_predictions}
+    assert got == {"raw": (10.0, False), "prepared": (5.0, True)}  # the cold run's 5 s was the loader's 1.0
+    assert "cache_form raw: 10.00 s, *prepared: 5.00 s" in format_report([report])

@@ -10,7 +10,7 @@ import pytest
 from stallbench.analysis import whatif
 from stallbench.analysis.advice import advise
 from stallbench.analysis.hits import hit_rate
-from stallbench.analysis.results import Breakdown, Machine, Workload
+from stallbench.analysis.results import Breakdown, Machine, RunRecord, Workload
 from stallbench.analysis.whatif import Measured, epoch_terms, predict, roofline, what_if
 
 GB = 10**9
@@ -297,3 +297,14 @@ def test_prefetch_depth_moves_no_term_of_the_model():
     assert [p.prefetch_factor for p in got] == [1, 2, 4, 8]
     assert all(p.epoch_seconds == here.epoch_seconds == 100.0 and p.bound == here.bound for p in got)
     assert whatif.prefetch_what_if(measured(workers=0)) == ()  # no workers: nothing is prefetched
+
+
+def test_the_forms_the_loader_weighed_are_scaled_to_the_measured_epoch():
+    m = measured(loader="cached", t1=40.0, t2=100.0, prep_stall=60.0)
+    weighed = {"raw": 2.0, "prepared": 0.5, "mixed": 1.0}
+    cold = RunRecord("cold", (), "", cache_form="mixed", cache_form_epochs=weighed)
+    got = {p.form: (p.epoch_seconds, p.as_run) for p in whatif.form_what_if(m, cold)}
+    # the run held the mix: its 100 s is the loader's 1.0; raw 200 s, prepared 50 s but no faster than T1
+    assert got == {"raw": (200.0, False), "prepared": (50.0, False), "mixed": (100.0, True)}
+    assert whatif.form_what_if(measured(loader="cached", t1=60.0), cold)[1].epoch_seconds == 60.0
+    assert whatif.form_what_if(m, RunRecord("cold", (), "")) == ()  # no forms weighed: nothing said

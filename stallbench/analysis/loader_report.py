@@ -62,6 +62,7 @@ def loader_report(m: Measurement) -> LoaderReport:
         advice=f"{m.note} {said}" if m.note else said,
         prefetch_predictions=whatif.prefetch_what_if(measured) if m.what_if else (),
         nodes_predictions=nodes.nodes_what_if(w, m.model) if m.what_if else (),
+        form_predictions=whatif.form_what_if(measured, m.runs["cold"]) if m.what_if else (),
         **m.extra,
     )  # fmt: skip
 

@@ -94,8 +94,10 @@ def _record(phase: str, condition: str, records: list[dict], other_load_cores: f
         for k in _STAGES
         if k in records[-1]
     }
-    timeline = tuple((float(w), float(s)) for w, s in records[-1].get("timeline", []))
-    return RunRecord(phase, epochs, condition, stages, timeline, other_load_cores)
+    last = records[-1]
+    timeline = tuple((float(w), float(s)) for w, s in last.get("timeline", []))
+    forms = {"cache_form": last.get("cache_form", ""), "cache_form_epochs": last.get("cache_form_epochs", {})}
+    return RunRecord(phase, epochs, condition, stages, timeline, other_load_cores, **forms)
 
 
 def storage_limits(w: Workload) -> StorageLimits | None:

@@ -84,6 +84,8 @@ class RunRecord:
     stage_seconds: dict[str, float] = field(default_factory=dict)  # fetch / decode / collate, summed
     timeline: tuple[tuple[float, float], ...] = ()  # (wait_s, step_s) per iteration of the last epoch
     other_load_cores: float = 0.0  # cores other work on the machine kept busy during the run, on average
+    cache_form: str = ""  # our loader: the form of record its cache held (``stats().cache_form``)
+    cache_form_epochs: dict[str, float] = field(default_factory=dict)  # and the epoch it weighed per form
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,16 @@ class Prediction:
     workers: int
     epoch_seconds: float
     bound: str  # "compute" | "prep" | "fetch"
+
+
+@dataclass(frozen=True)
+class FormPrediction:
+    """Predicted steady epoch with our cache holding its records in another form (``cache_form``: raw,
+    prepared or mixed), at the measured cache size and workers."""
+
+    form: str
+    epoch_seconds: float
+    as_run: bool  # the form the measured run held
 
 
 @dataclass(frozen=True)
@@ -206,6 +218,7 @@ class LoaderReport:
     other_loaders: tuple[OtherLoader, ...] = ()
     prefetch_predictions: tuple[PrefetchPrediction, ...] = ()
     nodes_predictions: tuple[NodesPrediction, ...] = ()  # the cached loader only
+    form_predictions: tuple[FormPrediction, ...] = ()  # the cached loader, where it weighed the forms
     useful: UsefulWork | None = None  # what a steady epoch bought: updates, tokens, energy
 
 

@@ -64,8 +64,9 @@ def _rank_runs(runs: Mapping[str, CommandRun]) -> dict[int, dict[str, RunRecord]
                     f"the {phase} run of rank {rank} finished no epoch of its training loader"
                 )
             records = tuple(_epoch(r) for r in epochs[rank])
-            load = runs[phase].other_load_cores
-            out[rank][phase] = RunRecord(phase, records, _CONDITIONS[phase], other_load_cores=load)
+            load, stats = runs[phase].other_load_cores, epochs[rank][-1].stats
+            forms = {k: stats[k] for k in ("cache_form", "cache_form_epochs") if k in stats}
+            out[rank][phase] = RunRecord(phase, records, _CONDITIONS[phase], other_load_cores=load, **forms)
     return out
 
 

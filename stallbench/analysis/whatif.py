@@ -28,12 +28,22 @@ from dataclasses import dataclass
 
 from stallbench.analysis.hits import Loader, cache_budget, hit_rate
 from stallbench.analysis.prep_term import prep_seconds
-from stallbench.analysis.results import Breakdown, Machine, Prediction, PrefetchPrediction, Roofline, Workload
+from stallbench.analysis.results import (
+    Breakdown,
+    FormPrediction,
+    Machine,
+    Prediction,
+    PrefetchPrediction,
+    Roofline,
+    RunRecord,
+    Workload,
+)
 from stallbench.jobs.kinds import check_kind
 
 __all__ = [
     "Measured",
     "epoch_terms",
+    "form_what_if",
     "predict",
     "prefetch_what_if",
     "roofline",
@@ -166,3 +176,21 @@ def prefetch_what_if(m: Measured) -> tuple[PrefetchPrediction, ...]:
     here = predict(m, cache_bytes=m.workload.cache_bytes, workers=m.workload.workers)
     factors = {*PREFETCH_FACTORS, m.workload.prefetch_factor or 2}
     return tuple(PrefetchPrediction(f, here.epoch_seconds, here.bound) for f in sorted(factors))
+
+
+def form_what_if(m: Measured, cold: RunRecord) -> tuple[FormPrediction, ...]:
+    """Our cache's records held raw, prepared or mixed, at the measured cache and workers (none where the
+    cold run's loader weighed no forms). The loader weighed them itself, from the records it probed when it
+    was made (``loader._forms``: its prep and the fetches of its misses, no step); that weighing is
+    calibrated on the measured point as every prediction is: ``max(T1, T2 * weighed(form) /
+    weighed(held))``."""
+    weighed, held = cold.cache_form_epochs, cold.cache_form
+    if not weighed.get(held, 0) > 0:
+        return ()
+    b = m.breakdown
+    return tuple(
+        FormPrediction(
+            form, max(b.step_alone_seconds, b.epoch_seconds * seconds / weighed[held]), form == held
+        )
+        for form, seconds in weighed.items()
+    )

@@ -44,6 +44,8 @@ __all__ = ["ingestion_loader", "main", "run_epochs"]
 
 _STAT_DELTAS = ("hits", "misses", "bytes_from_cache", "records_admitted", "fetch_seconds", "decode_seconds")
 _STAT_DELTAS += ("collate_seconds",)
+_STAT_NOW = ("cache_bytes_used", "cache_capacity", "records_cached", "memory_pauses", "cache_form")
+_STAT_NOW += ("cache_form_epochs",)
 
 
 class _Replay(torch.utils.data.Dataset):
@@ -122,12 +124,7 @@ def run_epochs(
         if "hits" in record:
             reads = record["hits"] + record["misses"]
             record["hit_rate"] = record["hits"] / reads if reads else 0.0
-            record.update(
-                {
-                    k: after[k]
-                    for k in ("cache_bytes_used", "cache_capacity", "records_cached", "memory_pauses")
-                }
-            )
+            record.update({k: after[k] for k in _STAT_NOW})
         yield record
 
 

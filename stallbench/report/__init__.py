@@ -137,6 +137,7 @@ def _loader_json(r: LoaderReport) -> dict[str, Any]:
         "machine": dataclasses.asdict(r.machine),
         "roofline": dataclasses.asdict(r.roofline),
         "predictions": [dataclasses.asdict(p) for p in r.predictions],
+        "form_predictions": [dataclasses.asdict(p) for p in r.form_predictions],
         "advice": r.advice,
         "useful": dataclasses.asdict(r.useful) if r.useful is not None else None,
         "runs": [_run_json(run) for run in r.runs],

@@ -121,6 +121,19 @@ def _prefetch_lines(r: LoaderReport) -> list[str]:
     )
 
 
+def _form_lines(r: LoaderReport) -> list[str]:
+    """The what-if of the form our cache holds its records in: one line, the form as run starred."""
+    if not r.form_predictions:
+        return []
+    cells = [f"{'*' if p.as_run else ''}{p.form}: {sec(p.epoch_seconds)}" for p in r.form_predictions]
+    return textwrap.wrap(
+        f"  cache_form {', '.join(cells)} (the loader's own weighing of the records it probed, scaled to "
+        "this run)",
+        WIDTH,
+        subsequent_indent="    ",
+    )
+
+
 def _nodes_lines(r: LoaderReport, label: str) -> list[str]:
     """The nodes what-if: storage per steady epoch of N nodes, each with the cache as run, the cache
     partitioned across them or independent; all nodes together and per node."""
@@ -193,6 +206,7 @@ def _loader_lines(r: LoaderReport, label: str) -> list[str]:
         lines.append(f"what-if{label}: predicted steady epoch and what binds it (* = as run)")
         lines += grid("  cache", *_whatif_rows(r), WIDTH)
         lines += _prefetch_lines(r)
+        lines += _form_lines(r)
         lines.append("")
     lines += _nodes_lines(r, label)
     lines += _busy_lines(r, label)
