@@ -3,11 +3,12 @@
 1,200 JPEGs of 500x375, ``loader.ImageFolder``, batch 64, 2 persistent workers. Each job (``_prep_job.py``)
 is one loader in its own process: torch's DataLoader reads the files from the page cache; ours reads every
 record from its warm cache, held raw (``raw``: as before prepared records), or in the form ``cache_form=
-"auto"`` picks with room for all (``prepared``) or half (``partial``) of the records prepared. After an
+"auto"`` picks with room for all (``prepared``) or half (``partial``: every record raw and the rest of the
+room prepared, a mix) of the records prepared. After an
 untimed warm-up epoch each job times EPOCHS epochs. In each round every kind runs once, the order turned by
 one each round; the medians of the images per second are compared:
 
-- ``transform="train"``: prepared / torch >= 2.0; raw / torch >= 0.99; partial / raw >= 0.97;
+- ``transform="train"``: prepared / torch >= 2.0; raw / torch >= 0.99; partial / raw >= 1.15;
 - ``transform="eval"``: prepared / torch >= 5.0.
 
     python -m pytest benchmarks/bench_prep_bound.py -p no:cacheprovider --benchmark-enable -s
@@ -33,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 NUM_IMAGES, EPOCHS, ROUNDS = 1200, 3, 3
 KINDS = ("torch", "raw", "prepared", "partial")
 TARGETS = {  # transform: (kind, over, at least)
-    "train": (("prepared", "torch", 2.0), ("raw", "torch", 0.99), ("partial", "raw", 0.97)),
+    "train": (("prepared", "torch", 2.0), ("raw", "torch", 0.99), ("partial", "raw", 1.15)),
     "eval": (("prepared", "torch", 5.0),),
 }
 

@@ -91,10 +91,10 @@ class _Epochs:
         return self._longer(self.records * self.m.whole, self.records - held)
 
     def held(self, prepared: int, raw: int) -> float:
-        """``prepared`` records held prepared (a hit costs ``augment``) and ``raw`` held raw (prepared again
-        every epoch, as a miss is)."""
+        """``prepared`` records held prepared (a hit costs ``augment``) and ``raw`` held raw (the whole
+        transform every epoch, as a miss's once the prepared records fill their room)."""
         m, records = self.m, self.records
-        cpu = prepared * m.augment + (records - prepared) * (m.prepare + m.augment)
+        cpu = prepared * m.augment + (records - prepared) * m.whole
         return self._longer(cpu, records - prepared - raw)
 
     def _longer(self, cpu: float, misses: int) -> float:
