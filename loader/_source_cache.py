@@ -101,17 +101,27 @@ class _Opening:
         fingerprint = prepared_fingerprint(raw_fingerprint, transform.identity)
         if choice.form == "prepared":
             return SourceCache(prepared=PreparedRecords(self._store(fingerprint, cache_bytes), transform))
-        prepared = self._store(fingerprint, index + choice.prepared_room)
-        raw = self._store(raw_fingerprint, cache_bytes - index - choice.prepared_room)
+        # a mix: a prepared store already there keeps its share (its split was weighed when it was made), and
+        # the raw store takes the rest; the two warn as one cache, if at all
+        prepared = self._store(fingerprint, index + choice.prepared_room, warn=False)
+        raw = self._store(raw_fingerprint, max(cache_bytes - prepared.capacity, index + 1), warn=False)
+        held = prepared.capacity + raw.capacity
+        if self.warn_capacity and held != cache_bytes:
+            warnings.warn(
+                f"the cache in {self.cache_dir} already held this data with {held} bytes (prepared and raw "
+                f"records); using it as it is (cache_bytes={cache_bytes} applies only to a new cache)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         return SourceCache(raw=raw, prepared=PreparedRecords(prepared, transform, raw))
 
-    def _store(self, fingerprint: str, capacity: int) -> MinIOCache:
+    def _store(self, fingerprint: str, capacity: int, warn: bool = True) -> MinIOCache:
         store = MinIOCache.open(
             fingerprint=fingerprint,
             num_records=len(self.dataset),
             capacity=capacity,
             cache_dir=self.cache_dir,
-            warn_capacity=self.warn_capacity,
+            warn_capacity=self.warn_capacity and warn,
         )
         self.stores.append(store)
         return store

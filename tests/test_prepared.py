@@ -286,9 +286,18 @@ def jitter(prepared: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(prepared[:6] + int(torch.randint(0, 100, ())))
 
 
+class SlowSource(MemorySource):
+    """Records that take 20 ms to read: the ~6 misses a prepared record more would cost outweigh the
+    prepare it saves, so the mix holds every record, whether or not the probe counts its reads as timed
+    storage (a lazy import's read from the device may make it so)."""
+
+    def read(self, index: int) -> bytes:
+        time.sleep(0.02)
+        return super().read(index)
+
+
 def mixed_loader(shm_dir, workers: int, source: MemorySource, **kw) -> DataLoader:
-    """Room for every record raw and about half of them prepared; the probe reads memory (untimed
-    storage), so prepared alone, with misses, is not weighed and the mix wins."""
+    """Room for every record raw and about half of them prepared."""
     room = len(source) * 1000 * 11 // 10 + len(source) // 2 * 8100 + 2 * index_bytes(len(source))
     dataset = SourceDataset(source, transform=Staged(slow_prepare, jitter, identity="slow x8"))
     return make(dataset, shm_dir, workers, cache_bytes=room, **kw)
@@ -297,7 +306,7 @@ def mixed_loader(shm_dir, workers: int, source: MemorySource, **kw) -> DataLoade
 @pytest.mark.multiproc
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_mix_of_forms_gives_the_uncached_samples_bit_for_bit(shm_dir, workers):
-    source = MemorySource(40, 1000)
+    source = SlowSource(40, 1000)
     reference = torch.utils.data.DataLoader(
         SourceDataset(source, transform=Staged(slow_prepare, jitter)),
         batch_size=5,
@@ -321,7 +330,7 @@ def test_a_mix_of_forms_gives_the_uncached_samples_bit_for_bit(shm_dir, workers)
 def test_a_mix_prepares_again_only_the_records_it_holds_raw(shm_dir, monkeypatch):
     calls, prepare = [], slow_prepare
     monkeypatch.setattr(sys.modules[__name__], "slow_prepare", lambda raw: calls.append(1) or prepare(raw))
-    dl = mixed_loader(shm_dir, 0, MemorySource(40, 1000), shuffle=False)
+    dl = mixed_loader(shm_dir, 0, SlowSource(40, 1000), shuffle=False)
     list(dl)
     first = len(calls)
     list(dl)
@@ -329,3 +338,23 @@ def test_a_mix_prepares_again_only_the_records_it_holds_raw(shm_dir, monkeypatch
     stats = dl.stats()
     assert stats.cache_form == "mixed" and 8 <= again <= 32  # the raw share: about half
     assert stats.records_cached == 40 and stats.cache_bytes_used >= again * 1000 + (40 - again) * 8000
+
+
+MIX_RUN = """
+import sys, warnings
+from pathlib import Path
+sys.path[:0] = [sys.argv[2]]
+warnings.simplefilter("error")  # a restart with the same cache_bytes finds its stores as it made them
+import test_prepared
+dl = test_prepared.mixed_loader(Path(sys.argv[1]), 0, test_prepared.SlowSource(40, 1000), shuffle=False)
+list(dl)
+s = dl.stats()
+print(s.cache_form, s.hits, s.misses, s.records_cached)
+"""
+
+
+def test_a_mix_survives_a_restart_in_a_new_process(shm_dir):
+    argv = [sys.executable, "-c", MIX_RUN, str(shm_dir), os.path.dirname(__file__)]
+    runs = [subprocess.run(argv, capture_output=True, text=True, timeout=120) for _ in range(2)]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-2000:] + runs[1].stderr[-2000:]
+    assert [r.stdout.split() for r in runs] == [["mixed", "0", "40", "40"], ["mixed", "40", "0", "40"]]
