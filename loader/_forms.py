@@ -72,6 +72,19 @@ def _time_one(source: Any, transform: Any, index: int) -> tuple[float, ...]:
     return fetched - start, made - fetched, augmented - made, whole - augmented, len(raw), size
 
 
+_PROBED: dict[tuple[str, str], Probe | None] = {}
+
+
+def _probed(dataset: Any) -> Probe | None:
+    """The probe of this data and preparation, made once per process: a script that builds a loader again
+    (an evaluation loader at every ``evaluate()``, as Hugging Face's Trainer does) does not read and
+    prepare its records again each time."""
+    key = (dataset.source.fingerprint, dataset.transform.identity)
+    if key not in _PROBED:
+        _PROBED[key] = probe(dataset)
+    return _PROBED[key]
+
+
 def choose_form(dataset: Any, form: str, room: int, workers: int, sizing: bool = False) -> FormChoice:
     """The form to hold (``form``: "auto", "raw" or "prepared") with ``room`` bytes for records and
     ``workers`` DataLoader workers; ``sizing``: the cache is sized from the form's records ("auto"), so a
@@ -88,7 +101,7 @@ def choose_form(dataset: Any, form: str, room: int, workers: int, sizing: bool =
     if form == "raw" or not staged:
         why = "asked for" if form == "raw" else "the transform is one stage: only raw bytes can be cached"
         return FormChoice("raw", why)
-    measured = probe(dataset) if form == "auto" or sizing else None
+    measured = _probed(dataset) if form == "auto" or sizing else None
     if form == "prepared":
         return FormChoice("prepared", "asked for", measured.prepared_bytes if measured else 0.0)
     if measured is None:

@@ -358,3 +358,18 @@ def test_a_mix_survives_a_restart_in_a_new_process(shm_dir):
     runs = [subprocess.run(argv, capture_output=True, text=True, timeout=120) for _ in range(2)]
     assert [r.returncode for r in runs] == [0, 0], runs[0].stderr[-2000:] + runs[1].stderr[-2000:]
     assert [r.stdout.split() for r in runs] == [["mixed", "0", "40", "40"], ["mixed", "40", "0", "40"]]
+
+
+def test_a_loader_made_again_over_the_same_data_does_not_probe_again(shm_dir):
+    calls = []
+
+    def prepare(raw: bytes) -> np.ndarray:
+        calls.append(1)
+        return np.frombuffer(raw, np.uint8).copy()
+
+    transform = Staged(prepare, lambda pixels: torch.from_numpy(pixels[:2]), identity="made again")
+    dataset = SourceDataset(MemorySource(16, 64, salt="made again"), transform=transform)
+    make(dataset, shm_dir, 0)
+    probed = len(calls)
+    make(dataset, shm_dir, 0)  # an evaluation loader built at every evaluate()
+    assert probed == 2 * 8 and len(calls) == probed  # 8 records, each prepared and transformed whole
