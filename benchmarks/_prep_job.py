@@ -4,10 +4,11 @@
 transform=TRANSFORM)`` ("train" by default) and one loader over that same dataset object, by KIND:
 ``torch`` (torch.utils.data.DataLoader), ``raw`` (loader.DataLoader holding raw records, room for all of
 them: the cache as it was before prepared records), ``prepared`` (loader.DataLoader, ``cache_form="auto"``,
-room for every record prepared) or ``partial`` (the same with room for half of them prepared: "auto" holds a mix). A first,
-untimed epoch warms the data (page cache for torch's, our cache for ours); then it prints one JSON line per
-timed epoch: images per second, CPU time per image and the form the cache chose. MODE ``train`` adds a real
-training step per batch (a small CNN, SGD, on the CPU), as a user's loop has; ``load`` (default) does not.
+room for every record prepared) or ``partial`` (the same with room for half of them prepared: "auto" holds
+a mix). A first, untimed epoch warms the data (page cache for torch's, our cache for ours); then it prints
+one JSON line per timed epoch: images per second, CPU time per image and the form the cache chose. MODE
+``train`` adds a real training step per batch (a small CNN, SGD, on the CPU), as a user's loop has;
+``load`` (default) does not.
 """
 
 from __future__ import annotations
