@@ -10,12 +10,12 @@ from loader._pil import PilBuild, pil_build
 from loader.cache import CacheInfo, MinIOCache
 from loader.coordinated import Coordination, CoordinationStats, CoordinationWarning, PrepFailed
 from loader.dataloader import DataLoader
-from loader.datasets import SKIPPED, ArrowDataset, ImageFolder, LMDBDataset, SourceDataset
+from loader.datasets import SKIPPED, ArrowDataset, ImageFolder, LMDBDataset, SourceDataset, TarShards
 from loader.decode import EvalTransform, TrainTransform
 from loader.errors import BadRecordError, SourceError
 from loader.files import CachedFiles
 from loader.partition import Partition
-from loader.sources import FileTreeSource, ImageFolderSource, Source
+from loader.sources import FileTreeSource, ImageFolderSource, Source, TarShardsSource
 from loader.staged import Staged, StagedTransform
 from loader.stats import LoaderStats
 
@@ -46,6 +46,8 @@ __all__ = [
     "Staged",
     "StagedTransform",
     "Source",
+    "TarShards",
+    "TarShardsSource",
     "TrainTransform",
     "image_folder_to_lmdb",
     "pil_build",

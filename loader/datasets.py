@@ -21,7 +21,7 @@ from loader.errors import BadRecordError
 from loader.partition.peers import PeerRecords
 from loader.stats import StatsBoard
 
-__all__ = ["SKIPPED", "ArrowDataset", "ImageFolder", "LMDBDataset", "SourceDataset", "tokens_to_tensor"]
+__all__ = ["SKIPPED", "ArrowDataset", "ImageFolder", "LMDBDataset", "SourceDataset", "TarShards"]
 
 Transform = Literal["train", "eval"] | Callable[[bytes], Any] | None
 OnError = Literal["raise", "skip"]
@@ -131,8 +131,7 @@ class SourceDataset(Dataset):
         return Fetched(raw, False, admitted, time.perf_counter() - start, memory_pause=paused)
 
     def _held_prepared(self, index: int) -> bool:
-        """Whether a miss will be held prepared (a mix of forms: the prepared store takes it while it has
-        room), so it is not admitted raw as well."""
+        """Whether a miss will be held prepared (the prepared store has room), so not admitted raw as well."""
         return self._prepared is not None and self._prepared.store.accepting(index)
 
     def _note(self, got: Fetched) -> None:
@@ -166,6 +165,13 @@ class ImageFolder(SourceDataset):
     def __init__(self, root: str, transform: Transform = "train") -> None:
         super().__init__(sources.ImageFolderSource(root), transform)
         self.classes = self.source.classes
+
+
+class TarShards(SourceDataset):
+    """WebDataset tar shards (a folder of ``*.tar``, a shard or a list): a sample per key, read by offset."""
+
+    def __init__(self, shards: Any, transform: Transform = "train") -> None:
+        super().__init__(sources.TarShardsSource(shards), transform)
 
 
 class LMDBDataset(SourceDataset):

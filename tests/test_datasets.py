@@ -66,3 +66,12 @@ def test_jobs_open_arrow_with_its_label_column(images, tmp_path):
 
     data = make_dataset(image_folder_to_arrow(images, tmp_path / "imgs.arrow").path, "eval")
     assert data.source.columns == ["image", "label"] and [data[i][1] for i in (0, 5)] == [0, 1]
+
+
+def test_jobs_open_tar_shards_from_their_folder_or_one_shard(images, tmp_path):
+    from stallbench.jobs.data import make_dataset
+
+    shards = loader.sources.image_folder_to_tar_shards(images, tmp_path / "shards", shard_bytes=1)
+    whole, one = make_dataset(tmp_path / "shards", "eval"), make_dataset(shards.shards[0], "eval")
+    assert isinstance(whole, loader.TarShards) and len(whole) == len(ImageFolder(images)) > len(one) == 1
+    assert torch.equal(whole[0][0], ImageFolder(images, transform="eval")[0][0])

@@ -1,4 +1,5 @@
-"""Data sources: index -> raw record bytes, from an image folder, an LMDB, or an Arrow IPC / Parquet file.
+"""Data sources: index -> raw record bytes, from an image folder, WebDataset tar shards, an LMDB, or an Arrow
+IPC / Parquet file.
 
 The Arrow and LMDB sources (and the converters, which write both) are imported when first named: a process
 whose data is an image folder never loads pyarrow or lmdb (about 44 MB of memory in each worker).
@@ -10,6 +11,7 @@ from typing import Any
 from loader.sources.base import Source
 from loader.sources.file_tree import FileTreeSource
 from loader.sources.image_folder import IMG_EXTENSIONS, ImageFolderSource
+from loader.sources.tar_shards import TarShardsSource
 
 __all__ = [
     "IMG_EXTENSIONS",
@@ -18,8 +20,10 @@ __all__ = [
     "ImageFolderSource",
     "LMDBSource",
     "Source",
+    "TarShardsSource",
     "image_folder_to_arrow",
     "image_folder_to_lmdb",
+    "image_folder_to_tar_shards",
 ]
 
 LAZY = {
@@ -27,6 +31,7 @@ LAZY = {
     "LMDBSource": "loader.sources.lmdb_source",
     "image_folder_to_arrow": "loader.sources.convert",
     "image_folder_to_lmdb": "loader.sources.convert",
+    "image_folder_to_tar_shards": "loader.sources.convert",
 }
 
 

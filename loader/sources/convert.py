@@ -1,10 +1,12 @@
-"""Converters from an image folder to the LMDB and Arrow IPC layouts the sources read."""
+"""Converters from an image folder to the LMDB, Arrow IPC and tar shard layouts the sources read."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
+import tarfile
 
 import lmdb
 import numpy as np
@@ -13,9 +15,10 @@ import pyarrow as pa
 from loader.sources.arrow_source import ArrowSource
 from loader.sources.image_folder import ImageFolderSource
 from loader.sources.lmdb_source import CLASSES_KEY, LABELS_KEY, LEN_KEY, LMDBSource, pack_record, record_key
+from loader.sources.tar_shards import TarShardsSource
 from loader.system.pagecache import PAGE
 
-__all__ = ["image_folder_to_arrow", "image_folder_to_lmdb"]
+__all__ = ["image_folder_to_arrow", "image_folder_to_lmdb", "image_folder_to_tar_shards"]
 
 _COMMIT_BYTES = 64 << 20  # bytes per write transaction, to bound LMDB's dirty page list
 
@@ -94,3 +97,32 @@ def image_folder_to_arrow(
             os.unlink(tmp)
         raise
     return ArrowSource(dst, column="image", label_column="label")
+
+
+def image_folder_to_tar_shards(
+    src_root: str | os.PathLike, dst_dir: str | os.PathLike, *, shard_bytes: int = 256 << 20
+) -> TarShardsSource:
+    """Write the image folder as WebDataset tar shards in ``dst_dir`` (made here): ``shard-000000.tar``, ...,
+    each closed once it holds ``shard_bytes``; sample ``i`` is ``{i:08d}.<ext>`` (the image) and
+    ``{i:08d}.cls`` (its label). Each shard is written under a temporary name and renamed when complete."""
+    if shard_bytes <= 0:
+        raise ValueError(f"shard_bytes must be positive, got {shard_bytes!r}")
+    source = ImageFolderSource(src_root)
+    dst = os.fspath(dst_dir)
+    os.mkdir(dst)
+    i, shard = 0, 0
+    while i < len(source):
+        path = os.path.join(dst, f"shard-{shard:06d}.tar")
+        with tarfile.open(f"{path}.partial", "w", format=tarfile.GNU_FORMAT) as tar:
+            written = 0
+            while i < len(source) and written < shard_bytes:
+                ext = os.path.splitext(source.describe(i))[1].lower()
+                raw, label = source.read(i), str(source.label(i)).encode()
+                for name, data in ((f"{i:08d}{ext}", raw), (f"{i:08d}.cls", label)):
+                    member = tarfile.TarInfo(name)
+                    member.size = len(data)
+                    tar.addfile(member, io.BytesIO(data))
+                written, i = written + len(raw), i + 1
+        os.rename(f"{path}.partial", path)
+        shard += 1
+    return TarShardsSource(dst)

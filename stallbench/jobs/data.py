@@ -22,12 +22,15 @@ ARROW_SUFFIXES = (".arrow", ".feather", ".ipc", ".parquet")
 
 
 def make_dataset(data: str | Path, transform: Any) -> Any:
-    """An image folder, an LMDB folder (has data.mdb) or an Arrow/Parquet file, as a SourceDataset."""
+    """An image folder, an LMDB folder (has data.mdb), tar shards (a .tar file or a folder of them) or an
+    Arrow/Parquet file, as a SourceDataset."""
     import loader
 
     path = Path(data)
     if path.is_dir() and (path / "data.mdb").exists():
         return loader.LMDBDataset(str(path), transform=transform)
+    if path.suffix.lower() == ".tar" or (path.is_dir() and any(path.glob("*.tar"))):
+        return loader.TarShards(str(path), transform=transform)
     if path.suffix.lower() in ARROW_SUFFIXES:
         source = loader.ArrowSource(path)
         labels = "label" if "label" in source.columns else None
