@@ -144,6 +144,44 @@ def test_a_stopped_job_holds_the_others_no_longer_than_its_patience(tmp_path, sh
     assert not list(shm_dir.iterdir())
 
 
+HOLD_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_process_stopped_holding_the_table_s_lock_holds_no_job_beyond_its_patience(tmp_path, shm_dir):
+    """The lock is held for microseconds; here another process takes it mid-epoch and is stopped there."""
+    patience = 5.0  # the least a lock is waited for
+    config = dict(
+        data="indexed", samples=SAMPLES, group="lock", staging=str(shm_dir), epochs=2, min_members=2
+    )
+    config.update(patience=patience, staged=4, workers=2)
+    jobs = [start(tmp_path, f"job{k}", **config, step=0.05) for k in range(2)]
+    wait_for_line(jobs[0], "batch 0 3")
+    (lock,) = shm_dir.glob("*/lock")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        os.kill(holder.pid, signal.SIGSTOP)
+        held = time.monotonic()
+        for job in jobs:  # each goes on alone once the lock was waited for its patience
+            job.wait(timeout=max(0.1, held + 4 * patience - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the jobs were still held {4 * patience:g} s after the lock's holder stopped")
+    finally:
+        holder.kill()
+        holder.communicate()
+    results = [finish(job) for job in jobs]
+    assert all("goes on alone: another process held the lock" in err for _, _, err in results)
+    assert all(len(epochs) == 2 and all(map(every_sample_once, epochs)) for epochs, _, _ in results)
+    finish(start(tmp_path, "after", **{**config, "min_members": 1, "epochs": 1}))  # sweeps what they left
+    assert not list(shm_dir.iterdir())
+
+
 def test_a_job_that_comes_mid_epoch_joins_at_the_next_epoch(tmp_path, shm_dir):
     # two staged batches: the group's next epoch is not begun before this one's end, so "mid-epoch" is sure
     config = dict(data="indexed", samples=SAMPLES, group="late", staging=str(shm_dir), staged=2)

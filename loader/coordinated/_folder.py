@@ -22,14 +22,21 @@ from loader.system.private import open_private, private_dir
 
 __all__ = ["Folder", "LockTimeout"]
 
-_LOCK_TIMEOUT = 30.0
+_LOCK_WAIT = 30.0  # seconds: a lock is held for microseconds, so a longer wait means its holder stopped
 
 
 class Folder:
     """One group's folder ``parent/name``; pickles as its path, so a worker attaches on first use."""
 
-    def __init__(self, parent: str | os.PathLike, name: str, num_batches: int, window: int) -> None:
-        self.parent, self.name = Path(parent), name
+    def __init__(
+        self,
+        parent: str | os.PathLike,
+        name: str,
+        num_batches: int,
+        window: int,
+        lock_wait: float = _LOCK_WAIT,
+    ) -> None:
+        self.parent, self.name, self.lock_wait = Path(parent), name, lock_wait
         self.path = self.parent / name
         self.num_batches, self._window = num_batches, min(window, num_batches)
         self._open: tuple[int, int, State] | None = None  # (pid, lock fd, state) of this process
@@ -39,9 +46,10 @@ class Folder:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[State]:
-        """The table, with the group's lock held (a ``LockTimeout`` after 30 s of waiting)."""
+        """The table, with the group's lock held (a ``LockTimeout`` after ``lock_wait`` seconds of waiting:
+        a process stopped or hung while it held the lock)."""
         fd, state = self._attach()
-        deadline = time.monotonic() + _LOCK_TIMEOUT
+        deadline = time.monotonic() + self.lock_wait
         pause = 0.0002
         while True:
             try:
@@ -49,7 +57,10 @@ class Folder:
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise LockTimeout(f"another process held the lock of {self.path} too long") from None
+                    raise LockTimeout(
+                        f"another process held the lock of {self.path} for over {self.lock_wait:g} s "
+                        "(stopped or hung while it held it)"
+                    ) from None
                 time.sleep(pause)
                 pause = min(pause * 2, 0.01)
         try:

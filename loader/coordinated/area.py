@@ -36,18 +36,22 @@ from loader.system.private import open_private
 
 __all__ = ["DONE", "WAIT", "Area", "LockTimeout"]
 
+MIN_LOCK_WAIT = 5.0  # a process preempted while it holds the table's lock on a busy machine is not stopped
+
 DONE, WAIT = -1, -2  # what ``claim`` returns when it has no batch to give
 
 
 class Area(Folder):
     """The group's operations on its table: members, the epoch's order, claims, staged batches. A claim holds
     its batch for ``patience`` seconds: after that it is taken over, whether its process is dead, stopped
-    (SIGSTOP, a debugger, swapping) or only slow, and the late process's batch is dropped at its publish."""
+    (SIGSTOP, a debugger, swapping) or only slow, and the late process's batch is dropped at its publish. A
+    process stopped while it holds the table's lock holds the others for ``patience`` too (at least
+    ``MIN_LOCK_WAIT``): then each goes on alone (``LockTimeout``)."""
 
     def __init__(
         self, parent: str | os.PathLike, name: str, num_batches: int, window: int, patience: float
     ) -> None:
-        super().__init__(parent, name, num_batches, window)
+        super().__init__(parent, name, num_batches, window, lock_wait=max(patience, MIN_LOCK_WAIT))
         self.patience = patience
 
     def held(self, slot: np.ndarray) -> bool:

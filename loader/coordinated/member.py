@@ -4,7 +4,8 @@ Each epoch the job (1) joins the group's epoch, drawing its order from its own s
 there, (2) sets its workers claiming and preparing batches, (3) takes batch after batch from the staging area
 in the group's order, preparing one itself only when nothing else will (no workers, or a dead preparer).
 A job that comes while the group's epoch is past its first batch runs that epoch alone and joins at the
-next; a job the group detached for lagging runs alone from then on. Either way it says so.
+next; a job the group detached for lagging, or that found the group's table locked by a stopped process for
+longer than its patience, runs alone from then on. Either way it says so.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from loader.coordinated._state import (
     READY,
     UNCLAIMED,
 )
-from loader.coordinated.area import Area
+from loader.coordinated.area import Area, LockTimeout
 from loader.coordinated.options import Coordination, CoordinationStats, CoordinationWarning, PrepFailed
 from loader.coordinated.prep import Preparer
 
@@ -48,6 +49,7 @@ class Member:
         self._epochs_begun = 0
         self._held_back_since: float | None = None  # since when every batch waited on a lagging job
         self._final: CoordinationStats | None = None  # what stats() said when the job left
+        self.locked_out = False  # the group's table stayed locked (a stopped holder): it is left alone
 
     def epoch(
         self,
@@ -57,8 +59,8 @@ class Member:
         start_prep: Callable[[int], Iterator[Any] | None],
     ) -> Iterator[Any]:
         """The epoch's batches: the group's (from the staging area), or this job's own when it runs alone."""
-        epoch = None if self.alone_why else self._begin(draw_order)
-        if epoch is None:
+        epoch = None if self.alone_why else self._locked_out(self._begin, draw_order)
+        if epoch is None or epoch is _ALONE:
             yield from plain()
             return
         B = self.area.num_batches
@@ -66,7 +68,7 @@ class Member:
         prep = start_prep(epoch)
         try:
             for g in range(epoch * B, (epoch + 1) * B):
-                batch = self._take(g, (epoch + 1) * B)
+                batch = self._locked_out(self._take, g, (epoch + 1) * B)
                 if batch is _ALONE:
                     yield from alone(order[g - epoch * B :])
                     return
@@ -172,11 +174,22 @@ class Member:
     def _skip_to(self, end: int) -> None:
         """Past this epoch (finished, or left early by the training loop): the group need not keep its
         batches for this job, and its workers stop claiming."""
+        if self.locked_out:
+            return
         with contextlib.suppress(Exception), self.area.locked() as state:
             row = state.members[self.row]
             if row["status"] == ACTIVE and row["pid"] == os.getpid():
                 row["position"] = max(int(row["position"]), end)
                 self.area.free_consumed(state)
+
+    def _locked_out(self, step: Callable[..., Any], *args: Any) -> Any:
+        """``step(*args)``, or going on alone where the group's table stayed locked (``LockTimeout``): a batch
+        taken but not yet counted is made again alone, so none is lost or given twice."""
+        try:
+            return step(*args)
+        except LockTimeout as exc:
+            self.locked_out = True  # the table is not waited for again: the job's row is reaped when it exits
+            return self._go_alone(str(exc))
 
     def _go_alone(self, why: str) -> Any:
         self.alone_why = why
@@ -200,7 +213,8 @@ class Member:
         if self.row is not None:
             with contextlib.suppress(Exception):
                 self._final = self.stats()
-                self.area.leave(self.row)
+                if not self.locked_out:
+                    self.area.leave(self.row)
             self.row = None
 
 

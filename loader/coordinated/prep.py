@@ -16,7 +16,7 @@ from typing import Any
 import torch.utils.data
 
 from loader.coordinated._batchfile import write_batch
-from loader.coordinated.area import DONE, WAIT, Area
+from loader.coordinated.area import DONE, WAIT, Area, LockTimeout
 
 __all__ = ["Preparer", "Tickets"]
 
@@ -39,7 +39,10 @@ class Preparer(torch.utils.data.Dataset):
         limit, made = (epoch + 1) * self.area.num_batches, 0
         pause = _IDLE_PAUSE[0]
         while torch.utils.data.get_worker_info() is None or os.getppid() == self._main:
-            g = self.area.claim(self.row, limit)
+            try:
+                g = self.area.claim(self.row, limit)
+            except LockTimeout:  # the table's lock is held by a stopped process: the job goes on alone
+                break
             if g == DONE:
                 break
             if g == WAIT:
