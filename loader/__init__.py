@@ -1,7 +1,7 @@
 """A drop-in PyTorch DataLoader with a shared minimal-miss cache: change one import, add a cache size.
 
-``ArrowSource``, ``LMDBSource`` and ``image_folder_to_lmdb`` come from ``loader.sources`` when first named, so
-``import loader`` loads neither pyarrow nor lmdb.
+``ArrowSource``, ``HFDatasetSource``, ``LMDBSource`` and ``image_folder_to_lmdb`` come from ``loader.sources``
+when first named, so ``import loader`` loads neither pyarrow nor lmdb.
 """
 
 from typing import Any
@@ -32,6 +32,7 @@ __all__ = [
     "DataLoader",
     "EvalTransform",
     "FileTreeSource",
+    "HFDatasetSource",
     "ImageFolder",
     "ImageFolderSource",
     "LMDBDataset",
@@ -55,7 +56,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("ArrowSource", "LMDBSource", "image_folder_to_lmdb"):
+    if name in ("ArrowSource", "HFDatasetSource", "LMDBSource", "image_folder_to_lmdb"):
         from loader import sources
 
         return getattr(sources, name)

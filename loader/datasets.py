@@ -182,10 +182,10 @@ class LMDBDataset(SourceDataset):
 
 
 class ArrowDataset(SourceDataset):
-    """One column of an Arrow IPC or Parquet file: images (binary) or token sequences (list of integers).
+    """One column of an Arrow IPC or Parquet file, or of a Hugging Face dataset ``save_to_disk`` wrote (its
+    ``label`` column by default): images (binary, ``Image``) or token sequences (lists of integers).
 
-    With ``transform=None`` a token column gives int64 tensors and a binary column gives raw bytes.
-    """
+    With ``transform=None`` a token column gives int64 tensors and a binary column gives raw bytes."""
 
     def __init__(
         self,
@@ -194,7 +194,7 @@ class ArrowDataset(SourceDataset):
         label_column: str | None = None,
         transform: Transform = None,
     ) -> None:
-        source = sources.ArrowSource(path, column=column, label_column=label_column)
+        source = sources.arrow_data(path, column=column, label_column=label_column)
         if transform is None and source.kind == "tokens":
             transform = tokens_to_tensor
         super().__init__(source, transform)

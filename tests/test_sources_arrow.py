@@ -161,6 +161,6 @@ def test_null_and_out_of_range_values_name_file_and_row(tmp_path):
 def test_docs_examples_run(tmp_path, monkeypatch):
     doc = Path(__file__).resolve().parent.parent / "docs" / "sources.md"
     blocks = re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.S)
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     monkeypatch.chdir(tmp_path)
     exec(compile("\n".join(blocks), str(doc), "exec"), {})

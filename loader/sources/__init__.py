@@ -1,5 +1,5 @@
-"""Data sources: index -> raw record bytes, from an image folder, WebDataset tar shards, an LMDB, or an Arrow
-IPC / Parquet file.
+"""Data sources: index -> raw record bytes, from an image folder, WebDataset tar shards, an LMDB, an Arrow
+IPC / Parquet file, or a Hugging Face dataset saved to disk.
 
 The Arrow and LMDB sources (and the converters, which write both) are imported when first named: a process
 whose data is an image folder never loads pyarrow or lmdb (about 44 MB of memory in each worker).
@@ -16,10 +16,12 @@ from loader.sources.tar_shards import TarShardsSource
 __all__ = [
     "IMG_EXTENSIONS",
     "ArrowSource",
+    "HFDatasetSource",
     "FileTreeSource",
     "ImageFolderSource",
     "LMDBSource",
     "Source",
+    "arrow_data",
     "TarShardsSource",
     "image_folder_to_arrow",
     "image_folder_to_lmdb",
@@ -28,6 +30,8 @@ __all__ = [
 
 LAZY = {
     "ArrowSource": "loader.sources.arrow_source",
+    "HFDatasetSource": "loader.sources.hf_dataset",
+    "arrow_data": "loader.sources.hf_dataset",
     "LMDBSource": "loader.sources.lmdb_source",
     "image_folder_to_arrow": "loader.sources.convert",
     "image_folder_to_lmdb": "loader.sources.convert",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import mmap
 from collections.abc import Callable
 
@@ -13,32 +14,39 @@ from loader.errors import SourceError
 from loader.sources._mapped import MappedFile
 from loader.system.pagecache import prefetch
 
-__all__ = ["IpcFile", "ParquetFile", "binary_value", "open_file", "token_value"]
+__all__ = ["IpcFile", "ParquetFile", "binary_value", "open_file", "record_column", "token_value"]
 
 _INT32 = np.iinfo(np.int32)
+_STREAM = b"\xff\xff\xff\xff"  # an IPC stream's first message starts with the continuation marker
 
 
 class IpcFile:
-    """An Arrow IPC file mapped with MADV_RANDOM; record batches are the chunks.
+    """An Arrow IPC file, or an IPC stream (as Hugging Face ``datasets`` writes its ``.arrow`` files), mapped
+    with MADV_RANDOM; record batches are the chunks (a stream's are listed once: their bodies stay unread).
 
     Mapped by us rather than by ``pa.memory_map``, which advises WILLNEED on every batch body it reads and so
     pulls whole batches into the page cache; here a read touches only its value (prefetched as one request).
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, stream: bool = False) -> None:
         with open(path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self._map.madvise(mmap.MADV_RANDOM)
-        self._reader = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(self._map)))
-        self.schema = self._reader.schema
+        buffer = pa.BufferReader(pa.py_buffer(self._map))
+        reader = pa.ipc.open_stream(buffer) if stream else pa.ipc.open_file(buffer)
+        self.schema = reader.schema
+        if stream:
+            self._batches = list(reader)
+        else:
+            self._batches = [reader.get_batch(k) for k in range(reader.num_record_batches)]
         self._path = path
         self._mapped: MappedFile | None = None
 
     def chunk_rows(self) -> list[int]:
-        return [self._reader.get_batch(k).num_rows for k in range(self._reader.num_record_batches)]
+        return [batch.num_rows for batch in self._batches]
 
     def chunk(self, k: int, name: str) -> pa.Array:
-        return self._reader.get_batch(k).column(name)
+        return record_column(self._batches[k].column(name))
 
     def column_bytes(self, name: str) -> int:
         """Nothing beyond the file: its values lie in it uncompressed."""
@@ -77,7 +85,7 @@ class ParquetFile:
         return [meta.row_group(k).num_rows for k in range(meta.num_row_groups)]
 
     def chunk(self, k: int, name: str) -> pa.Array:
-        return self._file.read_row_group(k, columns=[name]).column(0).combine_chunks()
+        return record_column(self._file.read_row_group(k, columns=[name]).column(0).combine_chunks())
 
     def copy(self, view: np.ndarray, convert: Callable[[np.ndarray], bytes]) -> bytes:
         return convert(view)  # the row group was read whole
@@ -101,14 +109,26 @@ def open_file(path: str) -> IpcFile | ParquetFile:
             magic = f.read(6)
     except OSError as e:
         raise SourceError(f"Arrow/Parquet file {path!r} cannot be opened: {e.strerror or e}") from e
-    kinds = {b"ARROW1": ("Arrow IPC", IpcFile), b"PAR1": ("Parquet", ParquetFile)}
+    kinds = {
+        b"ARROW1": ("Arrow IPC", IpcFile),
+        b"PAR1": ("Parquet", ParquetFile),
+        _STREAM: ("Arrow IPC stream", functools.partial(IpcFile, stream=True)),
+    }
     name, kind = kinds.get(magic, kinds.get(magic[:4], ("", None)))
     if kind is None:
-        raise SourceError(f"{path!r} is neither an Arrow IPC file nor a Parquet file")
+        raise SourceError(f"{path!r} is neither an Arrow IPC file or stream nor a Parquet file")
     try:
         return kind(path)
     except (pa.ArrowException, OSError, ValueError) as e:
         raise SourceError(f"{path!r} is not a readable {name} file: {e}") from e
+
+
+def record_column(arr: pa.Array) -> pa.Array:
+    """The values a record is read from: a Hugging Face ``Image`` column (a struct of ``bytes`` and ``path``)
+    gives its ``bytes``; any other column is itself."""
+    if pa.types.is_struct(arr.type) and arr.type.get_field_index("bytes") >= 0:
+        return arr.field("bytes")
+    return arr
 
 
 def binary_value(arr: pa.Array, row: int) -> np.ndarray:

@@ -1,7 +1,9 @@
-"""Arrow IPC files (.arrow, .feather) and Parquet files: one row per record.
+"""Arrow IPC files (.arrow, .feather) and streams (Hugging Face ``datasets`` files), and Parquet files: one
+row per record.
 
-The record column is either binary (an encoded image: ``read`` returns the bytes) or a list of integers (a
-token sequence: ``read`` returns ``np.asarray(values, dtype="<i4").tobytes()``, little-endian int32).
+The record column is either binary (an encoded image: ``read`` returns the bytes; a Hugging Face ``Image``
+column gives its ``bytes``) or a list of integers (a token sequence: ``read`` returns ``np.asarray(values,
+dtype="<i4").tobytes()``, little-endian int32).
 An IPC file is memory-mapped and read without copies except the value itself. A Parquet file has no random
 access below the row group: a read decodes the whole row group holding the row (the last one stays decoded in
 each process), so use small row groups, or IPC, for random order.
@@ -28,6 +30,9 @@ __all__ = ["ArrowSource"]
 
 
 def _is_binary(t: pa.DataType) -> bool:
+    """Binary, or a Hugging Face ``Image`` (a struct whose ``bytes`` are binary)."""
+    if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0:
+        t = t.field("bytes").type
     return pa.types.is_binary(t) or pa.types.is_large_binary(t)
 
 

@@ -22,8 +22,8 @@ ARROW_SUFFIXES = (".arrow", ".feather", ".ipc", ".parquet")
 
 
 def make_dataset(data: str | Path, transform: Any) -> Any:
-    """An image folder, an LMDB folder (has data.mdb), tar shards (a .tar file or a folder of them) or an
-    Arrow/Parquet file, as a SourceDataset."""
+    """An image folder, an LMDB folder (has data.mdb), tar shards (a .tar file or a folder of them), an
+    Arrow/Parquet file or a Hugging Face dataset saved to disk, as a SourceDataset."""
     import loader
 
     path = Path(data)
@@ -31,8 +31,8 @@ def make_dataset(data: str | Path, transform: Any) -> Any:
         return loader.LMDBDataset(str(path), transform=transform)
     if path.suffix.lower() == ".tar" or (path.is_dir() and any(path.glob("*.tar"))):
         return loader.TarShards(str(path), transform=transform)
-    if path.suffix.lower() in ARROW_SUFFIXES:
-        source = loader.ArrowSource(path)
+    if _arrow(path):
+        source = loader.ArrowDataset(str(path)).source  # opened as the job will open it
         labels = "label" if "label" in source.columns else None
         transform = transform if source.kind == "binary" else None  # image transforms do not apply to tokens
         return loader.ArrowDataset(str(path), column=source.column, label_column=labels, transform=transform)
@@ -40,14 +40,20 @@ def make_dataset(data: str | Path, transform: Any) -> Any:
 
 
 def token_lengths(data: str | Path) -> np.ndarray | None:
-    """Each example's token count where ``data`` is an Arrow/Parquet file of token sequences, else None."""
+    """Each example's token count where ``data`` is Arrow data (a file, a saved Hugging Face dataset) of
+    token sequences, else None."""
     import loader
 
     path = Path(data)
-    if path.suffix.lower() not in ARROW_SUFFIXES:
+    if not _arrow(path):
         return None
-    source = loader.ArrowSource(path)
+    source = loader.ArrowDataset(str(path)).source
     return source.token_lengths() if source.kind == "tokens" else None
+
+
+def _arrow(path: Path) -> bool:
+    """An Arrow/Parquet file, or a folder Hugging Face's ``save_to_disk`` wrote (it holds state.json)."""
+    return path.suffix.lower() in ARROW_SUFFIXES or (path / "state.json").is_file()
 
 
 def make_loader(job: WorkloadJob, transform: Any) -> tuple[Any, Callable[[], Any]]:
