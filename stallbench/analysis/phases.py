@@ -1,15 +1,10 @@
-"""The differential runs: ingestion (T1), prep (T3) and cold (T2), each a job in its own process.
+"""A generated workload as a target of the three differential runs (``runs.three_runs``), each run a job
+in its own process (``stallbench.jobs.workload``).
 
-- ingestion: one batch already made, handed to the step again and again through the loader's workers (a
-  fresh shared-memory copy each time, freed by the step as a real batch is): T1 is its steps per epoch,
-  measured as every run measures its steps (see ``stallbench.jobs.workload``), without the waits for the
-  copies;
-- prep: every record in memory (page cache warmed; the cached loader's cache holds the whole dataset),
-  the full pipeline runs: T3; prep stall = T3 - T1;
-- cold: page cache evicted, the chosen storage condition (kernel read throttle, memory limit) and the
-  loader as configured, its cache starting empty: T2; fetch stall = T2 - T3.
-Steady figures are the mean over epochs 2.. (epoch 1 fills caches); the first epoch's excess is warm-up,
-reported apart.
+Its ingestion run hands one batch already made to the step again and again through the loader's workers (a
+fresh shared-memory copy each time, freed by the step as a real batch is): T1 is its steps per epoch,
+measured as every run measures its steps, without the waits for the copies. Steady figures are the mean
+over epochs 2.. (epoch 1 fills caches); the first epoch's excess is warm-up, reported apart.
 """
 
 from __future__ import annotations
@@ -18,19 +13,20 @@ import shutil
 from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
-from functools import partial
+from typing import Any
 
 from stallbench.analysis.results import EpochRecord, RunRecord, Workload, steady
+from stallbench.analysis.runs import Phase, three_runs
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.load import OtherLoad
-from stallbench.conditions.storage import evict_page_cache, warm_page_cache
 from stallbench.jobs.kinds import KINDS
 from stallbench.jobs.run import run_workload, scratch_cache_dir
 from stallbench.jobs.spec import WorkloadJob
 
-__all__ = ["RunPlan", "run_phases", "storage_limits"]
+__all__ = ["RunPlan", "WorkloadRuns", "run_phases", "storage_limits"]
 
 _STAGES = ("fetch_seconds", "decode_seconds", "collate_seconds")
+_CONDITIONS = {"prep": "every record in memory (warm)", "ingestion": "batches in memory, only the step"}
 _EPOCH_FIELDS = set(EpochRecord.__dataclass_fields__)
 
 
@@ -51,40 +47,41 @@ def run_phases(plan: RunPlan, kind: str, packed: bool = False) -> Iterator[RunRe
     """The three runs of ``kind`` ("torch" or "cached"), in order; each yielded as soon as it is done.
     ``packed``: its token batches packed with ``plan.packing`` (else padded)."""
     w = plan.workload
-    run = partial(_run, plan, kind, packing=plan.packing if packed else None)
-    yield run("ingestion", "batches in memory, only the step", mode="ingestion")
-    warm_page_cache(w.data)
-    full = int(w.dataset_bytes * 1.01) + (64 << 20)  # every record (device bytes: more), its index, a margin
-    yield run("prep", "every record in memory (warm)", cache_bytes=full)
-    evict_page_cache(w.data)
-    yield run("cold", _condition(w), cache_bytes=w.cache_bytes, limits=storage_limits(w))
+    target = WorkloadRuns(plan, kind, plan.packing if packed else None)
+    for _, run in three_runs(target, w.dataset_bytes, w.cache_bytes, storage_limits(w)):
+        yield run
 
 
-def _run(
-    plan: RunPlan,
-    kind: str,
-    phase: str,
-    condition: str,
-    *,
-    mode: str = "pipeline",
-    cache_bytes: int | None = None,
-    limits: StorageLimits | None = None,
-    packing: str | None = None,
-) -> RunRecord:
-    w = plan.workload
-    cache_dir = scratch_cache_dir()
-    ours = dict(cache_bytes=cache_bytes or w.dataset_bytes, cache_dir=cache_dir) if KINDS[kind].cached else {}
-    job = WorkloadJob(
-        kind, w.data, epochs=w.epochs, workers=w.workers, batch_size=w.batch_size, transform=plan.transform,
-        compute=w.compute, mode=mode, seed=plan.seed, max_batches=plan.max_batches, packing=packing,
-        max_len=plan.max_len if packing else None, **ours,
-    )  # fmt: skip
-    try:
-        with limits if limits is not None else nullcontext(), OtherLoad() as load:
-            records = run_workload(job, limits, script=plan.job_script)
-    finally:
-        shutil.rmtree(cache_dir, ignore_errors=True)
-    return _record(phase, condition, records, load.cores)
+@dataclass(frozen=True)
+class WorkloadRuns:
+    """One loader kind on the plan's workload, run once per phase."""
+
+    plan: RunPlan
+    kind: str
+    packing: str | None = None
+
+    def data(self) -> list[str]:
+        return [self.plan.workload.data]
+
+    def run(
+        self, phase: Phase, *, cache_bytes: int | None, limits: StorageLimits | None, prep: Any = None
+    ) -> RunRecord:
+        plan, w, packing = self.plan, self.plan.workload, self.packing
+        cache_dir = scratch_cache_dir()
+        cached = KINDS[self.kind].cached
+        ours = dict(cache_bytes=cache_bytes or w.dataset_bytes, cache_dir=cache_dir) if cached else {}
+        mode = "ingestion" if phase == "ingestion" else "pipeline"
+        job = WorkloadJob(
+            self.kind, w.data, epochs=w.epochs, workers=w.workers, batch_size=w.batch_size,
+            transform=plan.transform, compute=w.compute, mode=mode, seed=plan.seed,
+            max_batches=plan.max_batches, packing=packing, max_len=plan.max_len if packing else None, **ours,
+        )  # fmt: skip
+        try:
+            with limits if limits is not None else nullcontext(), OtherLoad() as load:
+                records = run_workload(job, limits, script=plan.job_script)
+        finally:
+            shutil.rmtree(cache_dir, ignore_errors=True)
+        return _record(phase, _CONDITIONS.get(phase) or _condition(w), records, load.cores)
 
 
 def _record(phase: str, condition: str, records: list[dict], other_load_cores: float) -> RunRecord:

@@ -1,10 +1,7 @@
-"""``stallbench analyze -- python train.py``: the three differential runs on the user's own command.
-
-- prep: every file of ``--data`` in the page cache (our loader's cache sized to hold it all): T3;
-- ingestion: each loader's first batches, made in the script's process, handed out again for every batch
-  (no worker started), as many an epoch as the prep run handed out: the step alone, T1;
-- cold: ``--data`` evicted from the page cache, the storage throttle and memory limit on the whole process
-  tree, our cache (if any) at the asked size: T2.
+"""``stallbench analyze -- python train.py``: the user's own command as a target of the three differential
+runs (``runs.three_runs``). Its ingestion run keeps each loader's first batches, made in the script's
+process, and hands them out again for every batch (no worker started), as many an epoch as the prep run
+handed out: the step alone, T1.
 
 The training loader is the one with the most batches in a process; any other (evaluation) is reported
 apart. Every rank of a torchrun job gets its own breakdown; the report's figures are the slowest rank's.
@@ -16,19 +13,17 @@ import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from stallbench.analysis.results import LoaderReport
+from stallbench.analysis.runs import PHASES, Phase, three_runs
 from stallbench.analysis.user_report import user_report
 from stallbench.conditions.cgroup import StorageLimits
-from stallbench.conditions.storage import evict_page_cache, warm_page_cache
 from stallbench.jobs.command import CommandRun, run_command
 from stallbench.jobs.run import scratch_cache_dir
 from stallbench.jobs.spec import JobSpec, LoaderEpoch
 
-__all__ = ["UserJob", "analyze_command", "replay_lengths", "run_once", "run_user_phases"]
-
-_FULL_MARGIN = 64 << 20  # the prep run's cache: every record, its index, a margin
+__all__ = ["CommandRuns", "UserJob", "analyze_command", "replay_lengths", "run_once", "run_user_phases"]
 
 
 @dataclass(frozen=True)
@@ -58,17 +53,30 @@ class UserJob:
 
 
 def run_user_phases(job: UserJob, kind: str, log: IO[str] | None = None) -> Iterator[tuple[str, CommandRun]]:
-    """The three runs of ``job`` with the loaders ``kind`` ("as-is", "torch" or "cached"): prep first, so
-    that ingestion hands out as many batches an epoch as the pipeline did."""
-    warm_page_cache(job.data)
-    full = int(job.dataset_bytes * 1.01) + _FULL_MARGIN
-    prep = run_once(job, kind, full, None, log)
-    yield "prep", prep
-    ingestion = job.spec(kind, mode="ingestion", replay_lengths=replay_lengths(prep.records))
-    yield "ingestion", run_command(job.argv, ingestion, time_limit=job.time_limit, log=log)
-    evict_page_cache(job.data)
-    limits = job.limits()
-    yield "cold", run_once(job, kind, job.cache_bytes, limits, log)
+    """The three runs of ``job`` with the loaders ``kind`` ("as-is", "torch" or "cached")."""
+    return three_runs(CommandRuns(job, kind, log), job.dataset_bytes, job.cache_bytes, job.limits())
+
+
+@dataclass(frozen=True)
+class CommandRuns:
+    """The user's command with the loaders ``kind``, run once per phase."""
+
+    job: UserJob
+    kind: str
+    log: IO[str] | None = None
+
+    def data(self) -> tuple[Path, ...]:
+        return self.job.data
+
+    def run(
+        self, phase: Phase, *, cache_bytes: int | None, limits: StorageLimits | None, prep: Any = None
+    ) -> CommandRun:
+        """Ingestion hands out as many batches an epoch as the prep run did (``replay_lengths``)."""
+        job = self.job
+        if phase != "ingestion":
+            return run_once(job, self.kind, cache_bytes, limits, self.log)
+        ingestion = job.spec(self.kind, mode="ingestion", replay_lengths=replay_lengths(prep.records))
+        return run_command(job.argv, ingestion, time_limit=job.time_limit, log=self.log)
 
 
 def replay_lengths(records: Sequence[LoaderEpoch]) -> dict[str, tuple[int, ...]]:
@@ -121,7 +129,7 @@ def analyze_command(
         for phase, run in run_user_phases(job, kind, log):
             done[phase] = run
             step(f"{kind}: {phase} done")
-        runs = {phase: done[phase] for phase in ("ingestion", "prep", "cold")}
+        runs = {phase: done[phase] for phase in PHASES}
         if machine is None:
             machine = _measure_machine(job, runs["cold"])
             step("machine measured")
