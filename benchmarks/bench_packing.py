@@ -1,7 +1,9 @@
 """Packing: valid tokens per second of a small causal LM trained on packed rows vs on padded batches.
 
 Data: ``make_token_arrow`` token sequences, lengths log-normal (median 64, clipped to 8..512), read through
-``loader.ArrowDataset``. Model: ``tests/_causal_lm.py``, 2 layers of width 128, vocabulary 2,048, fp32 on
+``loader.ArrowDataset``; and the same sequences saved by Hugging Face ``datasets`` (``save_to_disk``, two
+shards), the padded side reading the ``datasets.Dataset`` itself, the packed side ``loader.ArrowDataset``
+over its folder. Model: ``tests/_causal_lm.py``, 2 layers of width 128, vocabulary 2,048, fp32 on
 the CPU, AdamW; a step is forward, backward and update.
 
 The budget per step is the same: B x max_len = 8 x 512 token slots. Padded: 8 examples in a random order,
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -47,6 +50,11 @@ def pad_collate(examples: list[tuple[torch.Tensor, None]]) -> dict[str, torch.Te
     }
 
 
+def hf_pad_collate(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """A Hugging Face dataset's rows (``with_format("torch")``), padded as ``pad_collate`` pads."""
+    return pad_collate([(row["input_ids"], None) for row in rows])
+
+
 def valid_tokens(batch: dict) -> int:
     """The examples' tokens in a batch: a packed row is nothing else; padding is labelled -100."""
     if "cu_seqlens" in batch:
@@ -57,17 +65,18 @@ def valid_tokens(batch: dict) -> int:
 class Training:
     """One model trained on both kinds of batch, each step timed and its valid tokens counted."""
 
-    def __init__(self, data: Path) -> None:
+    def __init__(self, data: Path, padded_from: Any = None) -> None:
+        """``padded_from``: the padded side's dataset (a Hugging Face ``datasets.Dataset``), else ours."""
         dataset = loader.ArrowDataset(str(data))
         self.lengths = dataset.source.token_lengths()
         sampler = PackedBatchSampler(self.lengths, BATCH * MAX_LEN, seed=0)
         self.loaders = {
             "padded": torch.utils.data.DataLoader(
-                dataset,
+                dataset if padded_from is None else padded_from,
                 BATCH,
                 shuffle=True,
                 generator=torch.Generator().manual_seed(0),
-                collate_fn=pad_collate,
+                collate_fn=pad_collate if padded_from is None else hf_pad_collate,
             ),
             "packed": torch.utils.data.DataLoader(
                 dataset, batch_sampler=sampler, collate_fn=PackingCollator(BATCH * MAX_LEN, block_mask=False)
@@ -109,8 +118,10 @@ class Training:
         return self.tokens[kind] / self.seconds[kind]
 
 
-@pytest.fixture(scope="module")
-def training(bench_data_root: Path) -> Training:
+@pytest.fixture(scope="module", params=["arrow", "hugging-face"])
+def training(request, bench_data_root: Path) -> Training:
+    """The same sequences in an Arrow file, or saved by Hugging Face ``datasets`` (the padded side then
+    reads the ``datasets.Dataset`` itself, as a user's script does; the packed side our source of it)."""
     data = make_token_arrow(
         bench_data_root / f"packing-tokens-{EXAMPLES}.arrow",
         num_sequences=EXAMPLES,
@@ -118,7 +129,16 @@ def training(bench_data_root: Path) -> Training:
         max_len=MAX_LEN,
         vocab=VOCAB,
     )
-    return Training(data)
+    if request.param == "arrow":
+        return Training(data)
+    import datasets
+
+    saved = bench_data_root / f"packing-tokens-{EXAMPLES}-hf"
+    if not saved.exists():
+        source = loader.ArrowDataset(str(data)).source
+        rows = [np.frombuffer(source.read(i), "<i4").tolist() for i in range(len(source))]
+        datasets.Dataset.from_dict({"input_ids": rows}).save_to_disk(str(saved), num_shards=2)
+    return Training(saved, padded_from=datasets.load_from_disk(str(saved)).with_format("torch"))
 
 
 @pytest.mark.benchmark(group="packing")
