@@ -10,6 +10,7 @@ loader is made; ``stats().cache_form_reason`` gives its numbers.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import statistics
 import time
@@ -45,9 +46,13 @@ def probe(dataset: Any, count: int = PROBE_RECORDS) -> Probe | None:
 def _probe(dataset: Any, count: int) -> Probe | None:
     source, transform = dataset.source, dataset.transform
     n = len(source)
+    probed = sorted({k * n // count for k in range(min(count, n))})
+    if n - 1 not in probed:  # untimed: what a first call loads (decoder plugins, lazy imports) reads and
+        with contextlib.suppress(ValueError, OSError):  # costs once, and is not a record's
+            _time_one(source, transform, n - 1)
     rows = []
     device = own_read_bytes()
-    for index in sorted({k * n // count for k in range(min(count, n))}):
+    for index in probed:
         try:
             rows.append(_time_one(source, transform, index))
         except (ValueError, OSError):  # a bad record: the loader names it when it comes (on_error)

@@ -372,4 +372,4 @@ def test_a_loader_made_again_over_the_same_data_does_not_probe_again(shm_dir):
     make(dataset, shm_dir, 0)
     probed = len(calls)
     make(dataset, shm_dir, 0)  # an evaluation loader built at every evaluate()
-    assert probed == 2 * 8 and len(calls) == probed  # 8 records, each prepared and transformed whole
+    assert probed == 2 * 9 and len(calls) == probed  # 8 records and an untimed first, each prepared twice
