@@ -160,10 +160,10 @@ class SourceDataset(Dataset):
 
 
 class ImageFolder(SourceDataset):
-    """Images in the ImageNet layout ``root/<class>/<file>``; labels from the sorted class folder names."""
+    """Images in the ImageNet layout ``root/<class>/<file>`` (or ``s3://bucket/prefix/<class>/<file>``)."""
 
     def __init__(self, root: str, transform: Transform = "train") -> None:
-        super().__init__(sources.ImageFolderSource(root), transform)
+        super().__init__(sources.image_folder(root), transform)
         self.classes = self.source.classes
 
 

@@ -1,5 +1,5 @@
 """Data sources: index -> raw record bytes, from an image folder, WebDataset tar shards, an LMDB, an Arrow
-IPC / Parquet file, or a Hugging Face dataset saved to disk.
+IPC / Parquet file, or a Hugging Face dataset saved to disk; an image folder in object storage (s3://).
 
 The Arrow and LMDB sources (and the converters, which write both) are imported when first named: a process
 whose data is an image folder never loads pyarrow or lmdb (about 44 MB of memory in each worker).
@@ -17,11 +17,13 @@ __all__ = [
     "IMG_EXTENSIONS",
     "ArrowSource",
     "HFDatasetSource",
+    "S3ImageFolderSource",
     "FileTreeSource",
     "ImageFolderSource",
     "LMDBSource",
     "Source",
     "arrow_data",
+    "image_folder",
     "TarShardsSource",
     "image_folder_to_arrow",
     "image_folder_to_lmdb",
@@ -32,11 +34,21 @@ LAZY = {
     "ArrowSource": "loader.sources.arrow_source",
     "HFDatasetSource": "loader.sources.hf_dataset",
     "arrow_data": "loader.sources.hf_dataset",
+    "S3ImageFolderSource": "loader.sources.object_store",
     "LMDBSource": "loader.sources.lmdb_source",
     "image_folder_to_arrow": "loader.sources.convert",
     "image_folder_to_lmdb": "loader.sources.convert",
     "image_folder_to_tar_shards": "loader.sources.convert",
 }
+
+
+def image_folder(root: Any) -> Source:
+    """The image folder at ``root``: a local folder, or ``s3://bucket/prefix`` in object storage."""
+    if isinstance(root, str) and root.startswith("s3://"):
+        from loader.sources.object_store import S3ImageFolderSource
+
+        return S3ImageFolderSource(root)
+    return ImageFolderSource(root)
 
 
 def __getattr__(name: str) -> Any:

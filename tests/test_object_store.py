@@ -1,0 +1,148 @@
+"""An image folder in object storage (``s3://``): a real S3-compatible server (moto's, started and stopped
+here on loopback) serves the records to our loader as a local folder would; errors name the object."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+import torch
+import torch.utils.data
+from helpers import make_jpeg_folder
+
+from loader import DataLoader, ImageFolder, ImageFolderSource, SourceError
+from loader.errors import BadRecordError
+from loader.sources import S3ImageFolderSource
+
+pytestmark = pytest.mark.multiproc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int) -> subprocess.Popen:
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return server
+        time.sleep(0.05)
+    server.kill()
+    raise RuntimeError("moto's S3 server did not start within 30 s")
+
+
+@pytest.fixture
+def server(monkeypatch) -> Iterator[subprocess.Popen]:
+    """A fresh S3 server on loopback, boto3 pointed at it through its own environment variables."""
+    port = free_port()
+    for name, value in {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    proc = start_server(port)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def bucket(server, tmp_path) -> tuple[str, Path]:
+    """``s3://data/train`` holding the local folder's images, and that folder."""
+    local = make_jpeg_folder(tmp_path / "imgs", per_class=6, classes=3)
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="data")
+    for path in local.rglob("*.jpg"):
+        s3.put_object(Bucket="data", Key=f"train/{path.relative_to(local)}", Body=path.read_bytes())
+    s3.put_object(Bucket="data", Key="train/README.txt", Body=b"not an image")
+    return "s3://data/train", local
+
+
+def test_objects_are_the_folder_s_records_labels_and_classes(bucket):
+    url, local = bucket
+    remote, folder = S3ImageFolderSource(url), ImageFolderSource(local)
+    assert remote.classes == folder.classes and len(remote) == len(folder) == 18
+    assert [remote.read(i) for i in range(18)] == [folder.read(i) for i in range(18)]
+    assert [remote.label(i) for i in range(18)] == [folder.label(i) for i in range(18)]
+    assert remote.describe(0) == "s3://data/train/class0/img000.jpg" and remote.nbytes == folder.nbytes
+    assert S3ImageFolderSource(url + "/").fingerprint == remote.fingerprint
+
+
+def test_our_loader_reads_them_as_torch_s_reads_the_folder_and_caches_them(bucket, shm_dir):
+    url, local = bucket
+    common = dict(batch_size=4, shuffle=True, num_workers=2)
+
+    def epochs(dl) -> list:
+        torch.manual_seed(2)
+        return [[(x.tolist(), y.tolist()) for x, y in dl] for _ in range(2)]
+
+    torch_dl = torch.utils.data.DataLoader(
+        ImageFolder(str(local), transform="eval"), **common, generator=torch.Generator().manual_seed(5)
+    )
+    ours_options = dict(cache_bytes=1 << 24, cache_dir=shm_dir, readahead=4)
+    generator = torch.Generator().manual_seed(5)
+    ours = DataLoader(ImageFolder(url, transform="eval"), **common, generator=generator, **ours_options)
+    assert epochs(ours) == epochs(torch_dl)
+    assert (ours.stats().misses, ours.stats().hits) == (18, 18)  # epoch 2 made no request
+
+
+def test_a_missing_bucket_or_empty_prefix_is_named(server):
+    with pytest.raises(SourceError, match=r"'s3://nowhere/x' cannot be listed: NoSuchBucket"):
+        S3ImageFolderSource("s3://nowhere/x")
+    boto3.client("s3").create_bucket(Bucket="empty")
+    with pytest.raises(SourceError, match="holds no images in class folders"):
+        S3ImageFolderSource("s3://empty/train")
+    with pytest.raises(ValueError, match="s3://bucket/prefix, got 'data/train'"):
+        S3ImageFolderSource("data/train")
+
+
+def test_a_server_gone_mid_epoch_names_the_object_and_nothing_hangs(bucket, server, shm_dir):
+    url, _ = bucket
+    source = S3ImageFolderSource(url, attempts=2)
+    dataset = ImageFolder(url, transform="eval")
+    dataset.source.attempts = 1
+    dl = DataLoader(dataset, batch_size=6, on_error="skip", cache_bytes=1 << 24, cache_dir=shm_dir)
+    assert source.read(0)
+    server.kill()  # listed, one record read: the server goes as an epoch starts
+    server.wait()
+    with pytest.raises(BadRecordError, match=r"s3://data/train/class0/img001.jpg.*cannot read the object"):
+        source.read(1)
+    start = time.monotonic()
+    assert list(dl) == [] and dl.stats().records_skipped == 18
+    assert time.monotonic() - start < 60
+
+
+def test_a_stopped_server_is_a_timeout_that_names_the_object_not_a_hang(bucket, server):
+    url, _ = bucket
+    source = S3ImageFolderSource(url, attempts=1, timeout=1.0)
+    assert source.read(0)
+    server.send_signal(signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(
+            BadRecordError, match=r"s3://data/train/class0/img001.jpg.*cannot read the object"
+        ):
+            source.read(1)
+        assert time.monotonic() - start < 10
+    finally:
+        server.send_signal(signal.SIGCONT)
+    assert source.read(1) == S3ImageFolderSource(url).read(1)  # it answers again once it runs
