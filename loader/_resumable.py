@@ -73,7 +73,8 @@ class ResumableEpochs:
         loader's would have. Torch draws the workers' base seed when an iterator is made, then the order."""
         states, mid_epoch, order_next = self._resume
         self._resume = None
-        restore = lambda: restore_generators(self._generators(), states)  # noqa: E731
+        generators = self._generators()  # not self: the sampler holding ``restore`` must not keep the loader
+        restore = lambda: restore_generators(generators, states)  # noqa: E731
         if not mid_epoch and not order_next:
             restore()  # the next epoch draws a base seed and its order, as the saved loader's next would
             return super().__iter__()

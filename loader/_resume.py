@@ -36,8 +36,11 @@ class ReplayableSampler:
     keeping the random states (``generators()``'s and torch's global one) the draw started from."""
 
     def __init__(self, inner: Any, generators: Callable[[], dict[str, torch.Generator | None]]) -> None:
+        """``generators``: the loader's own method; held weakly, so that the loader (which holds this
+        sampler) is freed as soon as its last reference goes, and its persistent workers stop then."""
         self.inner = inner
-        self.generators = generators
+        method = weakref.WeakMethod(generators)
+        self.generators = lambda: method()()
         self.draw_states: dict[str, torch.Tensor] = {}  # what the current epoch's draw started from
         self.epochs_started = 0  # how many times an epoch's order was drawn or resumed
         self._pending: tuple[dict[str, torch.Tensor], int] | None = None

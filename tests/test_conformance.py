@@ -6,6 +6,7 @@ Each comparison runs the same code with torch's class and ours in one test and a
 
 from __future__ import annotations
 
+import gc
 import inspect
 import json
 import math
@@ -398,6 +399,8 @@ def _new_children(before: set[int]) -> list[psutil.Process]:
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.multiproc
 def test_early_exit_stops_every_worker(cls, persistent):
+    """Without the cycle collector: torch's loader is freed when its last reference goes, so must ours be
+    (a reference cycle left its persistent workers running until a collection happened to run)."""
     before = {c.pid for c in psutil.Process().children()}
     dl = cls(cd.Indexed(64), batch_size=2, num_workers=2, persistent_workers=persistent, timeout=WAIT)
     for k, _ in enumerate(dl):
@@ -405,8 +408,12 @@ def test_early_exit_stops_every_worker(cls, persistent):
             workers = _new_children(before)
             break
     assert len(workers) == 2
-    del dl  # the loop's iterator is gone with the loop; with persistent workers the loader holds it
-    _, alive = psutil.wait_procs(workers, timeout=WAIT)
+    gc.disable()
+    try:
+        del dl  # the loop's iterator is gone with the loop; with persistent workers the loader holds it
+        _, alive = psutil.wait_procs(workers, timeout=WAIT)
+    finally:
+        gc.enable()
     assert not alive
 
 

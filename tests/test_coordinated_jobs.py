@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from loader.coordinated.area import MIN_LOCK_WAIT
 from tests._data import make_image_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
@@ -128,18 +129,20 @@ def test_a_stopped_job_holds_the_others_no_longer_than_its_patience(tmp_path, sh
     wait_for_line(victim, moment)
     os.killpg(victim.pid, signal.SIGSTOP)  # the whole job, workers too, as a scheduler or a debugger stops it
     stopped = time.monotonic()
-    try:
-        for job in others:  # they finish while it is stopped: 3x its patience
-            job.wait(timeout=max(0.1, stopped + 3 * patience - time.monotonic()))
+    allowed = 3 * patience + MIN_LOCK_WAIT  # stopped inside the table's lock (microseconds, rarely), it holds
+    try:  # the others MIN_LOCK_WAIT; else they finish while it is stopped, within 3x its patience
+        for job in others:
+            job.wait(timeout=max(0.1, stopped + allowed - time.monotonic()))
     except subprocess.TimeoutExpired:
-        pytest.fail(f"the others were still held {3 * patience:g} s after the stop (patience {patience:g} s)")
+        pytest.fail(f"the others were still held {allowed:g} s after the stop (patience {patience:g} s)")
     finally:
         os.killpg(victim.pid, signal.SIGCONT)
     results = [finish(job) for job in others]
     victim_epochs, victim_stats, victim_err = finish(victim)
     assert results[0][0] == results[1][0] and len(results[0][0]) == 3
     assert all(every_sample_once(e) for r in (*results, (victim_epochs,)) for e in r[0])
-    assert all(r[1]["batches_consumed"] == 36 and r[1]["status"] == "member" for r in results)
+    locked_out = any("held the lock" in r[2] for r in results)  # stopped inside the lock: each went alone
+    assert locked_out or all(r[1]["batches_consumed"] == 36 and r[1]["status"] == "member" for r in results)
     assert "goes on alone" in victim_err and victim_stats["status"].startswith("alone")
     assert not list(shm_dir.iterdir())
 
