@@ -37,10 +37,12 @@ class ReplayableSampler:
 
     def __init__(self, inner: Any, generators: Callable[[], dict[str, torch.Generator | None]]) -> None:
         """``generators``: the loader's own method; held weakly, so that the loader (which holds this
-        sampler) is freed as soon as its last reference goes, and its persistent workers stop then."""
+        sampler) is freed as soon as its last reference goes, and its persistent workers stop then; an
+        iterator that outlives its loader (``next(iter(DataLoader(...)))``) draws from the generators the
+        loader had last."""
         self.inner = inner
-        method = weakref.WeakMethod(generators)
-        self.generators = lambda: method()()
+        self._loader_generators = weakref.WeakMethod(generators)
+        self._last_generators = generators()
         self.draw_states: dict[str, torch.Tensor] = {}  # what the current epoch's draw started from
         self.epochs_started = 0  # how many times an epoch's order was drawn or resumed
         self._pending: tuple[dict[str, torch.Tensor], int] | None = None
@@ -55,7 +57,7 @@ class ReplayableSampler:
             if self._before_draw is not None:
                 self._before_draw, before = None, self._before_draw
                 before()
-            self.draw_states = {**generator_states(self.generators()), GLOBAL: torch.get_rng_state()}
+            self.draw_states = {**generator_states(self._generators()), GLOBAL: torch.get_rng_state()}
             self.epochs_started += 1
             if _stateful(self.inner):  # its own state is restored by the user: its epoch's order is kept
                 self.draw_states[OWN] = list(self.inner)
@@ -74,7 +76,7 @@ class ReplayableSampler:
         """The saved epoch drawn again from its states, from position ``start`` on; torch's global random
         state is the process's own again once the handed-out part is skipped."""
         own = torch.get_rng_state()
-        restore_generators(self.generators(), self.draw_states)
+        restore_generators(self._generators(), self.draw_states)
         torch.set_rng_state(self.draw_states[GLOBAL])
         order = iter(self.inner)
         try:
@@ -85,6 +87,12 @@ class ReplayableSampler:
             torch.set_rng_state(own)
         yield first
         yield from order
+
+    def _generators(self) -> dict[str, torch.Generator | None]:
+        method = self._loader_generators()
+        if method is not None:
+            self._last_generators = method()
+        return self._last_generators
 
     def resume(self, draw_states: dict[str, torch.Tensor], position: int) -> None:
         """Make the next epoch the one drawn from ``draw_states``, from ``position`` on."""
