@@ -50,7 +50,7 @@ def weigh(m: Probe, records: int, room: float, workers: int, index: int = 0) -> 
     epochs = _Epochs(m, records, workers)
     fits_raw = min(records, int(room // max(m.raw_bytes, 1)))
     fits_prepared = min(records, int(room // max(m.prepared_bytes, 1)))
-    raw = epochs.raw(fits_raw)
+    raw = epochs.held(0, fits_raw)
     prepared = epochs.held(fits_prepared, 0)
     untimed = m.from_storage < TIMED_STORAGE  # a miss's read from storage was not timed
     mix = _best_mix(epochs, room - index, records - fits_raw if untimed else records)
@@ -86,13 +86,9 @@ class _Epochs:
         self.m, self.records, self.workers = m, records, max(workers, 1)
         self.lanes = max(1, min(workers, len(os.sched_getaffinity(0))))
 
-    def raw(self, held: int) -> float:
-        """Raw bytes for ``held`` records: every record runs the whole transform."""
-        return self._longer(self.records * self.m.whole, self.records - held)
-
     def held(self, prepared: int, raw: int) -> float:
-        """``prepared`` records held prepared (a hit costs ``augment``) and ``raw`` held raw (the whole
-        transform every epoch, as a miss's once the prepared records fill their room)."""
+        """``prepared`` records held prepared (a hit costs ``augment``) and ``raw`` held raw; every other
+        record runs the whole transform, as an uncached epoch does (raw bytes alone: ``held(0, raw)``)."""
         m, records = self.m, self.records
         cpu = prepared * m.augment + (records - prepared) * m.whole
         return self._longer(cpu, records - prepared - raw)
