@@ -14,7 +14,15 @@ from loader.errors import SourceError
 from loader.sources._mapped import MappedFile
 from loader.system.pagecache import prefetch
 
-__all__ = ["IpcFile", "ParquetFile", "binary_value", "open_file", "record_column", "token_value"]
+__all__ = [
+    "IpcFile",
+    "ParquetFile",
+    "binary_value",
+    "open_file",
+    "record_column",
+    "record_type",
+    "token_value",
+]
 
 _INT32 = np.iinfo(np.int32)
 _STREAM = b"\xff\xff\xff\xff"  # an IPC stream's first message starts with the continuation marker
@@ -123,12 +131,20 @@ def open_file(path: str) -> IpcFile | ParquetFile:
         raise SourceError(f"{path!r} is not a readable {name} file: {e}") from e
 
 
+def _is_image(t: pa.DataType) -> bool:
+    """A Hugging Face ``Image`` column's type: a struct of ``bytes`` and ``path``."""
+    return pa.types.is_struct(t) and t.get_field_index("bytes") >= 0
+
+
+def record_type(t: pa.DataType) -> pa.DataType:
+    """The type of the values a record is read from in a column of type ``t`` (``record_column``)."""
+    return t.field("bytes").type if _is_image(t) else t
+
+
 def record_column(arr: pa.Array) -> pa.Array:
-    """The values a record is read from: a Hugging Face ``Image`` column (a struct of ``bytes`` and ``path``)
-    gives its ``bytes``; any other column is itself."""
-    if pa.types.is_struct(arr.type) and arr.type.get_field_index("bytes") >= 0:
-        return arr.field("bytes")
-    return arr
+    """The values a record is read from: a Hugging Face ``Image`` column gives its ``bytes``; any other
+    column is itself."""
+    return arr.field("bytes") if _is_image(arr.type) else arr
 
 
 def binary_value(arr: pa.Array, row: int) -> np.ndarray:

@@ -22,7 +22,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from loader.errors import BadRecordError, SourceError
-from loader.sources._arrow_files import IpcFile, ParquetFile, binary_value, open_file, token_value
+from loader.sources._arrow_files import (
+    IpcFile,
+    ParquetFile,
+    binary_value,
+    open_file,
+    record_type,
+    token_value,
+)
 from loader.sources._fingerprint import digest
 from loader.sources.base import Source
 
@@ -31,8 +38,7 @@ __all__ = ["ArrowSource"]
 
 def _is_binary(t: pa.DataType) -> bool:
     """Binary, or a Hugging Face ``Image`` (a struct whose ``bytes`` are binary)."""
-    if pa.types.is_struct(t) and t.get_field_index("bytes") >= 0:
-        t = t.field("bytes").type
+    t = record_type(t)
     return pa.types.is_binary(t) or pa.types.is_large_binary(t)
 
 
