@@ -28,12 +28,16 @@ class Opened:
 
     dataset: Any
     collate_fn: Any
-    cache: MinIOCache | None = None  # the store of raw records, else of prepared ones
-    stores: tuple[MinIOCache, ...] = ()  # every store its records are held in
+    stores: tuple[MinIOCache, ...] = ()  # every store its records are held in: raw first
     sizing: str = ""  # how cache_bytes="auto" chose
     form: FormChoice | None = None  # the form of record the cache holds, and why
     partition: PartitionedCache | None = None
     files: FileReads | None = None
+
+    @property
+    def cache(self) -> MinIOCache | None:
+        """The store of raw records, else of prepared ones; None without a cache."""
+        return self.stores[0] if self.stores else None
 
 
 def open_options(
@@ -90,9 +94,7 @@ def open_options(
         if partition is not None:
             partition.serve_from(bound)
         timed = timed_collate(collate_fn, board, batched)
-        stores = opened.stores
-        first = stores[0] if stores else None
-        return Opened(bound, timed, first, stores, opened.sizing, opened.form, partition)
+        return Opened(bound, timed, opened.stores, opened.sizing, opened.form, partition)
     if cache_form != "auto":
         raise ValueError(f"cache_form needs a source-backed dataset, not {type(dataset).__name__}")
     if partition_from(partition_cache) is not None:

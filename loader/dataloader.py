@@ -129,7 +129,7 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
-        self._cache, self._board = opened.cache, board
+        self._board = board
         drawn_again = self._resumable_kind  # a map-style order; an IterableDataset's comes from the dataset
         self._replay = ReplayableSampler(super()._index_sampler, self._generators) if drawn_again else None
         self._delivered = 0
@@ -153,7 +153,7 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
     @property
     def cache(self) -> MinIOCache | None:
         """The shared cache this loader reads through, or None."""
-        return self._cache
+        return self._opened.cache
 
     @property
     def cache_files(self) -> CachedFiles | None:
