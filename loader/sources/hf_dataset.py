@@ -43,12 +43,13 @@ class HFDatasetSource(Source):
         self, path: str | os.PathLike, column: str | None = None, label_column: str | None = "label"
     ) -> None:
         self.path = os.fspath(path)
-        first = ArrowSource(self._files()[0], column=column)
+        files = self._files()
+        first = ArrowSource(files[0], column=column)
         if label_column is not None and label_column not in first.columns:
             if label_column != "label":
                 raise SourceError(f"{self.path!r} has no column {label_column!r}; columns: {first.columns}")
             label_column = None  # the default: no label column, no labels
-        self.parts = [ArrowSource(f, column=first.column, label_column=label_column) for f in self._files()]
+        self.parts = [ArrowSource(f, column=first.column, label_column=label_column) for f in files]
         self.column, self.label_column, self.kind = first.column, label_column, first.kind
         self.columns = first.columns
         self._starts = list(itertools.accumulate(map(len, self.parts), initial=0))
