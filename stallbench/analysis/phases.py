@@ -21,7 +21,7 @@ from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.load import OtherLoad
 from stallbench.jobs.kinds import KINDS
 from stallbench.jobs.run import run_workload, scratch_cache_dir
-from stallbench.jobs.spec import WorkloadJob
+from stallbench.jobs.spec import CACHE_FORM_FIELDS, WorkloadJob
 
 __all__ = ["RunPlan", "WorkloadRuns", "run_phases", "storage_limits"]
 
@@ -93,7 +93,7 @@ def _record(phase: str, condition: str, records: list[dict], other_load_cores: f
     }
     last = records[-1]
     timeline = tuple((float(w), float(s)) for w, s in last.get("timeline", []))
-    forms = {"cache_form": last.get("cache_form", ""), "cache_form_epochs": last.get("cache_form_epochs", {})}
+    forms = {k: last[k] for k in CACHE_FORM_FIELDS if k in last}
     return RunRecord(phase, epochs, condition, stages, timeline, other_load_cores, **forms)
 
 

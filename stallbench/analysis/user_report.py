@@ -28,7 +28,7 @@ from stallbench.analysis.results import (
 )
 from stallbench.analysis.training import NoTrainingLoader, other_loaders, train_epochs
 from stallbench.jobs.kinds import KINDS, kind_of_class
-from stallbench.jobs.spec import AS_IS, LoaderEpoch
+from stallbench.jobs.spec import AS_IS, CACHE_FORM_FIELDS, LoaderEpoch
 
 if TYPE_CHECKING:
     from stallbench.analysis.user_analysis import UserJob
@@ -65,7 +65,7 @@ def _rank_runs(runs: Mapping[str, CommandRun]) -> dict[int, dict[str, RunRecord]
                 )
             records = tuple(_epoch(r) for r in epochs[rank])
             load, stats = runs[phase].other_load_cores, epochs[rank][-1].stats
-            forms = {k: stats[k] for k in ("cache_form", "cache_form_epochs") if k in stats}
+            forms = {k: stats[k] for k in CACHE_FORM_FIELDS if k in stats}
             out[rank][phase] = RunRecord(phase, records, _CONDITIONS[phase], other_load_cores=load, **forms)
     return out
 

@@ -23,6 +23,7 @@ from stallbench.jobs.kinds import NAMES, check_kind
 
 __all__ = [
     "AS_IS",
+    "CACHE_FORM_FIELDS",
     "JOB_ENV",
     "RECORDS_GLOB",
     "JobSpec",
@@ -37,6 +38,7 @@ __all__ = [
 JOB_ENV = "STALLBENCH_JOB"  # the path of the JobSpec's JSON file
 RECORDS_GLOB = "records-*.jsonl"
 AS_IS = "as-is"  # a run of the user's command that leaves its loader classes alone
+CACHE_FORM_FIELDS = ("cache_form", "cache_form_epochs")  # our loader's stats() a run hands back as they are
 TRANSFORMS = ("train", "eval", "none")
 PACKINGS = ("ffd", "spfhp", "nextfit")  # loader.packing's algorithms, named here without importing torch
 

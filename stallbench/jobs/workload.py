@@ -37,15 +37,14 @@ from stallbench.jobs._fresh import fresh_copy
 from stallbench.jobs.batching import SeenIndices
 from stallbench.jobs.counters import cpu_seconds, storage_read_bytes
 from stallbench.jobs.data import make_loader, shapes_loader, token_lengths
-from stallbench.jobs.spec import WorkloadJob
+from stallbench.jobs.spec import CACHE_FORM_FIELDS, WorkloadJob
 from stallbench.profile import profile
 
 __all__ = ["ingestion_loader", "main", "run_epochs"]
 
 _STAT_DELTAS = ("hits", "misses", "bytes_from_cache", "records_admitted", "fetch_seconds", "decode_seconds")
 _STAT_DELTAS += ("collate_seconds",)
-_STAT_NOW = ("cache_bytes_used", "cache_capacity", "records_cached", "memory_pauses", "cache_form")
-_STAT_NOW += ("cache_form_epochs",)
+_STAT_NOW = ("cache_bytes_used", "cache_capacity", "records_cached", "memory_pauses", *CACHE_FORM_FIELDS)
 
 
 class _Replay(torch.utils.data.Dataset):
