@@ -21,7 +21,7 @@ from stallbench.analysis.memory import measure_overhead, memory_limit, probe_cac
 from stallbench.analysis.phases import RunPlan, run_phases, storage_limits
 from stallbench.analysis.request import AnalysisRequest, CacheSpec, NamedWorkload
 from stallbench.analysis.results import LoaderReport, RunRecord, Workload, steady
-from stallbench.analysis.runs import PHASES
+from stallbench.analysis.runs import collected
 from stallbench.analysis.work import useful_work
 from stallbench.conditions.cgroup import StorageConditionUnavailable
 from stallbench.conditions.storage import DataSize, data_size, probe_storage_conditions
@@ -76,11 +76,9 @@ def analyze(
     step("machine measured")
     batching = [(None, None), (plan.packing, plan.max_len)] if plan.packing else [(None, None)]
     for kind, packing in itertools.product(kinds, batching):
-        done = {}
-        for run in run_phases(plan, kind, packed=packing[0] is not None):
-            done[run.phase] = run
-            step(f"{kind}{'+' if packing[0] else ''}{packing[0] or ''}: {run.phase} done")
-        yield _report(kind, w, {phase: done[phase] for phase in PHASES}, bandwidths, packing)
+        label = f"{kind}{'+' if packing[0] else ''}{packing[0] or ''}"
+        runs = collected(run_phases(plan, kind, packed=packing[0] is not None), step, label)
+        yield _report(kind, w, runs, bandwidths, packing)
 
 
 def _report(

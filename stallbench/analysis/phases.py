@@ -43,13 +43,12 @@ class RunPlan:
     max_len: int | None = None  # with packing: tokens per pack at most
 
 
-def run_phases(plan: RunPlan, kind: str, packed: bool = False) -> Iterator[RunRecord]:
+def run_phases(plan: RunPlan, kind: str, packed: bool = False) -> Iterator[tuple[Phase, RunRecord]]:
     """The three runs of ``kind`` ("torch" or "cached"), in order; each yielded as soon as it is done.
     ``packed``: its token batches packed with ``plan.packing`` (else padded)."""
     w = plan.workload
     target = WorkloadRuns(plan, kind, plan.packing if packed else None)
-    for _, run in three_runs(target, w.dataset_bytes, w.cache_bytes, storage_limits(w)):
-        yield run
+    return three_runs(target, w.dataset_bytes, w.cache_bytes, storage_limits(w))
 
 
 @dataclass(frozen=True)

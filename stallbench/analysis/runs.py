@@ -14,14 +14,14 @@ so an interrupted analysis keeps the finished ones.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.storage import evict_page_cache, warm_page_cache
 
-__all__ = ["PHASES", "Phase", "Target", "full_cache_bytes", "three_runs"]
+__all__ = ["PHASES", "Phase", "Target", "collected", "full_cache_bytes", "three_runs"]
 
 Phase = Literal["prep", "ingestion", "cold"]
 PHASES: tuple[Phase, ...] = ("ingestion", "prep", "cold")  # as reports list them: T1, T3, T2
@@ -59,3 +59,13 @@ def three_runs(
     yield "ingestion", target.run("ingestion", cache_bytes=None, limits=None, prep=prep)
     evict_page_cache(target.data())
     yield "cold", target.run("cold", cache_bytes=cache_bytes, limits=limits)
+
+
+def collected(runs: Iterable[tuple[Phase, Any]], step: Callable[[str], None], label: str) -> dict[Phase, Any]:
+    """Every run of ``runs`` (``three_runs``'s pairs), ``step("<label>: <phase> done")`` told as each ends;
+    in ``PHASES`` order, as reports list them."""
+    got = {}
+    for phase, run in runs:
+        got[phase] = run
+        step(f"{label}: {phase} done")
+    return {phase: got[phase] for phase in PHASES}

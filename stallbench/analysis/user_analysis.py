@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from stallbench.analysis.results import LoaderReport
-from stallbench.analysis.runs import PHASES, Phase, three_runs
+from stallbench.analysis.runs import Phase, collected, three_runs
 from stallbench.analysis.user_report import user_report
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.jobs.command import CommandRun, run_command
@@ -125,11 +125,7 @@ def analyze_command(
     step = on_step or (lambda label: None)
     machine: tuple[float, float] | None = None
     for kind in kinds:
-        done = {}
-        for phase, run in run_user_phases(job, kind, log):
-            done[phase] = run
-            step(f"{kind}: {phase} done")
-        runs = {phase: done[phase] for phase in PHASES}
+        runs = collected(run_user_phases(job, kind, log), step, kind)
         if machine is None:
             machine = _measure_machine(job, runs["cold"])
             step("machine measured")
