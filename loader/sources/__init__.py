@@ -1,8 +1,9 @@
 """Data sources: index -> raw record bytes, from an image folder, WebDataset tar shards, an LMDB, an Arrow
 IPC / Parquet file, or a Hugging Face dataset saved to disk; an image folder in object storage (s3://).
 
-The Arrow and LMDB sources (and the converters, which write both) are imported when first named: a process
-whose data is an image folder never loads pyarrow or lmdb (about 44 MB of memory in each worker).
+The Arrow, Hugging Face, LMDB and object storage sources (and the converters) are imported when first named:
+a process whose data is an image folder never loads pyarrow, lmdb or boto3 (pyarrow and lmdb: about 44 MB of
+memory in each worker).
 """
 
 import importlib

@@ -77,7 +77,9 @@ class S3ImageFolderSource(Source):
 
     def _s3(self) -> Any:
         """This process's client, made on first use (by one read-ahead thread: making one is not
-        thread-safe)."""
+        thread-safe); a read looks only, without the lock."""
+        if self._client is not None and self._pid == os.getpid():
+            return self._client
         with _MAKING:
             if self._client is None or self._pid != os.getpid():
                 import boto3  # imported where object storage is used: boto3 is not needed otherwise
