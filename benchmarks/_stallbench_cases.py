@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -13,7 +12,8 @@ from stallbench.analysis.analyze import analyze, prepare
 from stallbench.analysis.phases import RunPlan
 from stallbench.analysis.request import AnalysisRequest, CacheSpec
 from stallbench.analysis.results import LoaderReport, Prediction
-from stallbench.conditions.storage import probe_storage_conditions
+from stallbench.cli import make_parser
+from stallbench.conditions.limits import probe_storage_conditions
 from stallbench.demo import demo_request
 from stallbench.report import plain_table
 
@@ -53,8 +53,7 @@ def checked_demo_request(root: Path) -> AnalysisRequest:
     problems = {k: v for k, v in probe_storage_conditions(data_dir).items() if v is not None}
     if problems:
         pytest.fail(f"the demo's storage conditions cannot be set up here: {problems}", pytrace=False)
-    args = argparse.Namespace(data_dir=data_dir, workers=2, batch_size=64, epochs=3, num_images=None)
-    return demo_request(args)[0]
+    return demo_request(make_parser().parse_args(["demo", "--data-dir", str(data_dir)]))[0]
 
 
 def plan_for(req: AnalysisRequest, config: Config) -> RunPlan:

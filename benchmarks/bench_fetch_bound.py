@@ -34,7 +34,8 @@ import pytest
 from loader.cache import index_bytes
 from stallbench.analysis.memory import measure_overhead, memory_limit, probe_cache_bytes
 from stallbench.conditions.cgroup import StorageLimits
-from stallbench.conditions.storage import data_size, evict_page_cache, probe_storage_conditions
+from stallbench.conditions.limits import probe_storage_conditions
+from stallbench.conditions.storage import data_size, evict_page_cache
 from stallbench.jobs.kinds import KINDS, NAMES
 from stallbench.jobs.run import run_workload, scratch_cache_dir
 from stallbench.jobs.spec import WorkloadJob

@@ -25,7 +25,8 @@ import pytest
 
 from loader.cache._layout import index_bytes
 from stallbench.conditions.cgroup import StorageLimits
-from stallbench.conditions.storage import data_size, probe_storage_conditions
+from stallbench.conditions.limits import probe_storage_conditions
+from stallbench.conditions.storage import data_size
 from stallbench.jobs.run import child_env, job_tmpdir, scratch_cache_dir
 from stallbench.report import plain_table
 from stallbench.workloads import make_jpeg_folder

@@ -1,7 +1,7 @@
 """stallbench on its own demo workload: the verdict of ``compare`` and the accuracy of its predictions.
 
 The demo workload: 6,000 generated JPEGs of ~112 KB, storage reads throttled by the kernel to
-``DEMO_BPS``, memory "auto" (the cache budget plus the job's measured memory, the same rule for every run),
+75 MB/s, memory "auto" (the cache budget plus the job's measured memory, the same rule for every run),
 compute emulated at 10 ms a batch, batch 64, 3 epochs. Figures are steady cold epochs (epochs 2-3); bytes
 are device bytes (whole pages, the kernel's count), cache fractions are of the dataset's device bytes.
 
@@ -34,7 +34,6 @@ from stallbench.analysis.analyze import prepare
 from stallbench.analysis.phases import RunPlan
 from stallbench.analysis.request import AnalysisRequest
 from stallbench.analysis.results import LoaderReport
-from stallbench.demo import DEMO_BPS
 from stallbench.jobs.kinds import NAMES as KINDS
 
 MAX_FETCH_RATIO = 0.5  # ours' steady fetch stall / torch's
@@ -85,7 +84,7 @@ def test_compare_target(reports: dict[str, LoaderReport]) -> None:
     device, records = w.dataset_bytes / 1e6, w.record_bytes / 1e6
     print(f"\ncompare on the demo: D = {device:.1f} MB on the device ({records:.1f} MB of records),")
     print(f"cache {w.cache_bytes / 1e6:.1f} MB,")
-    print(f"storage {DEMO_BPS / 1e6:.0f} MB/s, memory limit {(w.memory_limit or 0) / 1e6:.1f} MB for both")
+    print(f"{', '.join(w.limits.said())}, for both")
     print(compare_table(torch, cached))
     limit = MAX_FETCH_RATIO * torch.breakdown.fetch_stall_seconds
     fetch = cached.breakdown.fetch_stall_seconds

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from stallbench.conditions.cgroup import StorageLimits
-from stallbench.conditions.storage import evict_page_cache, probe_storage_conditions, resident_bytes
+from stallbench.conditions.limits import probe_storage_conditions
+from stallbench.conditions.storage import evict_page_cache, resident_bytes
 from stallbench.jobs.run import run_job, scratch_cache_dir
 from stallbench.report import plain_table
 

@@ -36,6 +36,7 @@ import pytest
 
 from stallbench.analysis.analyze import analyze, prepare
 from stallbench.analysis.request import AnalysisRequest
+from stallbench.conditions.limits import Limits
 from stallbench.jobs.command import run_command
 from stallbench.jobs.spec import JobSpec
 from stallbench.workloads import make_jpeg_folder
@@ -139,7 +140,11 @@ def _example_split(data: Path, tmp_path: Path) -> dict[str, float]:
 
 def _generated_split(data: Path) -> dict[str, float]:
     request = AnalysisRequest(
-        data=str(data), storage_bandwidth=BANDWIDTH, epochs=3, transform="none", compute="emulated:0"
+        data=str(data),
+        limits=Limits(storage_bandwidth=BANDWIDTH),
+        epochs=3,
+        transform="none",
+        compute="emulated:0",
     )
     plan = replace(prepare(request, ["torch"]), job_script=str(EXAMPLE_JOB), max_batches=STEPS)
     (report,) = analyze(plan, ["torch"])
@@ -226,7 +231,7 @@ def test_each_what_if_holds(benchmark, bench_data_root: Path, tmp_path: Path, jo
         user_job = UserJob(
             argv=(*command, *script_options), data=(data,), dataset_bytes=w["dataset_bytes"],
             record_bytes=w["record_bytes"], cache_bytes=w["cache_bytes"],
-            storage_bandwidth=w["storage_bandwidth"], epochs=4,
+            limits=Limits(w["storage_bandwidth"], w["memory_limit"]), epochs=4,
         )  # fmt: skip
         print(f"\n{job}: {report['advice']}")
         results = []

@@ -3,7 +3,8 @@
 It generates the embedded default dataset (6,000 JPEGs of ~112 KB) if absent and runs ``compare`` on it:
 each loader gets half the dataset as its memory budget (ours as its cache, torch's as page cache) and, where
 root and cgroup v1 allow it, storage throttled by the kernel to the speed of a network filesystem, so the
-fetch stall shows. Elsewhere it says plainly that it could not, and runs at the disk's own speed.
+fetch stall shows (the demo's default limits, ``cli.DEMO_LIMITS``, which its options change). Elsewhere it
+says plainly that it could not, and runs at the disk's own speed.
 """
 
 from __future__ import annotations
@@ -17,30 +18,29 @@ from pathlib import Path
 from stallbench._grid import plain_table
 from stallbench.analysis.request import AnalysisRequest, CacheSpec, NamedWorkload
 from stallbench.analysis.results import LoaderReport
-from stallbench.conditions.storage import probe_storage_conditions
+from stallbench.conditions.cgroup import StorageConditionUnavailable
+from stallbench.conditions.limits import NONE
 from stallbench.jobs.kinds import KINDS, NAMES
 
-__all__ = ["DEMO_BPS", "concurrent_hint", "demo_request", "describe", "epoch_table"]
+__all__ = ["concurrent_hint", "demo_request", "describe", "epoch_table"]
 
-DEMO_BPS = 75_000_000  # a network filesystem: reading what half a cache misses takes about a decode
-_NEEDED = ("memory_limit", "storage_bandwidth", "page_cache_eviction")
 MB = 1e6
 
 
 def demo_request(args: argparse.Namespace) -> tuple[AnalysisRequest, tuple[str, ...]]:
     """The compare the demo runs: storage throttled and memory limited where the machine allows it."""
     args.data_dir.mkdir(parents=True, exist_ok=True)
-    problems = probe_storage_conditions(args.data_dir)
-    limited = all(problems[k] is None for k in _NEEDED)
+    limits = args.limits
+    try:
+        limits.check(args.data_dir, cold=True)
+    except StorageConditionUnavailable as e:
+        limits = NONE
+        print(f"storage is NOT throttled and memory is NOT limited ({e})", flush=True)
     req = AnalysisRequest(
         data=NamedWorkload("images", args.num_images),
         data_dir=args.data_dir, workers=args.workers, batch_size=args.batch_size, compute="emulated:10",
-        cache=CacheSpec(0.5), storage_bandwidth=DEMO_BPS if limited else None,
-        memory_limit="auto" if limited else None, epochs=args.epochs,
+        cache=CacheSpec(0.5), limits=limits, epochs=args.epochs,
     )  # fmt: skip
-    if not limited:
-        reasons = "; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in problems.items() if v)
-        print(f"storage is NOT throttled and memory is NOT limited ({reasons})", flush=True)
     return req, NAMES
 
 
@@ -49,14 +49,9 @@ def describe(req: AnalysisRequest, out=sys.stdout) -> None:
 
     build = loader.pil_build()
     print(f"PIL build: {build.distribution} {build.version} (JPEG: {build.jpeg})", file=out)
-    if req.storage_bandwidth:
-        print(
-            f"both loaders run in a cgroup: storage reads throttled to "
-            f"{req.storage_bandwidth / MB:.0f} MB/s, "
-            "memory limited to the same budget (half the data + the job's measured memory + the memory the "
-            "cached loader keeps free)",
-            file=out,
-        )
+    limits = req.limits.said(unset=False)
+    if limits:
+        print(f"both loaders run in a cgroup: {', '.join(limits)}", file=out)
     print(
         f"comparing {' and '.join(k.label for k in KINDS.values())}: {req.epochs} epochs per run ...",
         file=out,

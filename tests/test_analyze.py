@@ -22,7 +22,8 @@ from stallbench.analysis.memory import OVERHEAD_MARGIN
 from stallbench.analysis.phases import RunPlan
 from stallbench.analysis.request import AnalysisRequest, CacheSpec
 from stallbench.analysis.results import LoaderReport
-from stallbench.conditions.storage import PAGE, data_size, probe_storage_conditions
+from stallbench.conditions.limits import Limits, probe_storage_conditions
+from stallbench.conditions.storage import PAGE, data_size
 from stallbench.workloads import make_jpeg_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
@@ -47,7 +48,7 @@ def _request(data: Path, kind: str) -> AnalysisRequest:
     memory = "auto" if kind == "torch" else None  # the cached loader holds every record: no page cache used
     return AnalysisRequest(
         data=str(data), workers=2, batch_size=64, compute="emulated:15", cache=CacheSpec(0.8),
-        storage_bandwidth=THROTTLE, memory_limit=memory, epochs=2, transform="none",
+        limits=Limits(storage_bandwidth=THROTTLE, memory_limit=memory), epochs=2, transform="none",
     )  # fmt: skip
 
 

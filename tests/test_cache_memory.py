@@ -20,7 +20,8 @@ from loader.cache._layout import index_bytes
 from loader.system.headroom import reserve_bytes
 from loader.system.memory import MemoryView, format_bytes
 from stallbench.conditions.cgroup import StorageLimits
-from stallbench.conditions.storage import evict_page_cache, probe_storage_conditions, resident_bytes
+from stallbench.conditions.limits import probe_storage_conditions
+from stallbench.conditions.storage import evict_page_cache, resident_bytes
 
 MIB = 1 << 20
 RECORDS, SIZE = 64, 512

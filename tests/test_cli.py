@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from stallbench.analysis.request import NamedWorkload, parse_data
-from stallbench.conditions.storage import probe_storage_conditions
+from stallbench.conditions.limits import probe_storage_conditions
 from stallbench.report import validate_report_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,12 +106,12 @@ def test_empty_data_folder_is_named(tmp_path):
 
 
 def test_cgroups_without_permission_exit_2(tmp_path, monkeypatch, capsys):
-    from stallbench.analysis import analyze
     from stallbench.cli import main
+    from stallbench.conditions import limits
 
     reason = "creating a cgroup needs root (running as uid 65534)"
     probe = {"page_cache_eviction": None, "memory_limit": reason, "storage_bandwidth": reason}
-    monkeypatch.setattr(analyze, "probe_storage_conditions", lambda path: probe)
+    monkeypatch.setattr(limits, "probe_storage_conditions", lambda path: probe)
     argv = [
         "analyze",
         "--data",
@@ -265,7 +265,7 @@ def in_use(pid: int) -> set[str]:
 
 
 def _cgroup_v1_problem() -> str | None:
-    from stallbench.conditions.storage import probe_storage_conditions
+    from stallbench.conditions.limits import probe_storage_conditions
 
     problems = probe_storage_conditions(Path(__file__).parent)
     return problems["memory_limit"] or problems["page_cache_eviction"]

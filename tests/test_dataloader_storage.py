@@ -8,7 +8,8 @@ from helpers import make_jpeg_folder
 import loader
 from loader import DataLoader
 from loader.cache._layout import index_bytes
-from stallbench.conditions.storage import evict_page_cache, probe_storage_conditions, resident_bytes
+from stallbench.conditions.limits import probe_storage_conditions
+from stallbench.conditions.storage import evict_page_cache, resident_bytes
 
 
 def folder_bytes(root) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -14,6 +13,8 @@ import pytest
 from stallbench import demo
 from stallbench._grid import plain_table
 from stallbench.analysis.request import NamedWorkload
+from stallbench.cli import DEMO_LIMITS, make_parser
+from stallbench.conditions import limits
 from stallbench.report import validate_report_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,25 +50,31 @@ def test_demo_compares_both_loaders_and_writes_a_plot(tmp_path: Path) -> None:
 def test_demo_says_when_storage_cannot_be_throttled(tmp_path: Path, monkeypatch, capsys) -> None:
     reason = "cannot create cgroup: needs root"
     probe = {"page_cache_eviction": None, "memory_limit": reason, "storage_bandwidth": reason}
-    monkeypatch.setattr(demo, "probe_storage_conditions", lambda path: probe)
-    args = argparse.Namespace(data_dir=tmp_path, workers=2, batch_size=16, epochs=1, num_images=32)
+    monkeypatch.setattr(limits, "probe_storage_conditions", lambda path: probe)
+    args = make_parser().parse_args(["demo", "--data-dir", str(tmp_path), "--epochs", "1"])
     req, kinds = demo.demo_request(args)
     assert (
-        f"storage is NOT throttled and memory is NOT limited (memory limit: {reason}"
-        in capsys.readouterr().out
+        f"storage is NOT throttled and memory is NOT limited (--storage-bandwidth cannot be enforced here: "
+        f"{reason})" in capsys.readouterr().out
     )
-    assert req.storage_bandwidth is None and req.memory_limit is None and kinds == ("torch", "cached")
+    assert req.limits == limits.NONE and kinds == ("torch", "cached")
 
 
 def test_demo_throttles_where_it_can(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(demo, "probe_storage_conditions", lambda path: dict.fromkeys(demo._NEEDED))
-    args = argparse.Namespace(data_dir=tmp_path, workers=2, batch_size=16, epochs=1, num_images=32)
-    req, _ = demo.demo_request(args)
-    assert (req.storage_bandwidth, req.memory_limit, req.data) == (
-        demo.DEMO_BPS,
-        "auto",
-        NamedWorkload("images", 32),
-    )
+    conditions = ("page_cache_eviction", "memory_limit", "storage_bandwidth")
+    monkeypatch.setattr(limits, "probe_storage_conditions", lambda path: dict.fromkeys(conditions))
+    argv = ["demo", "--data-dir", str(tmp_path), "--epochs", "1", "--num-images", "32"]
+    req, _ = demo.demo_request(make_parser().parse_args(argv))
+    assert (req.limits, req.data) == (DEMO_LIMITS, NamedWorkload("images", 32))
+    assert req.limits == limits.Limits(storage_bandwidth=75_000_000, memory_limit="auto")
+
+
+def test_demo_takes_the_limits_a_user_gives(tmp_path: Path, monkeypatch) -> None:
+    conditions = ("page_cache_eviction", "memory_limit", "storage_bandwidth")
+    monkeypatch.setattr(limits, "probe_storage_conditions", lambda path: dict.fromkeys(conditions))
+    argv = ["demo", "--data-dir", str(tmp_path), "--storage-bandwidth", "200MB/s", "--memory-limit", "3G"]
+    req, _ = demo.demo_request(make_parser().parse_args(argv))
+    assert req.limits == limits.Limits(storage_bandwidth=200_000_000, memory_limit=3 << 30)
 
 
 def test_plain_table_aligns_labels_left_and_values_right() -> None:

@@ -18,10 +18,10 @@ from stallbench.analysis.measure import (
 )
 from stallbench.analysis.results import Breakdown, Machine, Workload
 from stallbench.conditions.cgroup import StorageLimits
+from stallbench.conditions.limits import probe_storage_conditions
 from stallbench.conditions.storage import (
     data_size,
     evict_page_cache,
-    probe_storage_conditions,
     resident_bytes,
 )
 

@@ -20,7 +20,8 @@ from loader.system import memory as _memory
 from loader.system.headroom import PressureGauge, auto_cache_bytes, reserve_bytes
 from loader.system.memory import MemoryView, memory_view
 from stallbench.conditions.cgroup import StorageLimits
-from stallbench.conditions.storage import evict_page_cache, probe_storage_conditions
+from stallbench.conditions.limits import probe_storage_conditions
+from stallbench.conditions.storage import evict_page_cache
 
 MIB, GIB = 1 << 20, 1 << 30
 V1_NO_LIMIT = 9223372036854771712

@@ -12,7 +12,7 @@ from stallbench.analysis.analyze import analyze, prepare
 from stallbench.analysis.breakdown import breakdown
 from stallbench.analysis.request import AnalysisRequest, CacheSpec
 from stallbench.analysis.results import EpochRecord, RunRecord
-from stallbench.conditions.storage import probe_storage_conditions
+from stallbench.conditions.limits import Limits, probe_storage_conditions
 
 SLOW_PREP_JOB = str(Path(__file__).with_name("_slow_prep_job.py"))
 
@@ -50,7 +50,7 @@ def test_throttled_storage_shows_as_fetch_stall(tmp_path):
         workers=1,
         compute="emulated:1",
         cache=CacheSpec(0.5),
-        storage_bandwidth=2_000_000,
+        limits=Limits(storage_bandwidth=2_000_000),
         epochs=1,
     )
     b = r.breakdown

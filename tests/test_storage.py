@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from stallbench.conditions.cgroup import StorageConditionUnavailable, StorageLimits
+from stallbench.conditions.limits import probe_storage_conditions
 from stallbench.conditions.sizes import format_bytes, parse_size
 from stallbench.conditions.storage import (
     PAGE,
@@ -20,7 +21,6 @@ from stallbench.conditions.storage import (
     data_size,
     device_bytes,
     evict_page_cache,
-    probe_storage_conditions,
     resident_bytes,
 )
 

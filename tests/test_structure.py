@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,3 +141,17 @@ def test_no_import_runs_back_up_the_flow(layer):
         if any(module == up or module.startswith(f"{up}.") for up in above)
     }
     assert not back, sorted(back)
+
+
+# An option keeps one name from its flag to where it acts, and is resolved once into one value: the cold
+# run's limits travel as one ``Limits``; only the flag, the value, the cgroup that enforces it and the
+# report's record of it name the read throttle.
+def test_the_read_throttle_is_named_in_four_files():
+    name = re.compile(r"(?<![\w-])(?:storage_bandwidth|--storage-bandwidth)(?![\w-])")
+    naming = sorted(_name(p) for p in (REPO / "stallbench").rglob("*.py") if name.search(p.read_text()))
+    assert naming == [
+        "stallbench/analysis/results.py",
+        "stallbench/cli/__init__.py",
+        "stallbench/conditions/cgroup.py",
+        "stallbench/conditions/limits.py",
+    ]

@@ -18,13 +18,13 @@ import numpy as np
 from stallbench.analysis.loader_report import Measurement, loader_report
 from stallbench.analysis.measure import measure_bandwidths
 from stallbench.analysis.memory import measure_overhead, memory_limit, probe_cache_bytes
-from stallbench.analysis.phases import RunPlan, run_phases, storage_limits
+from stallbench.analysis.phases import RunPlan, run_phases
 from stallbench.analysis.request import AnalysisRequest, CacheSpec, NamedWorkload
 from stallbench.analysis.results import LoaderReport, RunRecord, Workload, steady
 from stallbench.analysis.runs import collected
 from stallbench.analysis.work import useful_work
-from stallbench.conditions.cgroup import StorageConditionUnavailable
-from stallbench.conditions.storage import DataSize, data_size, probe_storage_conditions
+from stallbench.conditions.limits import AUTO
+from stallbench.conditions.storage import DataSize, data_size
 from stallbench.jobs.kinds import KINDS
 from stallbench.jobs.spec import WorkloadJob
 
@@ -44,7 +44,7 @@ def prepare(
     data = _materialise(req, progress)
     size, samples, lengths = _opened(data)
     cache = round(req.cache * size.device_bytes) if isinstance(req.cache, CacheSpec) else req.cache
-    _check_conditions(req, data, cold)
+    req.limits.check(data, cold)
     workload = Workload(
         data=str(data),
         dataset_bytes=size.device_bytes,
@@ -55,12 +55,11 @@ def prepare(
         compute=req.compute,
         epochs=req.epochs,
         cache_bytes=cache,
-        storage_bandwidth=req.storage_bandwidth,
-        memory_limit=req.memory_limit if isinstance(req.memory_limit, int) else None,
+        **req.limits.known(),
         prefetch_factor=_PREFETCH if req.workers > 0 else None,
     )
     plan = RunPlan(workload=workload, transform=req.transform, seed=req.seed, **_packing(req, data, lengths))
-    if req.memory_limit == "auto":
+    if req.limits.memory_limit == AUTO:
         plan = replace(plan, workload=replace(workload, memory_limit=_auto_memory(plan, kinds)))
     return plan
 
@@ -72,7 +71,7 @@ def analyze(
     an interrupted compare keeps the finished ones."""
     w = plan.workload
     step = on_step or (lambda label: None)
-    bandwidths = measure_bandwidths([w.data], limits=storage_limits(w), readers=max(1, w.workers))
+    bandwidths = measure_bandwidths([w.data], limits=w.limits.cgroup(w.data), readers=max(1, w.workers))
     step("machine measured")
     batching = [(None, None), (plan.packing, plan.max_len)] if plan.packing else [(None, None)]
     for kind, packing in itertools.product(kinds, batching):
@@ -134,19 +133,6 @@ def _opened(data: Path) -> tuple[DataSize, int, np.ndarray | None]:
 
 def _hidden(path: Path, root: Path) -> bool:
     return any(part.startswith(".") for part in path.relative_to(root).parts)
-
-
-def _check_conditions(req: AnalysisRequest, data: Path, cold: bool) -> None:
-    problems = probe_storage_conditions(data)
-    wanted = {"storage_bandwidth": req.storage_bandwidth, "memory_limit": req.memory_limit}
-    for key, asked in wanted.items():
-        if asked is not None and problems[key] is not None:
-            option = "--" + key.replace("_", "-")
-            raise StorageConditionUnavailable(f"{option} cannot be enforced here: {problems[key]}")
-    if cold and problems["page_cache_eviction"] is not None:
-        raise StorageConditionUnavailable(
-            f"the cold run cannot evict the page cache: {problems['page_cache_eviction']}"
-        )
 
 
 def _auto_memory(plan: RunPlan, kinds: Sequence[str]) -> int:

@@ -36,7 +36,7 @@ def run_setting(
     script wrote them) and our cache at ``cache_bytes``."""
     evict_page_cache(job.data)
     options = dict(workers=workers, prefetch_factor=prefetch_factor)
-    run = run_once(job, kind, cache_bytes, job.limits(), log, **options)
+    run = run_once(job, kind, cache_bytes, job.cgroup(), log, **options)
     epochs = max(train_epochs(run.records, "the run").values(), key=lambda rows: rows[-1].seconds)
     return fmean(r.seconds for r in steady(epochs))
 

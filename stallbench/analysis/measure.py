@@ -153,7 +153,8 @@ def measure_bandwidths(
     """(storage, memory) bytes per second; storage read by ``readers`` threads (a job's workers read at
     once) inside ``limits``: 128 MB at most, or a few seconds' worth under a read throttle."""
     sample = _PROBE_BYTES
-    if limits is not None and limits.storage_bandwidth is not None:
-        sample = min(sample, max(_PROBE_SECONDS * limits.storage_bandwidth, 1 << 20))
+    throttled = limits.readable_in(_PROBE_SECONDS) if limits is not None else None
+    if throttled is not None:
+        sample = min(sample, max(throttled, 1 << 20))
     storage = measure_storage_bandwidth(paths, limits=limits, readers=readers, sample_bytes=sample)
     return storage, measure_memory_bandwidth()

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from stallbench.analysis.results import EpochRecord, RunRecord, Workload, steady
-from stallbench.analysis.runs import Phase, three_runs
+from stallbench.analysis.runs import Phase, cold_condition, three_runs
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.load import OtherLoad
 from stallbench.jobs.kinds import KINDS
 from stallbench.jobs.run import run_workload, scratch_cache_dir
 from stallbench.jobs.spec import CACHE_FORM_FIELDS, WorkloadJob
 
-__all__ = ["RunPlan", "WorkloadRuns", "run_phases", "storage_limits"]
+__all__ = ["RunPlan", "WorkloadRuns", "run_phases"]
 
 _STAGES = ("fetch_seconds", "decode_seconds", "collate_seconds")
 _CONDITIONS = {"prep": "every record in memory (warm)", "ingestion": "batches in memory, only the step"}
@@ -48,7 +48,7 @@ def run_phases(plan: RunPlan, kind: str, packed: bool = False) -> Iterator[tuple
     ``packed``: its token batches packed with ``plan.packing`` (else padded)."""
     w = plan.workload
     target = WorkloadRuns(plan, kind, plan.packing if packed else None)
-    return three_runs(target, w.dataset_bytes, w.cache_bytes, storage_limits(w))
+    return three_runs(target, w.dataset_bytes, w.cache_bytes, w.limits.cgroup(w.data))
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class WorkloadRuns:
                 records = run_workload(job, limits, script=plan.job_script)
         finally:
             shutil.rmtree(cache_dir, ignore_errors=True)
-        return _record(phase, _CONDITIONS.get(phase) or _condition(w), records, load.cores)
+        return _record(phase, _CONDITIONS.get(phase) or cold_condition(w.limits), records, load.cores)
 
 
 def _record(phase: str, condition: str, records: list[dict], other_load_cores: float) -> RunRecord:
@@ -94,16 +94,3 @@ def _record(phase: str, condition: str, records: list[dict], other_load_cores: f
     timeline = tuple((float(w), float(s)) for w, s in last.get("timeline", []))
     forms = {k: last[k] for k in CACHE_FORM_FIELDS if k in last}
     return RunRecord(phase, epochs, condition, stages, timeline, other_load_cores, **forms)
-
-
-def storage_limits(w: Workload) -> StorageLimits | None:
-    return StorageLimits.asked(w.storage_bandwidth, w.memory_limit, w.data)
-
-
-def _condition(w: Workload) -> str:
-    parts = ["page cache evicted"]
-    if w.storage_bandwidth:
-        parts.append(f"storage reads throttled to {w.storage_bandwidth / 1e6:.0f} MB/s by the kernel")
-    if w.memory_limit:
-        parts.append(f"memory limited to {w.memory_limit / 1e6:.0f} MB by the kernel")
-    return ", ".join(parts)

@@ -1,11 +1,13 @@
 """What an analysis is asked, before the dataset is known: the data (a path or a generated workload's name),
-the loaders' settings, the cache as a size or a share of the dataset, and the storage condition."""
+the loaders' settings, the cache as a size or a share of the dataset, and the cold run's limits."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from stallbench.conditions.limits import NONE, Limits
 
 __all__ = ["HALF", "AnalysisRequest", "CacheSpec", "NamedWorkload", "parse_data"]
 
@@ -56,8 +58,7 @@ class AnalysisRequest:
     batch_size: int = 64
     compute: str = "emulated:0"
     cache: int | CacheSpec = HALF
-    storage_bandwidth: int | None = None
-    memory_limit: int | str | None = None  # bytes, "auto" (cache budget + measured job memory) or None
+    limits: Limits = NONE  # the cold run's, as the options asked them
     epochs: int = 3
     transform: str = "train"
     seed: int = 0

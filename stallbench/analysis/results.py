@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from stallbench.analysis.work import UsefulWork
+from stallbench.conditions.limits import Limits
 
 __all__ = [
     "steady",
@@ -44,11 +45,16 @@ class Workload:
     compute: str  # compute model, e.g. "emulated:20"
     epochs: int
     cache_bytes: int | None  # the cached loader's capacity; also the memory budget given to every loader
-    storage_bandwidth: int | None  # --storage-bandwidth: the kernel's read throttle, bytes/s; None: none
-    memory_limit: int | None  # --memory-limit: the kernel's memory limit of each job; None: none
+    storage_bandwidth: int | None  # the kernel's read throttle, bytes/s; None: none (``limits``)
+    memory_limit: int | None  # the kernel's memory limit of each job; None: none (``limits``)
     command: str | None = None  # the user's own command (``analyze -- CMD``); None for a generated job
     prefetch_factor: int | None = None  # batches each worker keeps ready; None without workers
     opens_own_files: bool = False  # the command's Dataset opens its files itself: ours needs cache_files=
+
+    @property
+    def limits(self) -> Limits:
+        """The cold run's limits, as the command line asked them (sized where it said "auto")."""
+        return Limits(self.storage_bandwidth, self.memory_limit)
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from stallbench.conditions.cgroup import StorageLimits
+from stallbench.conditions.limits import Limits
 from stallbench.conditions.storage import evict_page_cache, warm_page_cache
 
-__all__ = ["PHASES", "Phase", "Target", "collected", "full_cache_bytes", "three_runs"]
+__all__ = ["PHASES", "Phase", "Target", "cold_condition", "collected", "full_cache_bytes", "three_runs"]
 
 Phase = Literal["prep", "ingestion", "cold"]
 PHASES: tuple[Phase, ...] = ("ingestion", "prep", "cold")  # as reports list them: T1, T3, T2
@@ -31,6 +32,11 @@ _FULL_MARGIN = 64 << 20
 def full_cache_bytes(dataset_bytes: int) -> int:
     """The prep run's cache: every record (device bytes are more than records), its index, a margin."""
     return int(dataset_bytes * 1.01) + _FULL_MARGIN
+
+
+def cold_condition(limits: Limits) -> str:
+    """The cold run's condition in words: the page cache evicted, then each limit asked for."""
+    return ", ".join(["page cache evicted", *limits.said(unset=False)])
 
 
 class Target(Protocol):

@@ -19,6 +19,7 @@ from stallbench.analysis.results import LoaderReport
 from stallbench.analysis.runs import Phase, collected, three_runs
 from stallbench.analysis.user_report import user_report
 from stallbench.conditions.cgroup import StorageLimits
+from stallbench.conditions.limits import NONE, Limits
 from stallbench.jobs.command import CommandRun, run_command
 from stallbench.jobs.run import scratch_cache_dir
 from stallbench.jobs.spec import JobSpec, LoaderEpoch
@@ -35,8 +36,7 @@ class UserJob:
     dataset_bytes: int  # device bytes of ``data``
     record_bytes: int
     cache_bytes: int | None  # our loader's cache in the cold run (compare, or a script that uses ours)
-    storage_bandwidth: int | None = None
-    memory_limit: int | None = None
+    limits: Limits = NONE  # the cold run's, as the options asked them
     steps: int | None = None
     epochs: int = 3
     time_limit: float | None = None
@@ -47,14 +47,14 @@ class UserJob:
         data = tuple(str(p) for p in self.data)
         return JobSpec(out_dir="", steps=self.steps, epochs=self.epochs, loader=kind, data=data, **options)
 
-    def limits(self) -> StorageLimits | None:
-        """The cold run's limits: ``--storage-bandwidth`` and ``--memory-limit``, as asked."""
-        return StorageLimits.asked(self.storage_bandwidth, self.memory_limit, self.data[0])
+    def cgroup(self) -> StorageLimits | None:
+        """The cgroup of the cold run's limits, on reads from the disk of the data."""
+        return self.limits.cgroup(self.data[0])
 
 
 def run_user_phases(job: UserJob, kind: str, log: IO[str] | None = None) -> Iterator[tuple[str, CommandRun]]:
     """The three runs of ``job`` with the loaders ``kind`` ("as-is", "torch" or "cached")."""
-    return three_runs(CommandRuns(job, kind, log), job.dataset_bytes, job.cache_bytes, job.limits())
+    return three_runs(CommandRuns(job, kind, log), job.dataset_bytes, job.cache_bytes, job.cgroup())
 
 
 @dataclass(frozen=True)
@@ -138,4 +138,4 @@ def _measure_machine(job: UserJob, cold: CommandRun) -> tuple[float, float]:
     from stallbench.analysis.measure import measure_bandwidths
 
     workers = max((r.workers for r in cold.records), default=1)
-    return measure_bandwidths(list(job.data), limits=job.limits(), readers=max(1, workers))
+    return measure_bandwidths(list(job.data), limits=job.cgroup(), readers=max(1, workers))

@@ -26,6 +26,7 @@ from stallbench.analysis.results import (
     Workload,
     steady,
 )
+from stallbench.analysis.runs import cold_condition
 from stallbench.analysis.training import NoTrainingLoader, other_loaders, train_epochs
 from stallbench.jobs.kinds import KINDS, kind_of_class
 from stallbench.jobs.spec import AS_IS, CACHE_FORM_FIELDS, LoaderEpoch
@@ -39,7 +40,6 @@ __all__ = ["NoTrainingLoader", "train_epochs", "user_report"]  # the first two f
 _CONDITIONS = {
     "ingestion": "the first batches replayed, no worker started: only the step",
     "prep": "every file of --data in memory (warm)",
-    "cold": "page cache of --data evicted",
 }
 
 
@@ -52,7 +52,8 @@ def _epoch(r: LoaderEpoch) -> EpochRecord:
     )  # fmt: skip
 
 
-def _rank_runs(runs: Mapping[str, CommandRun]) -> dict[int, dict[str, RunRecord]]:
+def _rank_runs(runs: Mapping[str, CommandRun], cold: str) -> dict[int, dict[str, RunRecord]]:
+    """Per rank, its runs of the training loader; ``cold``: the cold run's condition in words."""
     per_phase = {phase: train_epochs(run.records, phase) for phase, run in runs.items()}
     ranks = sorted(set.intersection(*(set(p) for p in per_phase.values())))
     out = {}
@@ -66,7 +67,8 @@ def _rank_runs(runs: Mapping[str, CommandRun]) -> dict[int, dict[str, RunRecord]
             records = tuple(_epoch(r) for r in epochs[rank])
             load, stats = runs[phase].other_load_cores, epochs[rank][-1].stats
             forms = {k: stats[k] for k in CACHE_FORM_FIELDS if k in stats}
-            out[rank][phase] = RunRecord(phase, records, _CONDITIONS[phase], other_load_cores=load, **forms)
+            condition = _CONDITIONS.get(phase, cold)
+            out[rank][phase] = RunRecord(phase, records, condition, other_load_cores=load, **forms)
     return out
 
 
@@ -80,7 +82,7 @@ def user_report(
 ) -> LoaderReport:
     """The report of the three runs (``ingestion``, ``prep``, ``cold``) of loader ``kind``: its column is
     named so; where the batches came from another class, the advice says so first."""
-    per_rank = _rank_runs(runs)
+    per_rank = _rank_runs(runs, cold_condition(job.limits))
     ranks = tuple(RankBreakdown(rank, breakdown(p, job.dataset_bytes)) for rank, p in per_rank.items())
     slowest = max(ranks, key=lambda r: r.breakdown.epoch_seconds)
     phases = per_rank[slowest.rank]
@@ -118,7 +120,7 @@ def _workload(job: UserJob, cold_rows: Sequence[LoaderEpoch]) -> tuple[Workload,
         record_bytes=scale(job.record_bytes), samples=samples, batch_size=last.batch_size or 1,
         workers=last.workers, compute="the command's own step", epochs=len(cold_rows),
         cache_bytes=scale(job.cache_bytes) if job.cache_bytes is not None else None,
-        storage_bandwidth=job.storage_bandwidth, memory_limit=job.memory_limit,
+        **job.limits.known(),
         command=" ".join(job.argv), prefetch_factor=last.prefetch_factor if last.workers else None,
         opens_own_files=not last.source_backed,
     )  # fmt: skip

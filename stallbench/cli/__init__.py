@@ -7,6 +7,7 @@ enforce), 130 interrupted (results so far are written first).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import shutil
 import sys
@@ -16,11 +17,12 @@ from pathlib import Path
 from stallbench.cli import _args as types
 from stallbench.cli.commands import interrupted, run_analysis, run_demo, run_simulate
 from stallbench.cli.user import run_user_analysis, split_command
+from stallbench.conditions.limits import AUTO, NONE, Limits
 from stallbench.conditions.storage import PAGE
 from stallbench.jobs.kinds import CACHED, NAMES
 from stallbench.jobs.spec import PACKINGS
 
-__all__ = ["main", "make_parser"]
+__all__ = ["DEMO_LIMITS", "main", "make_parser"]
 
 
 def _kinds(text: str) -> tuple[str, ...]:
@@ -52,8 +54,7 @@ def _workload(p: argparse.ArgumentParser, data_required: bool = True) -> None:
         "--compute", type=types.compute_spec, default="emulated:10", help="emulated:<ms>, cpu, cuda"
     )
     p.add_argument("--cache", type=types.cache_spec, default="50%", help="cache size: 50%% or 2G")
-    p.add_argument("--storage-bandwidth", type=types.bandwidth, help="kernel read throttle, e.g. 200MB/s")
-    p.add_argument("--memory-limit", type=types.memory_spec, help="kernel memory limit per job: SIZE or auto")
+    _limits(p, NONE)
     p.add_argument("--epochs", type=types.positive_int, default=3)
     p.add_argument("--transform", choices=("train", "eval", "none"), default="train")
     packing = "token data: each loader also runs packed, as many packs a step as fill a padded step"
@@ -62,6 +63,33 @@ def _workload(p: argparse.ArgumentParser, data_required: bool = True) -> None:
         "--max-len", type=types.positive_int, help="tokens per pack; default: the longest sequence"
     )
     _outputs(p)
+
+
+class _Limit(argparse.Action):
+    """``--storage-bandwidth`` and ``--memory-limit`` resolved once into one value, ``args.limits`` (a
+    ``Limits``), each under its own name: from here the value goes whole to the cgroup and the report."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        namespace.limits = dataclasses.replace(namespace.limits, **{self.dest: values})
+
+
+def _limits(p: argparse.ArgumentParser, default: Limits) -> None:
+    said = default.said(unset=False)
+    p.add_argument(
+        "--storage-bandwidth",
+        type=types.bandwidth,
+        action=_Limit,
+        default=argparse.SUPPRESS,
+        help="kernel read throttle, e.g. 200MB/s" + (f" (default: {said[0]})" if said else ""),
+    )
+    p.add_argument(
+        "--memory-limit",
+        type=types.memory_spec,
+        action=_Limit,
+        default=argparse.SUPPRESS,
+        help="kernel memory limit per job: SIZE or auto",
+    )
+    p.set_defaults(limits=default)
 
 
 def _own_command(p: argparse.ArgumentParser) -> None:
@@ -123,6 +151,11 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
     _outputs(sim)
 
 
+# a network filesystem: reading what half a cache misses takes about a decode; memory: the cache budget plus
+# the job's measured memory, the same rule for both loaders
+DEMO_LIMITS = Limits(storage_bandwidth=75_000_000, memory_limit=AUTO)
+
+
 def _add_demo(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser("demo", help="generate a JPEG dataset and compare torch's DataLoader with ours")
     demo.add_argument(
@@ -132,6 +165,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--workers", type=types.positive_int, default=2)
     demo.add_argument("--batch-size", type=types.positive_int, default=64)
     demo.add_argument("--num-images", type=types.positive_int, default=None, help=argparse.SUPPRESS)
+    _limits(demo, DEMO_LIMITS)
     _outputs(demo)
     demo.set_defaults(plot=Path("stallbench-demo.png"))
 
@@ -164,7 +198,7 @@ def _concurrent(parser: argparse.ArgumentParser, args: argparse.Namespace, comma
         return False
     from stallbench.cli.jobs import UNSUPPORTED
 
-    given = [option for name, option in UNSUPPORTED.items() if getattr(args, name) is not None]
+    given = args.limits.options() + [o for name, o in UNSUPPORTED.items() if getattr(args, name) is not None]
     if given:
         parser.error(f"--jobs cannot be combined with {', '.join(given)} yet")
     return True

@@ -34,9 +34,8 @@ def say_error(command: str, exc: BaseException) -> None:
 def request_from(args: argparse.Namespace) -> AnalysisRequest:
     return AnalysisRequest(
         data=args.data, data_dir=args.data_dir, workers=args.workers, batch_size=args.batch_size,
-        compute=args.compute, cache=args.cache, storage_bandwidth=args.storage_bandwidth,
-        memory_limit=args.memory_limit, epochs=args.epochs, transform=args.transform, packing=args.packing,
-        max_len=args.max_len,
+        compute=args.compute, cache=args.cache, limits=args.limits, epochs=args.epochs,
+        transform=args.transform, packing=args.packing, max_len=args.max_len,
     )  # fmt: skip
 
 

@@ -17,10 +17,9 @@ from stallbench.conditions.cgroup import StorageConditionUnavailable
 
 __all__ = ["UNSUPPORTED", "run_concurrent_compare"]
 
-# options the concurrent comparison cannot honour yet: it runs warm, without cgroups, and draws nothing
+# options the concurrent comparison cannot honour yet: it runs warm, draws nothing, and runs without cgroups
+# (so it takes no limit either: ``Limits.options``)
 UNSUPPORTED = {
-    "storage_bandwidth": "--storage-bandwidth",
-    "memory_limit": "--memory-limit",
     "plot": "--plot",
     "packing": "--packing",
 }

@@ -17,6 +17,7 @@ from stallbench.analysis.results import LoaderReport
 from stallbench.analysis.user_analysis import UserJob, analyze_command
 from stallbench.analysis.user_report import NoTrainingLoader
 from stallbench.conditions.cgroup import StorageConditionUnavailable
+from stallbench.conditions.limits import AUTO
 from stallbench.conditions.storage import data_size
 from stallbench.jobs.command import CommandFailed
 from stallbench.jobs.spec import AS_IS
@@ -41,7 +42,7 @@ def _job(args: argparse.Namespace, command: list[str]) -> UserJob:
         raise ValueError(
             f"--data must name the files your command reads, not a generated workload ({args.data})"
         )
-    if args.memory_limit == "auto":
+    if args.limits.memory_limit == AUTO:
         raise ValueError("--memory-limit auto needs a generated workload; give a size, e.g. 4G")
     data = args.data.resolve()
     files = [data] if data.is_file() else [p for p in data.rglob("*") if p.is_file()]
@@ -51,7 +52,7 @@ def _job(args: argparse.Namespace, command: list[str]) -> UserJob:
     cache = round(args.cache * size.device_bytes) if isinstance(args.cache, CacheSpec) else args.cache
     return UserJob(
         argv=tuple(command), data=(data,), dataset_bytes=size.device_bytes, record_bytes=size.record_bytes,
-        cache_bytes=cache, storage_bandwidth=args.storage_bandwidth, memory_limit=args.memory_limit,
+        cache_bytes=cache, limits=args.limits,
         steps=args.steps, epochs=args.epochs, time_limit=args.time_limit,
     )  # fmt: skip
 

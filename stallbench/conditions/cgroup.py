@@ -120,19 +120,10 @@ class StorageLimits:
     """A fresh cgroup (memory and blkio, v1) for child processes; removed with all its processes on exit.
 
     ``memory_limit`` caps memory including the page cache; ``storage_bandwidth`` throttles reads (bytes per
-    second) from the disk that holds ``device_path``: the names of ``--memory-limit`` and
-    ``--storage-bandwidth``, which come here unchanged. Either may be None (no limit; the cgroup still
-    counts). The cgroup does not evict what is already cached: call ``evict_page_cache`` first for a cold run.
+    second) from the disk that holds ``device_path``: the fields of ``limits.Limits``, which makes this cgroup
+    for a run (``Limits.cgroup``). Either may be None (no limit; the cgroup still counts).
+    The cgroup does not evict what is already cached: call ``evict_page_cache`` first for a cold run.
     """
-
-    @classmethod
-    def asked(
-        cls, storage_bandwidth: int | None, memory_limit: int | None, device_path: str | os.PathLike
-    ) -> StorageLimits | None:
-        """The limits a run was asked for; None where it was asked for neither."""
-        if storage_bandwidth is None and memory_limit is None:
-            return None
-        return cls(memory_limit=memory_limit, storage_bandwidth=storage_bandwidth, device_path=device_path)
 
     def __init__(
         self,
@@ -187,6 +178,10 @@ class StorageLimits:
             _write(self._dirs["memory"] / _SETTINGS["memory"], str(self.memory_limit))
         if self.storage_bandwidth is not None:
             _write(self._dirs["blkio"] / _SETTINGS["blkio"], f"{self.device} {self.storage_bandwidth}")
+
+    def readable_in(self, seconds: float) -> int | None:
+        """The bytes the read throttle lets through in ``seconds``; None without a throttle."""
+        return None if self.storage_bandwidth is None else round(seconds * self.storage_bandwidth)
 
     @property
     def paths(self) -> list[Path]:

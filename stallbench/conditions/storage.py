@@ -1,6 +1,6 @@
-"""Storage conditions the kernel enforces: a cold page cache, a read-bandwidth throttle, a memory limit.
-
-Sizes are read and written in ``stallbench.conditions.sizes``.
+"""The data on storage: its size as the device reads it, what of it the page cache holds, and a cold or warm
+page cache on demand. The limits a run asks the kernel for are ``stallbench.conditions.limits``; sizes are
+read and written in ``stallbench.conditions.sizes``.
 
 Units: the kernel reads files in whole pages, so reading a file costs the device its size rounded up to a page
 (``device_bytes``). Every storage figure stallbench reports (a dataset's size, bytes read per epoch, storage
@@ -14,13 +14,6 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from stallbench.conditions.cgroup import (
-    StorageConditionUnavailable,
-    block_device,
-    filesystem_type,
-    try_cgroup,
-)
-
 __all__ = [
     "PAGE",
     "DataSize",
@@ -28,14 +21,12 @@ __all__ = [
     "device_bytes",
     "evict_page_cache",
     "files_in",
-    "probe_storage_conditions",
     "resident_bytes",
     "warm_page_cache",
 ]
 
 PathArg = str | os.PathLike
 PAGE = mmap.PAGESIZE
-_MEMORY_FS = {"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"}
 
 
 def files_in(paths: PathArg | Iterable[PathArg]) -> Iterator[str]:
@@ -130,34 +121,3 @@ def warm_page_cache(paths: PathArg | Iterable[PathArg]) -> None:
         with open(path, "rb") as f:
             while f.read(1 << 20):
                 pass
-
-
-def _eviction_problem(path: PathArg) -> str | None:
-    if not hasattr(os, "posix_fadvise"):
-        return "os.posix_fadvise is not available on this platform"
-    fstype = filesystem_type(path)
-    return f"{path} is on {fstype}, which keeps files only in memory" if fstype in _MEMORY_FS else None
-
-
-def _throttle_problem(path: PathArg) -> str | None:
-    try:
-        device = block_device(path)
-    except StorageConditionUnavailable as e:
-        return str(e)
-    return try_cgroup("blkio", f"{device} {1 << 30}")
-
-
-def probe_storage_conditions(path: PathArg = ".") -> dict[str, str | None]:
-    """Which conditions can be set up here for data under ``path``: None if possible, else the reason.
-
-    Keys: ``page_cache_eviction``, ``memory_limit``, ``storage_bandwidth``. The cgroup ones are tried for real
-    on a scratch cgroup that is removed again.
-    """
-    try:
-        return {
-            "page_cache_eviction": _eviction_problem(path),
-            "memory_limit": try_cgroup("memory", str(1 << 30)),
-            "storage_bandwidth": _throttle_problem(path),
-        }
-    except StorageConditionUnavailable as e:  # no mount table at all
-        return dict.fromkeys(("page_cache_eviction", "memory_limit", "storage_bandwidth"), str(e))

@@ -163,10 +163,7 @@ def _workload_lines(w: Workload) -> list[str]:
         "cache budget: the memory available"
         if w.cache_bytes is None
         else f"cache {format_bytes(w.cache_bytes)}",
-        "storage not throttled"
-        if w.storage_bandwidth is None
-        else f"storage throttled to {format_bytes(w.storage_bandwidth)}/s",
-        "memory not limited" if w.memory_limit is None else f"memory limit {format_bytes(w.memory_limit)}",
+        *w.limits.said(),
     ]
     head = textwrap.wrap(f"workload: {w.data}", WIDTH, subsequent_indent="  ", break_on_hyphens=False)
     if w.command is not None:
