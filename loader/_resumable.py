@@ -5,19 +5,33 @@ the loader keeps the sampler (``_replay``) and counts."""
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
+from loader._iterators import Tracking
 from loader._resume import generator_states, restore_generators
+from loader._worker_random import RandomStates
 
 __all__ = ["STATE_VERSION", "ResumableEpochs"]
 
-STATE_VERSION = 2  # 1 kept the epoch's whole order
+STATE_VERSION = 3  # 1 kept the epoch's whole order; 2 had no workers' random states (read still)
 
 
 class ResumableEpochs:
     """``state_dict`` / ``load_state_dict`` of a DataLoader whose map-style order is a ReplayableSampler
     (``_replay``; None for an iterable dataset), with ``_delivered``, ``_started_before``,
     ``_made_iterator`` and ``_resume`` kept by the loader as its iterators start and hand out batches."""
+
+    # set again, never changed in place: these are the loader's until its first iterator
+    _delivered = 0  # batches of the current epoch handed out
+    _started_before = 0  # epochs the sampler had started when the current iterator was made
+    _made_iterator = False
+    _resume: tuple[dict[str, Any], bool, bool] | None = None  # (states, mid-epoch?, order next?)
+    _worker_states: Mapping[int, RandomStates] = MappingProxyType({})  # by worker: its last batch's
+    _workers_from: tuple[dict[int, RandomStates], int, int | None] | None = None  # (states, turn, seed)
+    _workers_seed: int | None = None  # the base seed the current workers started from
 
     def state_dict(self) -> dict[str, Any]:
         """Where the current epoch stands: its whole order and how many batches were handed out."""
@@ -43,12 +57,17 @@ class ResumableEpochs:
             # an iterator made whose order is not drawn yet: its base seed is drawn, the order comes next
             "order_next": self._made_iterator and not started,
             "iterator_made": self._made_iterator,
+            "worker_random": dict(self._worker_states),
+            "workers_seed": self._workers_seed,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next ``iter(loader)`` yield exactly the rest of the saved epoch."""
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise ValueError(f"not a loader.DataLoader state of version {STATE_VERSION}")
+        version = state.get("version") if isinstance(state, dict) else None
+        if version not in (2, STATE_VERSION):
+            raise ValueError(
+                f"not a loader.DataLoader state of version 2 or {STATE_VERSION}, got {version!r}"
+            )
         draw_states, done = state["draw_states"], state["batches_delivered"]
         if isinstance(done, bool) or not isinstance(done, int) or done < 0:
             raise ValueError(f"batches_delivered={done!r} is not a number of batches")
@@ -60,6 +79,31 @@ class ResumableEpochs:
         # persistent workers keep the base seed their first iterator drew; later epochs draw only the order
         kept_seed = self.persistent_workers and bool(state["iterator_made"])
         self._resume = (state["generators"], mid_epoch, bool(state["order_next"]) or kept_seed)
+        if mid_epoch or kept_seed:  # the saved loader's workers go on: the next ones start as they were
+            turn = done % self.num_workers if mid_epoch and self.num_workers > 0 else 0
+            self._start_workers_from(state.get("worker_random", {}), turn, state.get("workers_seed"))
+
+    def _start_workers_from(self, states: dict[int, RandomStates], turn: int, seed: int | None) -> None:
+        """The next workers take up ``states`` (by worker id) and base ``seed``, the next batch going to
+        worker ``turn``; persistent workers already running are stopped, to start again so."""
+        self._workers_from = (dict(states), turn, seed)
+        if self._iterator is not None:
+            self._iterator._shutdown_workers()
+            self._iterator = None
+
+    def _tracking(self) -> Tracking:
+        """What a new iterator tells this loader, and how its new workers start."""
+        restore, turn, seed = self._workers_from or ({}, 0, None)
+        self._workers_from, self._worker_states = None, dict(restore)
+        return Tracking(weakref.ref(self), restore, turn, seed)
+
+    def _workers_started(self, iterator: Any) -> Any:
+        """``iterator``, whose workers (if any) started from its base seed: kept for ``state_dict``."""
+        self._workers_seed = iterator._base_seed
+        return iterator
+
+    def _keep_states(self, worker: int, states: RandomStates) -> None:
+        self._worker_states[worker] = states
 
     def _epoch_finished(self) -> bool:
         """Whether every batch of the current epoch was handed out (never, for an endless sampler)."""

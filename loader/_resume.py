@@ -17,11 +17,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
-from loader._serving import FileReads, ServingWorkerInit, serving
-
-__all__ = ["ReplayableSampler", "counting_iterator", "generator_states", "restore_generators"]
+__all__ = ["ReplayableSampler", "generator_states", "restore_generators"]
 
 GLOBAL = "torch"  # the name of torch's global random state among the states kept
 OWN = "order"  # and of the whole order of a sampler with a state_dict() of its own (a PackedBatchSampler)
@@ -105,64 +102,6 @@ class ReplayableSampler:
     def next_start(self) -> int:
         """Position at which the next epoch begins: 0, or where a resumed epoch left off."""
         return 0 if self._pending is None else self._pending[1]
-
-
-class _Counting:
-    """Over torch's own iterator classes: counts the batches handed to the training loop (prefetched ones
-    are not), and drops a batch that is only ``skip`` (all its records were bad and skipped)."""
-
-    _on_batch: weakref.WeakMethod | None = None  # the loader's counter; weak, so the loader can be freed
-    _skip: Any = None
-
-    def __next__(self) -> Any:
-        batch = super().__next__()
-        self._count()
-        while self._skip is not None and batch is self._skip:
-            batch = super().__next__()
-            self._count()
-        return batch
-
-    def _count(self) -> None:
-        on_batch = self._on_batch() if self._on_batch is not None else None
-        if on_batch is not None:
-            on_batch()
-
-
-class _CountingSingleProcessIter(_Counting, _SingleProcessDataLoaderIter):
-    _serve: Any = None  # a loader's cache_files reads, served while this process loads a batch
-
-    def _next_data(self) -> Any:
-        if self._serve is None:
-            return super()._next_data()
-        with serving(self._serve):
-            return super()._next_data()
-
-
-class _CountingMultiProcessingIter(_Counting, _MultiProcessingDataLoaderIter):
-    pass
-
-
-def counting_iterator(
-    loader: Any, on_batch: Callable[[], None] | None, skip: Any, serve: FileReads | None = None
-) -> Any:
-    """Torch's iterator for ``loader`` (an instance of torch's own class), counting into ``on_batch`` (if
-    any); ``serve``'s reads are served in its workers, or without workers while it loads each batch."""
-    if loader.num_workers == 0:
-        iterator = _CountingSingleProcessIter(loader)
-    elif serve is None:
-        iterator = _CountingMultiProcessingIter(loader)
-    else:
-        user_init = loader.worker_init_fn
-        loader.worker_init_fn = ServingWorkerInit(serve, user_init)  # read as the workers start
-        try:
-            iterator = _CountingMultiProcessingIter(loader)
-        finally:
-            loader.worker_init_fn = user_init
-    iterator._on_batch = weakref.WeakMethod(on_batch) if on_batch is not None else None
-    iterator._skip = skip
-    if serve is not None and loader.num_workers == 0:
-        iterator._serve = serve
-    return iterator
 
 
 def generator_states(generators: dict[str, torch.Generator | None]) -> dict[str, torch.Tensor]:

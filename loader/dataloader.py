@@ -11,9 +11,10 @@ import torch.utils.data
 from torch.utils.data import Dataset, Sampler
 from torch.utils.data.dataloader import _DatasetKind
 
+from loader._iterators import counting_iterator
 from loader._opening import open_options
 from loader._resumable import ResumableEpochs
-from loader._resume import ReplayableSampler, counting_iterator
+from loader._resume import ReplayableSampler
 from loader.cache import MinIOCache
 from loader.coordinated import Coordination
 from loader.coordinated.options import coordination_from
@@ -132,10 +133,6 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         self._board = board
         drawn_again = self._resumable_kind  # a map-style order; an IterableDataset's comes from the dataset
         self._replay = ReplayableSampler(super()._index_sampler, self._generators) if drawn_again else None
-        self._delivered = 0
-        self._started_before = 0  # epochs the sampler had started when the current iterator was made
-        self._made_iterator = False
-        self._resume: tuple[dict[str, Any], bool, bool] | None = None  # (states, mid-epoch?, order next?)
         self._coordinated = (
             CoordinatedEpochs(self, coordination, transform, user_collate)
             if coordination is not None
@@ -185,8 +182,8 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         Dataset's own reads (``cache_files``)."""
         if self.num_workers > 0:
             self.check_worker_number_rationality()
-        on_batch = self._count_delivered if self._replay is not None else None
-        return counting_iterator(self, on_batch, skip=SKIPPED, serve=self._files)
+        tracking = self._tracking() if self._replay is not None else None
+        return self._workers_started(counting_iterator(self, tracking, skip=SKIPPED, serve=self._files))
 
     def stats(self) -> LoaderStats:
         """Totals since this loader was made, over all its workers and epochs."""

@@ -1,0 +1,137 @@
+"""Torch's own iterator classes, as ``loader.DataLoader`` runs them: each batch handed to the training loop is
+told to the loader (it counts them for ``state_dict``, and keeps the random states its worker stamped on it,
+``_worker_random``), a batch that is only ``skip`` (all its records bad and skipped) is dropped, a Dataset's
+own file reads are served (``cache_files``), and a restored loader's workers start where the saved ones were.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
+
+from loader._serving import FileReads, ServingWorkerInit, serving
+from loader._worker_random import RandomStates, RestoringWorkerInit, Stamped, StampingCollate
+
+__all__ = ["Tracking", "counting_iterator"]
+
+
+class Tracked(Protocol):
+    """A resumable loader, as its iterators tell it of each batch handed out."""
+
+    def _count_delivered(self) -> None: ...
+
+    def _keep_states(self, worker: int, states: RandomStates) -> None: ...
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """A resumable loader's side of its iterator: ``loader`` (held weakly, so that it is freed while an
+    iterator outlives it) is told of each batch handed out and of the random states stamped on it. New
+    workers start from ``restore`` (states by worker id) and ``seed`` (a base seed, instead of the one drawn;
+    None: the drawn one), and the first epoch's first batch goes to worker ``turn``: a resumed epoch's
+    workers start as the saved ones were, and are dealt the batches the saved ones would have been."""
+
+    loader: weakref.ReferenceType[Tracked]
+    restore: dict[int, RandomStates] = field(default_factory=dict)
+    turn: int = 0
+    seed: int | None = None
+
+    def handed(self, batch: Any) -> Any:
+        """``batch`` as the training loop gets it: counted, its stamp kept and taken off."""
+        loader = self.loader()
+        if loader is not None:
+            loader._count_delivered()
+        if not isinstance(batch, Stamped):
+            return batch
+        if loader is not None:
+            loader._keep_states(batch.worker, batch.states)
+        return batch.batch
+
+
+class _Counting:
+    _tracking: Tracking | None = None
+    _skip: Any = None
+
+    def __next__(self) -> Any:
+        batch = self._handed(super().__next__())
+        while self._skip is not None and batch is self._skip:
+            batch = self._handed(super().__next__())
+        return batch
+
+    def _handed(self, batch: Any) -> Any:
+        return batch if self._tracking is None else self._tracking.handed(batch)
+
+
+class _CountingSingleProcessIter(_Counting, _SingleProcessDataLoaderIter):
+    _serve: Any = None  # a loader's cache_files reads, served while this process loads a batch
+
+    def _next_data(self) -> Any:
+        if self._serve is None:
+            return super()._next_data()
+        with serving(self._serve):
+            return super()._next_data()
+
+
+class _CountingMultiProcessingIter(_Counting, _MultiProcessingDataLoaderIter):
+    """Torch deals an epoch's batches to the workers in turn from worker 0; ``_turn`` starts the first
+    epoch's deal further on (torch makes the deal's cycle anew each epoch, through this attribute). It seeds
+    the workers it starts from the base seed it draws; ``_seed`` is taken instead where given."""
+
+    _turn = 0
+    _seed: int | None = None
+
+    @property
+    def _base_seed(self) -> int:
+        return self._started_from
+
+    @_base_seed.setter
+    def _base_seed(self, drawn: int) -> None:
+        self._started_from = drawn if self._seed is None else self._seed
+
+    @property
+    def _worker_queue_idx_cycle(self) -> Any:
+        return self._deal
+
+    @_worker_queue_idx_cycle.setter
+    def _worker_queue_idx_cycle(self, cycle: Any) -> None:
+        for _ in range(self._turn):
+            next(cycle)
+        self._turn, self._deal = 0, cycle
+
+
+def counting_iterator(
+    loader: Any, tracking: Tracking | None, skip: Any, serve: FileReads | None = None
+) -> Any:
+    """Torch's iterator for ``loader`` (an instance of torch's own class), telling ``tracking`` (if any) of
+    each batch; ``serve``'s reads are served in its workers, or without workers while it loads each batch."""
+    if loader.num_workers == 0:
+        iterator = _CountingSingleProcessIter(loader)
+        iterator._serve = serve
+    else:
+        iterator = _with_workers(loader, tracking, serve)
+    iterator._tracking, iterator._skip = tracking, skip
+    return iterator
+
+
+def _with_workers(loader: Any, tracking: Tracking | None, serve: FileReads | None) -> Any:
+    """The iterator, its workers started with the loader's ``worker_init_fn`` and ``collate_fn`` wrapped
+    (read as the workers start; the loader's own are put back)."""
+    user_init, user_collate = loader.worker_init_fn, loader.collate_fn
+    init: Callable[[int], Any] | None = (
+        ServingWorkerInit(serve, user_init) if serve is not None else user_init
+    )
+    iterator = _CountingMultiProcessingIter.__new__(_CountingMultiProcessingIter)
+    if tracking is not None:
+        init = RestoringWorkerInit(tracking.restore, init) if tracking.restore else init
+        loader.collate_fn = StampingCollate(user_collate)
+        iterator._turn, iterator._seed = tracking.turn, tracking.seed
+    loader.worker_init_fn = init
+    try:
+        iterator.__init__(loader)
+    finally:
+        loader.worker_init_fn, loader.collate_fn = user_init, user_collate
+    return iterator
