@@ -12,14 +12,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.utils.data
 from helpers import make_jpeg_folder
 
-from loader import DataLoader, ImageFolder, ImageFolderSource, SourceError
+from loader import ArrowDataset, DataLoader, ImageFolder, ImageFolderSource, SourceError
 from loader.errors import BadRecordError
-from loader.sources import S3ImageFolderSource
+from loader.sources import ArrowSource, S3ImageFolderSource
 
 pytestmark = pytest.mark.multiproc
 
@@ -146,3 +148,62 @@ def test_a_stopped_server_is_a_timeout_that_names_the_object_not_a_hang(bucket, 
     finally:
         server.send_signal(signal.SIGCONT)
     assert source.read(1) == S3ImageFolderSource(url).read(1)  # it answers again once it runs
+
+
+@pytest.fixture
+def parquet(server, tmp_path) -> tuple[str, Path]:
+    """``s3://data/train.parquet``: the images' bytes and labels in row groups of 5, and the local file."""
+    local = make_jpeg_folder(tmp_path / "imgs", per_class=6, classes=3)
+    paths = sorted(local.rglob("*.jpg"))
+    table = pa.table(
+        {"image": [p.read_bytes() for p in paths], "label": [int(p.parent.name[-1]) for p in paths]}
+    )
+    file = tmp_path / "train.parquet"
+    pq.write_table(table, file, row_group_size=5)
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="data")
+    s3.put_object(Bucket="data", Key="train.parquet", Body=file.read_bytes())
+    return "s3://data/train.parquet", file
+
+
+def test_a_parquet_object_reads_as_the_local_file_through_our_cached_loader(parquet, shm_dir):
+    url, local = parquet
+    remote, here = ArrowSource(url, label_column="label"), ArrowSource(local, label_column="label")
+    assert len(remote) == len(here) == 18 and remote.nbytes == here.nbytes
+    assert [remote.read(i) for i in range(18)] == [here.read(i) for i in range(18)]
+    assert [remote.label(i) for i in range(18)] == [here.label(i) for i in range(18)]
+    assert remote.describe(3) == f"{url}:3"
+
+    def epochs(dl) -> list:
+        return [[(x.tolist(), y.tolist()) for x, y in dl] for _ in range(2)]
+
+    common = dict(batch_size=4, shuffle=True, num_workers=2)
+    torch_dl = torch.utils.data.DataLoader(
+        ArrowDataset(str(local), label_column="label", transform="eval"),
+        **common,
+        generator=torch.Generator().manual_seed(5),
+    )
+    ours = DataLoader(
+        ArrowDataset(url, label_column="label", transform="eval"),
+        **common,
+        generator=torch.Generator().manual_seed(5),
+        cache_bytes=1 << 24,
+        cache_dir=shm_dir,
+    )
+    assert epochs(ours) == epochs(torch_dl)
+    assert (ours.stats().misses, ours.stats().hits) == (18, 18)  # epoch 2 made no request
+
+
+def test_what_object_storage_cannot_serve_as_arrow_is_named(server, tmp_path):
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="data")
+    ipc = tmp_path / "t.arrow"
+    with pa.ipc.new_file(ipc, pa.schema([("x", pa.binary())])) as writer:
+        writer.write_table(pa.table({"x": [b"a"]}))
+    s3.put_object(Bucket="data", Key="t.arrow", Body=ipc.read_bytes())
+    with pytest.raises(SourceError, match=r"'s3://data/t.arrow' is not a Parquet file: .* only Parquet"):
+        ArrowSource("s3://data/t.arrow")
+    with pytest.raises(SourceError, match=r"'s3://data/missing.parquet' is not an object in the bucket"):
+        ArrowSource("s3://data/missing.parquet")
+    with pytest.raises(SourceError, match=r"'s3://data' names a bucket, not a file in it"):
+        ArrowSource("s3://data")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import mmap
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -12,12 +13,14 @@ import pyarrow.parquet as pq
 
 from loader.errors import SourceError
 from loader.sources._mapped import MappedFile
+from loader.sources._object_files import is_object, object_stat, open_object
 from loader.system.pagecache import prefetch
 
 __all__ = [
     "IpcFile",
     "ParquetFile",
     "binary_value",
+    "file_stat",
     "open_file",
     "record_column",
     "record_type",
@@ -81,11 +84,12 @@ class IpcFile:
 
 
 class ParquetFile:
-    """A Parquet file; row groups are the chunks. A row group is read and decompressed whole, so its pages
-    hold other records too (compressed): they are left to the kernel, never evicted by a read."""
+    """A Parquet file (a path, or an object storage file); row groups are the chunks. A row group is read
+    and decompressed whole, so its pages hold other records too (compressed): they are left to the kernel,
+    never evicted by a read."""
 
-    def __init__(self, path: str) -> None:
-        self._file = pq.ParquetFile(path, memory_map=False)
+    def __init__(self, source: str | pa.NativeFile) -> None:
+        self._file = pq.ParquetFile(source, memory_map=False)
         self.schema = self._file.schema_arrow
 
     def chunk_rows(self) -> list[int]:
@@ -110,8 +114,18 @@ class ParquetFile:
         return data, admit(data)
 
 
+def file_stat(path: str) -> tuple[int, int]:
+    """(size, mtime in ns) of the file or object at ``path``."""
+    if is_object(path):
+        return object_stat(path)
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
 def open_file(path: str) -> IpcFile | ParquetFile:
     """The right reader for the file's magic bytes, or SourceError naming the file."""
+    if is_object(path):
+        return _parquet_object(path)
     try:
         with open(path, "rb") as f:
             magic = f.read(6)
@@ -129,6 +143,20 @@ def open_file(path: str) -> IpcFile | ParquetFile:
         return kind(path)
     except (pa.ArrowException, OSError, ValueError) as e:
         raise SourceError(f"{path!r} is not a readable {name} file: {e}") from e
+
+
+def _parquet_object(url: str) -> ParquetFile:
+    """A Parquet file in object storage; an Arrow IPC one is refused (its reads are by memory map)."""
+    file = open_object(url)
+    if file.read(4) != b"PAR1":
+        raise SourceError(
+            f"{url!r} is not a Parquet file: from object storage only Parquet is read (by ranged requests); "
+            "copy an Arrow IPC file to local storage, or write it as Parquet"
+        )
+    try:
+        return ParquetFile(file)
+    except (pa.ArrowException, OSError) as e:
+        raise SourceError(f"{url!r} is not a readable Parquet file: {e}") from e
 
 
 def _is_image(t: pa.DataType) -> bool:

@@ -6,7 +6,8 @@ column gives its ``bytes``) or a list of integers (a token sequence: ``read`` re
 dtype="<i4").tobytes()``, little-endian int32).
 An IPC file is memory-mapped and read without copies except the value itself. A Parquet file has no random
 access below the row group: a read decodes the whole row group holding the row (the last one stays decoded in
-each process), so use small row groups, or IPC, for random order.
+each process), so use small row groups, or IPC, for random order. A Parquet file may also be in object
+storage (``s3://bucket/key.parquet``, ``_object_files``): its row groups are fetched by ranged requests.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from loader.sources._arrow_files import (
     IpcFile,
     ParquetFile,
     binary_value,
+    file_stat,
     open_file,
     record_type,
     token_value,
@@ -92,9 +94,9 @@ class ArrowSource(Source):
         self._value = binary_value if self.kind == "binary" else token_value
         self._starts = list(itertools.accumulate(self._io().chunk_rows(), initial=0))
         self._len = self._starts.pop()
-        st = os.stat(self.path)
-        self.nbytes = max(st.st_size, self._io().column_bytes(self.column))
-        self._fingerprint = digest([st.st_size, st.st_mtime_ns, self._len, self.column, schema.to_string()])
+        size, mtime_ns = file_stat(self.path)
+        self.nbytes = max(size, self._io().column_bytes(self.column))
+        self._fingerprint = digest([size, mtime_ns, self._len, self.column, schema.to_string()])
 
     def _io(self) -> IpcFile | ParquetFile:
         """This process's reader; a forked or unpickled copy opens its own."""
