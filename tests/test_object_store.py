@@ -21,7 +21,7 @@ from helpers import make_jpeg_folder
 
 from loader import ArrowDataset, DataLoader, ImageFolder, ImageFolderSource, SourceError
 from loader.errors import BadRecordError
-from loader.sources import ArrowSource, S3ImageFolderSource
+from loader.sources import ArrowSource, S3ImageFolderSource, _object_files
 
 pytestmark = pytest.mark.multiproc
 
@@ -207,3 +207,39 @@ def test_what_object_storage_cannot_serve_as_arrow_is_named(server, tmp_path):
         ArrowSource("s3://data/missing.parquet")
     with pytest.raises(SourceError, match=r"'s3://data' names a bucket, not a file in it"):
         ArrowSource("s3://data")
+
+
+def test_a_parquet_server_gone_mid_epoch_names_the_object_and_nothing_hangs(
+    parquet, server, shm_dir, monkeypatch
+):
+    """Each read tries once here (forked workers inherit it): a gone server costs a refused connection, not
+    the backoff of five attempts per record."""
+    monkeypatch.setattr(_object_files, "ATTEMPTS", 1)
+    url, _ = parquet
+    dataset = ArrowDataset(url, label_column="label")
+    dl = DataLoader(
+        dataset, batch_size=6, num_workers=2, on_error="skip", cache_bytes=1 << 24, cache_dir=shm_dir
+    )
+    server.kill()  # opened (its footer read), no row group yet: the server goes as the epoch starts
+    server.wait()
+    with pytest.raises(BadRecordError, match=r"s3://data/train.parquet:0.*cannot read its row group"):
+        dataset.source.read(0)
+    start = time.monotonic()
+    assert list(dl) == [] and dl.stats().records_skipped == 18
+    assert time.monotonic() - start < 60
+
+
+def test_a_stopped_parquet_server_is_a_timeout_that_names_the_object(parquet, server, monkeypatch):
+    monkeypatch.setattr(_object_files, "ATTEMPTS", 1)
+    monkeypatch.setattr(_object_files, "TIMEOUT", 1.0)
+    url, local = parquet
+    source = ArrowSource(url)
+    server.send_signal(signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(BadRecordError, match=r"s3://data/train.parquet:7.*cannot read its row group"):
+            source.read(7)
+        assert time.monotonic() - start < 10
+    finally:
+        server.send_signal(signal.SIGCONT)
+    assert source.read(7) == ArrowSource(local).read(7)  # it answers again once it runs

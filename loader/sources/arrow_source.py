@@ -111,18 +111,23 @@ class ArrowSource(Source):
         return self._len
 
     def read(self, index: int) -> bytes:
-        return self._io().copy(self._view(index), self._convert)
+        view = self._view(index)  # first: it opens this process's reader, and names the record if it cannot
+        return self._io().copy(view, self._convert)
 
     def read_admitting(self, index: int, admit: Callable[[bytes], bool]) -> tuple[bytes, bool]:
         """Once admitted, an IPC value's pages that this read brought in are evicted
         (``loader.system.pagecache``)."""
-        return self._io().copy_admitting(self._view(index), self._convert, admit)
+        view = self._view(index)
+        return self._io().copy_admitting(view, self._convert, admit)
 
     def _view(self, index: int) -> np.ndarray:
         """Record ``index``'s value, viewed where it lies (its pages not yet touched)."""
         i = self.check_index(index)
         k = bisect.bisect_right(self._starts, i) - 1
-        arr, row = self._chunk_array(k), i - self._starts[k]
+        try:
+            arr, row = self._chunk_array(k), i - self._starts[k]
+        except (OSError, SourceError) as e:  # the file is gone or damaged, the object storage does not answer
+            raise BadRecordError(self.describe(i), i, f"cannot read its row group or batch: {e}") from e
         if arr.null_count and not arr[row].is_valid:
             raise BadRecordError(self.describe(i), i, f"null in column {self.column!r}")
         try:
