@@ -19,9 +19,17 @@ import torch
 import torch.utils.data
 from helpers import make_jpeg_folder
 
-from loader import ArrowDataset, DataLoader, ImageFolder, ImageFolderSource, SourceError
+from loader import (
+    ArrowDataset,
+    DataLoader,
+    ImageFolder,
+    ImageFolderSource,
+    SourceError,
+    TarShards,
+    TarShardsSource,
+)
 from loader.errors import BadRecordError
-from loader.sources import ArrowSource, S3ImageFolderSource, _object_files
+from loader.sources import ArrowSource, S3ImageFolderSource, _object_files, image_folder_to_tar_shards
 
 pytestmark = pytest.mark.multiproc
 
@@ -243,3 +251,64 @@ def test_a_stopped_parquet_server_is_a_timeout_that_names_the_object(parquet, se
     finally:
         server.send_signal(signal.SIGCONT)
     assert source.read(7) == ArrowSource(local).read(7)  # it answers again once it runs
+
+
+@pytest.fixture
+def shards(server, tmp_path) -> tuple[str, Path]:
+    """``s3://data/shards/``: the image folder as tar shards of about 20 kB, and the local shards' folder."""
+    local = image_folder_to_tar_shards(
+        make_jpeg_folder(tmp_path / "imgs", per_class=6, classes=3), tmp_path / "shards", shard_bytes=20_000
+    )
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="data")
+    for path in local.shards:
+        s3.put_object(Bucket="data", Key=f"shards/{Path(path).name}", Body=Path(path).read_bytes())
+    s3.put_object(Bucket="data", Key="shards/README.txt", Body=b"not a shard")
+    return "s3://data/shards/", tmp_path / "shards"
+
+
+def test_tar_shards_in_object_storage_read_as_the_local_ones(shards, shm_dir):
+    url, local = shards
+    remote, here = TarShardsSource(url), TarShardsSource(local)
+    assert len(remote.shards) == len(here.shards) > 1 and len(remote) == len(here) == 18
+    assert [remote.read(i) for i in range(18)] == [here.read(i) for i in range(18)]
+    assert [remote.label(i) for i in range(18)] == [here.label(i) for i in range(18)]
+    assert remote.describe(0) == f"{remote.shards[0]}[00000000]" and remote.nbytes == here.nbytes
+    assert TarShardsSource(remote.shards).fingerprint == remote.fingerprint
+
+    def epochs(dl) -> list:
+        return [[(x.tolist(), y.tolist()) for x, y in dl] for _ in range(2)]
+
+    common = dict(batch_size=4, shuffle=True, num_workers=2)
+    torch_dl = torch.utils.data.DataLoader(
+        TarShards(str(local), transform="eval"), **common, generator=torch.Generator().manual_seed(5)
+    )
+    ours = DataLoader(
+        TarShards(url, transform="eval"),
+        **common,
+        generator=torch.Generator().manual_seed(5),
+        cache_bytes=1 << 24,
+        cache_dir=shm_dir,
+    )
+    assert epochs(ours) == epochs(torch_dl)
+    assert (ours.stats().misses, ours.stats().hits) == (18, 18)  # epoch 2 made no request
+
+
+def test_tar_shards_in_object_storage_gone_or_missing_are_named(shards, server, monkeypatch, shm_dir):
+    monkeypatch.setattr(_object_files, "ATTEMPTS", 1)
+    url, _ = shards
+    with pytest.raises(SourceError, match=r"'s3://data/none/' holds no .tar shards"):
+        TarShardsSource("s3://data/none/")
+    with pytest.raises(SourceError, match=r"'s3://data/shards/x.tar' is not an object in the bucket"):
+        TarShardsSource("s3://data/shards/x.tar")
+    dataset = TarShards(url)
+    dl = DataLoader(
+        dataset, batch_size=6, num_workers=2, on_error="skip", cache_bytes=1 << 24, cache_dir=shm_dir
+    )
+    server.kill()  # listed, nothing read yet: the server goes as the epoch starts
+    server.wait()
+    with pytest.raises(BadRecordError, match=r"s3://data/shards/shard-000000.tar\[00000000\].*cannot read"):
+        dataset.source.read(0)
+    start = time.monotonic()
+    assert list(dl) == [] and dl.stats().records_skipped == 18
+    assert time.monotonic() - start < 60

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import mmap
-import os
 from collections.abc import Callable
 
 import numpy as np
@@ -13,14 +12,13 @@ import pyarrow.parquet as pq
 
 from loader.errors import SourceError
 from loader.sources._mapped import MappedFile
-from loader.sources._object_files import is_object, object_stat, open_object
+from loader.sources._object_files import is_object, open_object
 from loader.system.pagecache import prefetch
 
 __all__ = [
     "IpcFile",
     "ParquetFile",
     "binary_value",
-    "file_stat",
     "open_file",
     "record_column",
     "record_type",
@@ -112,14 +110,6 @@ class ParquetFile:
     ) -> tuple[bytes, bool]:
         data = convert(view)
         return data, admit(data)
-
-
-def file_stat(path: str) -> tuple[int, int]:
-    """(size, mtime in ns) of the file or object at ``path``."""
-    if is_object(path):
-        return object_stat(path)
-    st = os.stat(path)
-    return st.st_size, st.st_mtime_ns
 
 
 def open_file(path: str) -> IpcFile | ParquetFile:

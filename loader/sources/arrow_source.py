@@ -27,12 +27,12 @@ from loader.sources._arrow_files import (
     IpcFile,
     ParquetFile,
     binary_value,
-    file_stat,
     open_file,
     record_type,
     token_value,
 )
 from loader.sources._fingerprint import digest
+from loader.sources._object_files import file_stat
 from loader.sources.base import Source
 
 __all__ = ["ArrowSource"]

@@ -11,6 +11,10 @@ Python's ``tarfile`` lists the members and where each one's data starts; this mo
 (numpy arrays: the index crosses into each worker in its pickle, so no worker lists the shards again) and
 reads a record with one ``pread``, so a shuffled order and the cache work per record, as for files. The
 labels are read when the source is opened (a few bytes per sample, in the order of the shards).
+
+Shards may be in object storage (``s3://bucket/prefix/`` for every ``.tar`` object directly under it, or
+URLs of shards; ``_object_files``): the listing walks each shard's headers by ranged requests of a few kB
+(about one request per sample, not a download of the shard), and a record is one ranged request.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from __future__ import annotations
 import os
 import tarfile
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from loader.errors import BadRecordError, SourceError
 from loader.sources._fingerprint import digest
+from loader.sources._object_files import file_stat, is_object, list_objects, open_object, ranged_reader
 from loader.sources.base import Source
 from loader.sources.image_folder import IMG_EXTENSIONS
 
@@ -35,7 +41,7 @@ class TarShardsSource(Source):
     """The samples of ``shards``: a folder (every ``*.tar`` in it, sorted by name), one ``.tar`` file, or a
     list of them, in order. ``read`` returns a sample's image bytes."""
 
-    thread_safe_reads = True  # one pread per record, on a descriptor per shard
+    thread_safe_reads = True  # one pread (or ranged request) per record, on a descriptor per shard
     _per_process = ("_fds",)
 
     def __init__(self, shards: str | os.PathLike | Sequence[str | os.PathLike]) -> None:
@@ -50,12 +56,9 @@ class TarShardsSource(Source):
         self._size = np.array([row[2] for row in rows], np.int64)
         self._labels = [row[3] for row in rows]
         self.nbytes = int(self._size.sum())
-        stats = [os.stat(p) for p in self.shards]
         names = [os.path.basename(p) for p in self.shards]
-        self._fingerprint = digest(
-            (n, st.st_size, st.st_mtime_ns) for n, st in zip(names, stats, strict=True)
-        )
-        self._fds: dict[int, int] = {}
+        self._fingerprint = digest((n, *file_stat(p)) for n, p in zip(names, self.shards, strict=True))
+        self._fds: dict[int, Any] = {}  # a descriptor, or an object storage file
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -63,7 +66,8 @@ class TarShardsSource(Source):
 
     def __del__(self) -> None:
         for fd in getattr(self, "_fds", {}).values():
-            os.close(fd)
+            if isinstance(fd, int):
+                os.close(fd)
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -72,17 +76,20 @@ class TarShardsSource(Source):
         i = self.check_index(index)
         size, offset = int(self._size[i]), int(self._offset[i])
         try:
-            raw = os.pread(self._fd(int(self._shard[i])), size, offset)
-        except OSError as e:
+            fd = self._fd(int(self._shard[i]))
+            raw = os.pread(fd, size, offset) if isinstance(fd, int) else fd.read_at(size, offset)
+        except (OSError, SourceError) as e:
             raise BadRecordError(self.describe(i), i, f"cannot read the shard: {e.strerror or e}") from e
         if len(raw) != size:
             raise BadRecordError(self.describe(i), i, f"the shard ends {size - len(raw)} bytes early")
         return raw
 
-    def _fd(self, shard: int) -> int:
+    def _fd(self, shard: int) -> Any:
         fd = self._fds.get(shard)
         if fd is None:
-            fd = self._fds.setdefault(shard, os.open(self.shards[shard], os.O_RDONLY | os.O_CLOEXEC))
+            path = self.shards[shard]
+            opened = open_object(path) if is_object(path) else os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = self._fds.setdefault(shard, opened)
         return fd
 
     def label(self, index: int) -> int | None:
@@ -99,6 +106,11 @@ class TarShardsSource(Source):
 
 
 def _shard_paths(shards: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    if isinstance(shards, str) and is_object(shards) and not shards.endswith(".tar"):
+        found = list_objects(shards, ".tar")
+        if not found:
+            raise SourceError(f"{shards!r} holds no .tar shards")
+        return found
     if isinstance(shards, (str, os.PathLike)):
         path = os.fspath(shards)
         if os.path.isdir(path):
@@ -108,24 +120,30 @@ def _shard_paths(shards: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
             return found
         shards = [path]
     paths = [os.fspath(p) for p in shards]
-    missing = [p for p in paths if not os.path.isfile(p)]
+    missing = [p for p in paths if not is_object(p) and not os.path.isfile(p)]
     if missing or not paths:
         raise SourceError(f"tar shard {missing[0] if missing else '(none given)'!r} does not exist")
     return paths
 
 
 def _samples(path: str) -> list[tuple[str, int, int, int | None]]:
-    """(key, data offset, size, label) per sample of the shard at ``path`` with an image member."""
+    """(key, data offset, size, label) per sample of the shard at ``path`` with an image member. A label
+    member is read as the walk passes it: in object storage, its bytes are in the block just fetched."""
     try:
-        with tarfile.open(path, "r:") as tar:  # "r:": uncompressed only; a compressed shard has no offsets
+        fileobj = ranged_reader(path) if is_object(path) else None
+        with tarfile.open(path, "r:", fileobj=fileobj) as tar:  # "r:": a compressed shard has no offsets
             grouped: dict[str, dict[str, tarfile.TarInfo]] = {}
+            labels: dict[str, dict[str, bytes]] = {}
             for member in tar:
                 if member.isfile():
                     folder, _, name = member.name.rpartition("/")
                     stem, _, ext = name.partition(".")
-                    grouped.setdefault(f"{folder}/{stem}" if folder else stem, {})[ext.lower()] = member
-            images = ((key, parts, _image(parts)) for key, parts in grouped.items())
-            return [_sample(tar, key, parts, image) for key, parts, image in images if image is not None]
+                    key, ext = f"{folder}/{stem}" if folder else stem, ext.lower()
+                    grouped.setdefault(key, {})[ext] = member
+                    if ext in LABEL_EXTENSIONS:
+                        labels.setdefault(key, {})[ext] = tar.extractfile(member).read()
+            images = ((key, _image(parts)) for key, parts in grouped.items())
+            return [_sample(path, key, image, labels.get(key, {})) for key, image in images if image]
     except tarfile.ReadError as e:
         raise SourceError(
             f"tar shard {path!r} cannot be listed ({e}): shards are read by offset, from uncompressed tars"
@@ -136,15 +154,11 @@ def _image(parts: dict[str, tarfile.TarInfo]) -> tarfile.TarInfo | None:
     return next((m for ext, m in parts.items() if f".{ext}" in IMG_EXTENSIONS), None)
 
 
-def _sample(
-    tar: tarfile.TarFile, key: str, parts: dict[str, tarfile.TarInfo], image: tarfile.TarInfo
-) -> tuple:
-    found = next((parts[ext] for ext in LABEL_EXTENSIONS if ext in parts), None)
-    label = None
-    if found is not None:
-        text = tar.extractfile(found).read().strip()
-        try:
-            label = int(text)
-        except ValueError:
-            raise SourceError(f"the label of {tar.name}[{key}] is not an integer: {text[:40]!r}") from None
-    return key, image.offset_data, image.size, label
+def _sample(path: str, key: str, image: tarfile.TarInfo, labels: dict[str, bytes]) -> tuple:
+    label = next((labels[ext] for ext in LABEL_EXTENSIONS if ext in labels), None)
+    if label is None:
+        return key, image.offset_data, image.size, None
+    try:
+        return key, image.offset_data, image.size, int(label.strip())
+    except ValueError:
+        raise SourceError(f"the label of {path}[{key}] is not an integer: {label.strip()[:40]!r}") from None
