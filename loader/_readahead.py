@@ -15,12 +15,20 @@ disk) is as slow with 4 reads in flight as with one. So each one-by-one batch al
 bought: when the batches read ahead since the last one took more than ``PAYS_BELOW`` of its time per record,
 read-ahead goes off for ``HOLD_OFF`` batches. (Measured, 200 MB/s cap, 2 workers: the threads left epoch 1
 no faster and the warm epochs after it 3-10% slower than with one-by-one reads.)
+
+How many fetches run at once comes from the same measure: a fetch that waits ``f`` (a network round trip to
+object storage, a disk seek) while a record decodes in ``d`` is hidden by ``ceil(f / d) + 1`` fetches in
+flight, so that is the window (``in_flight``), between 2 and the threads given: enough to keep the decode
+busy, no more requests than that.
 """
 
 from __future__ import annotations
 
+import collections
+import functools
+import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -55,6 +63,7 @@ class ReadAhead:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ValueError(f"readahead must be a positive number of threads, got {threads!r}")
         self.threads = threads
+        self.in_flight = threads  # fetches running at once: from the fetch and decode times measured
         self.active = False
         self._batches = 0
         self._held = 0  # batches left to stay off because read-ahead did not pay
@@ -80,6 +89,8 @@ class ReadAhead:
         if self._held:
             return
         fetch, decode = fetch_seconds / records, decode_seconds / records
+        hidden = math.ceil(fetch / decode) + 1 if decode > 0 else self.threads
+        self.in_flight = max(min(2, self.threads), min(self.threads, hidden))
         ratio = OFF_RATIO if self.active else ON_RATIO
         copy = (MIN_FETCH_S + nbytes / records / COPY_BPS) * (1.0 if self.active else SLOWER_THAN_COPY)
         self.active = fetch >= copy and fetch >= ratio * decode
@@ -102,13 +113,30 @@ class ReadAhead:
         (seconds, records), self._ahead = self._ahead, [0.0, 0]
         return records == 0 or seconds / records <= PAYS_BELOW * one_by_one
 
-    def submit_all(self, fetch: Callable[[int], Any], indices: Sequence[int]) -> list[Future]:
-        """Start ``fetch(i)`` for every index; the futures come back in the same order."""
+    def fetched(self, fetch: Callable[[int], Any], indices: Sequence[int]) -> Iterator[Callable[[], Any]]:
+        """For each index in order, the result of ``fetch(i)`` to wait for: at most ``in_flight`` fetches run
+        at once, the next one starting as each result is taken."""
         if self._pid != os.getpid():
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="stallbench-readahead")
             self._pid = os.getpid()
-        return [self._pool.submit(fetch, i) for i in indices]
+        waiting, window = iter(indices), collections.deque()
+
+        def top_up() -> None:
+            while len(window) < self.in_flight and (index := next(waiting, None)) is not None:
+                window.append(self._pool.submit(fetch, index))
+
+        def taken(future: Future) -> Any:
+            try:
+                return future.result()
+            finally:
+                top_up()
+
+        top_up()
+        while window:
+            yield functools.partial(taken, window.popleft())
+            top_up()  # where the result was not taken
 
     def __getstate__(self) -> dict:
         fresh = {"active": False, "_batches": 0, "_held": 0, "_ahead": [0.0, 0], "_pool": None, "_pid": -1}
+        fresh["in_flight"] = self.threads
         return {"threads": self.threads, **fresh}

@@ -44,8 +44,9 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         fastest; ``"raw"`` or ``"prepared"`` forces one (docs/concepts/prepared-cache.md).
       on_error: ``"raise"`` (default) stops at a bad record with an error naming it; ``"skip"`` drops it from
         its batch and counts it in ``stats().records_skipped``.
-      readahead: threads per worker that fetch a batch's records while the worker decodes, used only while
-        the worker measures fetches slow enough against decode to pay for them (0: always one by one).
+      readahead: the most fetches a worker keeps in flight while it decodes a batch's records (as many as
+        hide a measured fetch behind decodes), only while fetches are slow enough against decode to pay
+        for it (0: always one by one).
       coordinate: True, a group name or a ``loader.Coordination``: jobs on this machine that read the same
         data in the same way prepare each batch once and share it (docs/how-to/hyperparameter-search.md);
         ``stats().coordination`` says what this job prepared, consumed and saved.
@@ -82,7 +83,7 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         cache_bytes: int | Literal["auto"] | None = None,
         cache_dir: str | os.PathLike = "/dev/shm",
         on_error: Literal["raise", "skip"] = "raise",
-        readahead: int = 4,
+        readahead: int = 16,
         coordinate: bool | str | Coordination = False,
         partition_cache: bool | Partition = False,
         cache_files: str | os.PathLike | Sequence[str | os.PathLike] | None = None,

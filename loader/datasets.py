@@ -61,8 +61,8 @@ class SourceDataset(Dataset):
             readahead.observe(spent.fetch_seconds, spent.decode_seconds, len(indices), spent.nbytes, seconds)
             return samples
         indices = [self.source.check_index(i) for i in indices]
-        futures = readahead.submit_all(self._fetch, indices)
-        samples = [self._sample(i, future.result) for i, future in zip(indices, futures, strict=True)]
+        fetched = readahead.fetched(self._fetch, indices)
+        samples = [self._sample(i, result) for i, result in zip(indices, fetched, strict=True)]
         seconds = time.perf_counter() - start
         readahead.read_ahead(len(indices), seconds, spent.misses, spent.miss_seconds, spent.miss_bytes)
         return samples

@@ -151,3 +151,48 @@ def test_a_probe_keeps_it_on_only_where_the_batches_read_ahead_were_faster(ahead
         switch.wanted()
         switch.observe(10e-3, 0.0, 10, 0, 10e-3)
         assert switch.active  # held off long enough: tried again
+
+
+@pytest.mark.parametrize(
+    ("threads", "fetch", "decode", "in_flight"),
+    [
+        (32, 20e-3, 1e-3, 21),  # object storage 20 ms away: 20 fetches behind each one decoding, and one
+        (16, 20e-3, 1e-3, 16),  # at most the threads given
+        (16, 0.5e-3, 1e-3, 2),  # a local disk: one fetching while one decodes
+        (16, 3e-3, 0.0, 16),  # nothing to decode: as many as allowed
+        (1, 3e-3, 1e-3, 1),
+    ],
+)
+def test_the_fetches_in_flight_hide_one_fetch_behind_decodes(threads, fetch, decode, in_flight):
+    switch = ReadAhead(threads)
+    switch.observe(fetch * 10, decode * 10, 10)
+    assert switch.in_flight == in_flight
+
+
+def test_no_more_fetches_run_at_once_than_in_flight_and_the_order_holds():
+    switch = ReadAhead(8)
+    switch.in_flight = 3
+    running, most, lock = 0, 0, threading.Lock()
+
+    def fetch(i: int) -> int:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.005)
+        with lock:
+            running -= 1
+        return i
+
+    got = [result() for result in switch.fetched(fetch, list(range(20)))]
+    assert got == list(range(20))
+    assert 2 <= most <= 3
+
+
+def test_object_storage_latency_opens_the_window_in_a_loader():
+    """Reads 20 ms away and a 1 ms decode: the worker keeps many more than two fetches in flight."""
+    source = SlowReads(64, delay=0.02)
+    decode = lambda raw: (time.sleep(0.001), first_index(raw))[1]  # noqa: E731
+    dl = DataLoader(SourceDataset(source, transform=decode), batch_size=16, readahead=32)
+    assert sorted(i for b, _ in dl for i in b.tolist()) == list(range(64))
+    assert switch_of(dl).active and switch_of(dl).in_flight >= 8  # ~21; sleeps only stretch on a busy machine
