@@ -144,3 +144,32 @@ def test_num_workers_set_after_the_loader_is_made_counts_every_read(shm_dir, wor
     stats = dl.stats()
     assert (stats.misses, stats.hits) == (16, 16)
     assert stats.samples == 32
+
+
+def test_a_killed_job_leaves_no_worker_behind():
+    """The job's process is SIGKILLed with its result pipe full: its workers leave within the orphan grace
+    (torch's own loop would return, then wait for ever to send its last batches)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import psutil
+
+    from loader._worker_random import ORPHAN_GRACE
+
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parent)])}
+    job = subprocess.Popen(
+        [sys.executable, str(here / "_orphan_job.py")],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    workers = [psutil.Process(int(pid)) for pid in job.stdout.readline().split()]
+    assert len(workers) == 2
+    job.kill()
+    job.wait()
+    job.stdin.close()  # not communicate(): the workers hold the same pipes
+    job.stdout.close()
+    _, alive = psutil.wait_procs(workers, timeout=ORPHAN_GRACE + 15)
+    for orphan in alive:
+        orphan.kill()
+    assert not alive, [p.pid for p in alive]
