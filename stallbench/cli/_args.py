@@ -91,6 +91,12 @@ def memory_spec(text: str) -> int | str:
 
 def data_spec(text: str) -> Path | NamedWorkload:
     """An existing path (image folder, LMDB folder, Arrow/Parquet file) or a named generated workload."""
+    if text.startswith("s3://"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: data in object storage is not measured yet (the fetch stall is read from the "
+            "kernel's count of what a disk served, and a network read is not one); loader.DataLoader reads "
+            "it (docs/sources.md): measure a local copy"
+        )
     try:
         data = parse_data(text)
     except ValueError as exc:
