@@ -102,8 +102,9 @@ class ResumableEpochs:
         self._workers_seed = iterator._base_seed
         return iterator
 
-    def _keep_states(self, worker: int, states: RandomStates) -> None:
-        self._worker_states[worker] = states
+    def _keep_states(self, worker: int, changed: RandomStates) -> None:
+        """A batch of ``worker`` handed out: its random states now (a stamp holds those that changed)."""
+        self._worker_states[worker] = {**self._worker_states.get(worker, {}), **changed}
 
     def _epoch_finished(self) -> bool:
         """Whether every batch of the current epoch was handed out (never, for an endless sampler)."""
