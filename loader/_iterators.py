@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
 from loader._serving import FileReads, ServingWorkerInit, serving
-from loader._worker_random import RandomStates, Stamped, StampingCollate, StampingWorkerInit
+from loader._worker_random import RandomStates, RestoringWorkerInit, Stamped, StampingCollate
 
 __all__ = ["Tracking", "counting_iterator"]
 
@@ -126,7 +126,7 @@ def _with_workers(loader: Any, tracking: Tracking | None, serve: FileReads | Non
     )
     iterator = _CountingMultiProcessingIter.__new__(_CountingMultiProcessingIter)
     if tracking is not None:
-        init = StampingWorkerInit(tracking.restore, init)
+        init = RestoringWorkerInit(tracking.restore, init) if tracking.restore else init
         loader.collate_fn = StampingCollate(user_collate)
         iterator._turn, iterator._seed = tracking.turn, tracking.seed
     loader.worker_init_fn = init

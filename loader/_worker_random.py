@@ -31,9 +31,9 @@ from torch.utils.data._utils.pin_memory import pin_memory
 __all__ = [
     "ORPHAN_GRACE",
     "RandomStates",
+    "RestoringWorkerInit",
     "Stamped",
     "StampingCollate",
-    "StampingWorkerInit",
     "guard_orphan",
     "random_states",
     "set_random_states",
@@ -86,33 +86,36 @@ class Stamped:
 class StampingCollate:
     """The loader's ``collate_fn`` in its workers: the batch, stamped with the worker's random states that
     changed since its last stamp (a module the transform does not draw from is sent once: a stamp of our
-    ``"train"`` transform is ``random``'s 2.5 kB)."""
+    ``"train"`` transform is ``random``'s 2.5 kB). A worker that stamps leaves once its loader's process is
+    gone (``guard_orphan``, started with its first batch)."""
 
     def __init__(self, collate: Callable[[Any], Any]) -> None:
         self.collate = collate
         self._sent: RandomStates = {}  # this worker's last states sent (each worker has its own copy)
+        self._guarded = False
 
     def __call__(self, samples: Any) -> Any:
         batch = self.collate(samples)
         info = get_worker_info()
         if info is None:
             return batch
+        if not self._guarded:
+            self._guarded = True
+            guard_orphan()
         states = random_states()
         changed = {name: value for name, value in states.items() if self._sent.get(name) != value}
         self._sent = states
         return Stamped(batch, info.id, changed)
 
 
-class StampingWorkerInit:
-    """A stamping worker's ``worker_init_fn``: it leaves once its loader's process is gone
-    (``guard_orphan``), runs the one it had, then takes up the random states the saved worker of the same id
-    had left off at (none: the fresh seeds, as the saved worker started)."""
+class RestoringWorkerInit:
+    """A restored loader's ``worker_init_fn``: the one it had, then the random states the saved worker of the
+    same id had left off at (none: the fresh seeds, as the saved worker started)."""
 
     def __init__(self, states: dict[int, RandomStates], user_init: Callable[[int], Any] | None) -> None:
         self.states, self.user_init = states, user_init
 
     def __call__(self, worker_id: int) -> None:
-        guard_orphan()
         if self.user_init is not None:
             self.user_init(worker_id)
         if worker_id in self.states:
