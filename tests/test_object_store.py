@@ -125,36 +125,47 @@ def test_a_missing_bucket_or_empty_prefix_is_named(server):
         S3ImageFolderSource("data/train")
 
 
-def test_a_server_gone_mid_epoch_names_the_object_and_nothing_hangs(bucket, server, shm_dir):
-    url, _ = bucket
-    source = S3ImageFolderSource(url, attempts=2)
-    dataset = ImageFolder(url, transform="eval")
-    dataset.source.attempts = 1
-    dl = DataLoader(dataset, batch_size=6, on_error="skip", cache_bytes=1 << 24, cache_dir=shm_dir)
-    assert source.read(0)
-    server.kill()  # listed, one record read: the server goes as an epoch starts
+def gone_mid_epoch(server, dataset, shm_dir: Path, index: int, named: str, workers: int = 2) -> None:
+    """The server killed as an epoch starts: reading record ``index`` fails naming it (``named``), and the
+    epoch skips every record, named, within a minute."""
+    dl = DataLoader(
+        dataset, batch_size=6, num_workers=workers, on_error="skip", cache_bytes=1 << 24, cache_dir=shm_dir
+    )
+    server.kill()
     server.wait()
-    with pytest.raises(BadRecordError, match=r"s3://data/train/class0/img001.jpg.*cannot read the object"):
-        source.read(1)
+    with pytest.raises(BadRecordError, match=named):
+        dataset.source.read(index)
     start = time.monotonic()
     assert list(dl) == [] and dl.stats().records_skipped == 18
     assert time.monotonic() - start < 60
+
+
+def stopped_read_fails(server, read, named: str) -> None:
+    """The server stopped (SIGSTOP): ``read()`` fails within 10 s naming the record (``named``), no hang."""
+    server.send_signal(signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(BadRecordError, match=named):
+            read()
+        assert time.monotonic() - start < 10
+    finally:
+        server.send_signal(signal.SIGCONT)
+
+
+def test_a_server_gone_mid_epoch_names_the_object_and_nothing_hangs(bucket, server, shm_dir):
+    url, _ = bucket
+    dataset = ImageFolder(url, transform="eval")
+    dataset.source.attempts = 1
+    assert dataset.source.read(0)  # listed, one record read: the server goes as an epoch starts
+    named = r"s3://data/train/class0/img001.jpg.*cannot read the object"
+    gone_mid_epoch(server, dataset, shm_dir, 1, named, workers=0)
 
 
 def test_a_stopped_server_is_a_timeout_that_names_the_object_not_a_hang(bucket, server):
     url, _ = bucket
     source = S3ImageFolderSource(url, attempts=1, timeout=1.0)
     assert source.read(0)
-    server.send_signal(signal.SIGSTOP)
-    try:
-        start = time.monotonic()
-        with pytest.raises(
-            BadRecordError, match=r"s3://data/train/class0/img001.jpg.*cannot read the object"
-        ):
-            source.read(1)
-        assert time.monotonic() - start < 10
-    finally:
-        server.send_signal(signal.SIGCONT)
+    stopped_read_fails(server, lambda: source.read(1), r"s3://data/train/class0/img001.jpg.*cannot read")
     assert source.read(1) == S3ImageFolderSource(url).read(1)  # it answers again once it runs
 
 
@@ -224,17 +235,8 @@ def test_a_parquet_server_gone_mid_epoch_names_the_object_and_nothing_hangs(
     the backoff of five attempts per record."""
     monkeypatch.setattr(_object_files, "ATTEMPTS", 1)
     url, _ = parquet
-    dataset = ArrowDataset(url, label_column="label")
-    dl = DataLoader(
-        dataset, batch_size=6, num_workers=2, on_error="skip", cache_bytes=1 << 24, cache_dir=shm_dir
-    )
-    server.kill()  # opened (its footer read), no row group yet: the server goes as the epoch starts
-    server.wait()
-    with pytest.raises(BadRecordError, match=r"s3://data/train.parquet:0.*cannot read its row group"):
-        dataset.source.read(0)
-    start = time.monotonic()
-    assert list(dl) == [] and dl.stats().records_skipped == 18
-    assert time.monotonic() - start < 60
+    dataset = ArrowDataset(url, label_column="label")  # its footer read, no row group yet
+    gone_mid_epoch(server, dataset, shm_dir, 0, r"s3://data/train.parquet:0.*cannot read its row group")
 
 
 def test_a_stopped_parquet_server_is_a_timeout_that_names_the_object(parquet, server, monkeypatch):
@@ -242,14 +244,9 @@ def test_a_stopped_parquet_server_is_a_timeout_that_names_the_object(parquet, se
     monkeypatch.setattr(_object_files, "TIMEOUT", 1.0)
     url, local = parquet
     source = ArrowSource(url)
-    server.send_signal(signal.SIGSTOP)
-    try:
-        start = time.monotonic()
-        with pytest.raises(BadRecordError, match=r"s3://data/train.parquet:7.*cannot read its row group"):
-            source.read(7)
-        assert time.monotonic() - start < 10
-    finally:
-        server.send_signal(signal.SIGCONT)
+    stopped_read_fails(
+        server, lambda: source.read(7), r"s3://data/train.parquet:7.*cannot read its row group"
+    )
     assert source.read(7) == ArrowSource(local).read(7)  # it answers again once it runs
 
 
@@ -301,14 +298,5 @@ def test_tar_shards_in_object_storage_gone_or_missing_are_named(shards, server, 
         TarShardsSource("s3://data/none/")
     with pytest.raises(SourceError, match=r"'s3://data/shards/x.tar' is not an object in the bucket"):
         TarShardsSource("s3://data/shards/x.tar")
-    dataset = TarShards(url)
-    dl = DataLoader(
-        dataset, batch_size=6, num_workers=2, on_error="skip", cache_bytes=1 << 24, cache_dir=shm_dir
-    )
-    server.kill()  # listed, nothing read yet: the server goes as the epoch starts
-    server.wait()
-    with pytest.raises(BadRecordError, match=r"s3://data/shards/shard-000000.tar\[00000000\].*cannot read"):
-        dataset.source.read(0)
-    start = time.monotonic()
-    assert list(dl) == [] and dl.stats().records_skipped == 18
-    assert time.monotonic() - start < 60
+    named = r"s3://data/shards/shard-000000.tar\[00000000\].*cannot read"
+    gone_mid_epoch(server, TarShards(url), shm_dir, 0, named)  # listed, nothing read yet

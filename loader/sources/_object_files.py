@@ -114,6 +114,10 @@ class _Ranged(io.RawIOBase):
     def tell(self) -> int:
         return self.pos
 
+    def close(self) -> None:
+        self.file.close()
+        super().close()
+
     def readinto(self, buffer: Any) -> int:
         data = self.file.read_at(len(buffer), self.pos)
         buffer[: len(data)] = data

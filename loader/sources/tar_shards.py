@@ -19,6 +19,7 @@ URLs of shards; ``_object_files``): the listing walks each shard's headers by ra
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tarfile
 from collections.abc import Sequence
@@ -130,8 +131,8 @@ def _samples(path: str) -> list[tuple[str, int, int, int | None]]:
     """(key, data offset, size, label) per sample of the shard at ``path`` with an image member. A label
     member is read as the walk passes it: in object storage, its bytes are in the block just fetched."""
     try:
-        fileobj = ranged_reader(path) if is_object(path) else None
-        with tarfile.open(path, "r:", fileobj=fileobj) as tar:  # "r:": a compressed shard has no offsets
+        remote = ranged_reader(path) if is_object(path) else contextlib.nullcontext()
+        with remote as fileobj, tarfile.open(path, "r:", fileobj=fileobj) as tar:  # "r:": no compression
             grouped: dict[str, dict[str, tarfile.TarInfo]] = {}
             labels: dict[str, dict[str, bytes]] = {}
             for member in tar:
