@@ -4,8 +4,9 @@ measurement.
 A few records, spread over the dataset, are read, prepared, augmented and transformed whole, each timed, and
 the prepared form's size taken (``probe``); ``_weighing`` predicts each form's steady epoch from those and
 the cache's room. The form with the shortest epoch is held, prepared or mixed only where it is at least 10%
-shorter than raw (a tie keeps raw bytes, which serve any transform). The choice is made once, when the
-loader is made; ``stats().cache_form_reason`` gives its numbers.
+shorter than raw (a tie keeps raw bytes, which serve any transform). A form the user forces is weighed
+all the same, so that ``stats().cache_form_epochs`` says what the others would take. The choice is made
+once, when the loader is made; ``stats().cache_form_reason`` gives its numbers.
 """
 
 from __future__ import annotations
@@ -90,10 +91,11 @@ def _probed(dataset: Any) -> Probe | None:
     return _PROBED[key]
 
 
-def choose_form(dataset: Any, form: str, room: int, workers: int, sizing: bool = False) -> FormChoice:
+def choose_form(dataset: Any, form: str, room: int, workers: int) -> FormChoice:
     """The form to hold (``form``: "auto", "raw" or "prepared") with ``room`` bytes for records and
-    ``workers`` DataLoader workers; ``sizing``: the cache is sized from the form's records ("auto"), so a
-    prepared record's size is measured even where the form is forced."""
+    ``workers`` DataLoader workers. A staged transform's records are probed and each form weighed even
+    where the form is forced: the choice's ``epochs`` tell what the other forms would take (stallbench's
+    what-if reads them), and a prepared record's size sizes an "auto" cache."""
     if form not in FORMS:
         raise ValueError(f"cache_form must be one of {', '.join(map(repr, FORMS))}, got {form!r}")
     staged = is_staged(dataset.transform)
@@ -103,12 +105,16 @@ def choose_form(dataset: Any, form: str, room: int, workers: int, sizing: bool =
             f"loader.StagedTransform with an identity), not {dataset.transform!r}: nothing says which part "
             "is deterministic"
         )
-    if form == "raw" or not staged:
+    if not staged:
         why = "asked for" if form == "raw" else "the transform is one stage: only raw bytes can be cached"
         return FormChoice("raw", why)
-    measured = _probed(dataset) if form == "auto" or sizing else None
-    if form == "prepared":
-        return FormChoice("prepared", "asked for", measured.prepared_bytes if measured else 0.0)
+    measured = _probed(dataset)
     if measured is None:
-        return FormChoice("raw", f"none of {PROBE_RECORDS} records probed could be prepared")
-    return weigh(measured, len(dataset), room, workers, index_bytes(len(dataset)))
+        why = f"none of {PROBE_RECORDS} records probed could be prepared"
+        return FormChoice(form if form != "auto" else "raw", why if form == "auto" else f"asked for ({why})")
+    weighed = weigh(measured, len(dataset), room, workers, index_bytes(len(dataset)))
+    if form == "auto":
+        return weighed
+    return FormChoice(
+        form, f"asked for; weighed: {weighed.reason}", measured.prepared_bytes, epochs=weighed.epochs
+    )

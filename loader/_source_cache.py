@@ -60,7 +60,7 @@ def open_cache(
     index = index_bytes(len(dataset))
     view = _memory.memory_view() if cache_bytes == "auto" else None  # read once: the room and the size
     room = (auto_cache_bytes(_ALL_MEMORY, view)[0] if view is not None else cache_bytes) - index
-    choice = choose_form(dataset, form, max(room, 0), workers, sizing=cache_bytes == "auto")
+    choice = choose_form(dataset, form, max(room, 0), workers)
     sizing = ""
     if view is not None:
         cache_bytes, sizing = auto_cache_bytes(index + _records_bytes(dataset, choice), view)

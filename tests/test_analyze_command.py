@@ -258,3 +258,21 @@ def test_a_cpu_burner_on_every_core_leaves_the_split_or_is_named(images, tmp_pat
         loader = report["loaders"][0]
         parts = loader["compute_seconds"] + loader["prep_stall_seconds"] + loader["fetch_stall_seconds"]
         assert parts == pytest.approx(loader["epoch_seconds"], rel=0.02)
+
+
+def test_apply_runs_the_form_of_record_advised_for_a_script_that_forced_raw_bytes(tmp_path):
+    data = make_jpeg_folder(tmp_path / "photos", num_images=240)  # 500x375: decode binds
+    out, log = tmp_path / "report.json", tmp_path / "log.txt"
+    script = ["--", sys.executable, str(SCRIPTS / "train_ours.py"), "--data", str(data), "--epochs", "5"]
+    done = stallbench(
+        "analyze", "--data", str(data), "--epochs", "3", "--no-progress", "--quiet", "--log", str(log),
+        "--json", str(out), "--apply", *script,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (report,) = json.loads(out.read_text())["loaders"]
+    weighed = {p["form"]: p for p in report["form_predictions"]}
+    assert weighed["raw"]["as_run"] and weighed["prepared"]["epoch_seconds"] < weighed["raw"]["epoch_seconds"]
+    assert "cache_form='prepared' would bring the epoch to" in report["advice"]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("--apply")]
+    assert re.search(r"2 workers, loader\.DataLoader with cache_form='prepared': steady epoch", line)
+    assert log.read_text().count("cache_form prepared") == 3  # the applied run's 3 epochs held it

@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from stallbench.analysis import whatif
-from stallbench.analysis.advice import advise
+from stallbench.analysis.advice import Advised, advise, advised
 from stallbench.analysis.hits import hit_rate
-from stallbench.analysis.results import Breakdown, Machine, RunRecord, Workload
+from stallbench.analysis.results import Breakdown, FormPrediction, Machine, RunRecord, Workload
 from stallbench.analysis.whatif import Measured, epoch_terms, predict, roofline, what_if
 
 GB = 10**9
@@ -308,3 +308,50 @@ def test_the_forms_the_loader_weighed_are_scaled_to_the_measured_epoch():
     assert got == {"raw": (200.0, False), "prepared": (50.0, False), "mixed": (100.0, True)}
     assert whatif.form_what_if(measured(loader="cached", t1=60.0), cold)[1].epoch_seconds == 60.0
     assert whatif.form_what_if(m, RunRecord("cold", (), "")) == ()  # no forms weighed: nothing said
+
+
+def forms(held: str, **epochs: float) -> tuple[FormPrediction, ...]:
+    return tuple(FormPrediction(form, seconds, form == held) for form, seconds in epochs.items())
+
+
+def test_advice_for_a_prep_stall_names_a_faster_form_of_record_and_a_run_makes_it():
+    m = measured(loader="cached", workers=2, cores=2, rate=500.0, t1=60.0, t2=110.0, prep_stall=50.0)
+    weighed = forms("raw", raw=110.0, prepared=66.0, mixed=80.0)
+    assert advise(m, what_if(m), weighed) == (
+        "prep stall is 45% of the epoch: cache_form='prepared' would bring the epoch to 66.0 s (-40%); "
+        "decode is 500 samples/s per core"
+    )
+    assert advised(m, what_if(m), weighed) == Advised("cached", 2, D // 2, 66.0, "prepared")
+    mixed = forms("raw", raw=110.0, prepared=120.0, mixed=80.0)
+    assert "cache_form='auto' (a mix of prepared and raw records) would" in advise(m, what_if(m), mixed)
+    assert advised(m, what_if(m), mixed).cache_form == "auto"
+
+
+@pytest.mark.parametrize(
+    "weighed",
+    [
+        forms("prepared", raw=110.0, prepared=66.0),  # held already
+        forms("raw", raw=110.0, prepared=100.0),  # under the loader's 10% margin
+        (),  # the loader weighed no forms
+    ],
+)
+def test_no_form_is_advised_where_none_is_10_percent_faster_than_the_one_held(weighed):
+    m = measured(loader="cached", workers=2, cores=2, rate=500.0, t1=60.0, t2=110.0, prep_stall=50.0)
+    assert "cache_form" not in advise(m, what_if(m), weighed)
+    assert advised(m, what_if(m), weighed) is None  # every core works: no worker count helps either
+
+
+def test_a_form_is_advised_where_the_step_shares_the_cores_with_prep_without_a_stall():
+    m = measured(loader="cached", workers=2, cores=2, rate=100.0, t1=95.0, t2=100.0, prep_stall=5.0)
+    assert roofline(m).bound == "prep"
+    text = advise(m, what_if(m), forms("raw", raw=100.0, prepared=70.0))
+    assert text.startswith("no stall worth acting on (stalls 5%), but the cores bound the epoch")
+    assert text.endswith("; cache_form='prepared' would bring the epoch to 70.0 s (-30%)")
+    assert advised(m, what_if(m), forms("raw", raw=100.0, prepared=70.0)).cache_form == "prepared"
+
+
+def test_a_worker_count_faster_than_any_form_is_advised_instead():
+    m = measured(workers=1, cores=8, rate=500.0, t1=60.0, t2=210.0, prep_stall=150.0, storage=10e9)
+    m = dataclasses.replace(m, loader="cached")
+    chosen = advised(m, what_if(m), forms("raw", raw=210.0, prepared=150.0))
+    assert (chosen.workers, chosen.cache_form) == (4, None)

@@ -1,21 +1,41 @@
 """One line of advice from an analysis: the stall that bounds the epoch and the setting that cuts it, with the
-what-if's numbers (``stallbench.analysis.whatif``)."""
+what-if's numbers (``stallbench.analysis.whatif``); and that setting as a run makes it (:class:`Advised`).
+
+Where prep binds and our cache weighed the forms of its records, a form it did not hold but predicts at least
+10% faster (the loader's own margin for leaving raw bytes) is advised as ``cache_form=``, when it beats the
+best worker count."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from stallbench.analysis.hits import cache_budget
-from stallbench.analysis.results import Prediction, Workload
+from stallbench.analysis.results import FormPrediction, Prediction, Workload
 from stallbench.analysis.whatif import Measured, predict, roofline
 from stallbench.conditions.sizes import format_bytes
 from stallbench.jobs.kinds import CACHED, KINDS
 
-__all__ = ["advise", "advised", "cache_arguments"]
+__all__ = ["Advised", "advise", "advised", "cache_arguments", "form_argument"]
 
 ACT_ON = 10.0  # a stall under this % of the epoch is not worth acting on
 MIN_GAIN = 0.02  # an action must cut the epoch by at least this fraction to be advised
+FORM_GAIN = 0.10  # a form of record must cut the weighed epoch by this much (the loader's own margin)
+FORM_ARGUMENT = {"raw": "raw", "prepared": "prepared", "mixed": "auto"}  # a mix is only weighed, not forced
 
 
-def _gain(prediction: Prediction, m: Measured) -> str:
+@dataclass(frozen=True)
+class Advised:
+    """The setting an advice names, as a run makes it: loaders ``loader`` ("torch" or "cached") with
+    ``workers``, our cache at ``cache_bytes`` holding ``cache_form`` (None: as run); its predicted epoch."""
+
+    loader: str
+    workers: int
+    cache_bytes: int | None
+    epoch_seconds: float
+    cache_form: str | None = None
+
+
+def _gain(prediction: Prediction | FormPrediction, m: Measured) -> str:
     change = 100.0 * (prediction.epoch_seconds / m.breakdown.epoch_seconds - 1.0)
     return f"{prediction.epoch_seconds:.1f} s ({change:+.0f}%)"
 
@@ -54,6 +74,24 @@ def _prep_action(m: Measured, predictions: tuple[Prediction, ...]) -> Prediction
     return min(options, key=lambda p: (p.epoch_seconds, p.workers), default=None)
 
 
+def _form_action(forms: tuple[FormPrediction, ...], workers: Prediction | None) -> FormPrediction | None:
+    """The form of record predicted fastest, where it is not the one held, cuts the epoch by ``FORM_GAIN``
+    and beats the ``workers`` option."""
+    held = next((f for f in forms if f.as_run), None)
+    best = min(forms, key=lambda f: f.epoch_seconds, default=None)
+    if held is None or best is None or best.as_run:
+        return None
+    if best.epoch_seconds >= (1.0 - FORM_GAIN) * held.epoch_seconds:
+        return None
+    return best if workers is None or best.epoch_seconds < workers.epoch_seconds else None
+
+
+def form_argument(form: FormPrediction) -> str:
+    """The argument that holds ``form`` (a mix is held by ``"auto"``, which weighs the split itself)."""
+    said = f"cache_form={FORM_ARGUMENT[form.form]!r}"
+    return said + " (a mix of prepared and raw records)" if form.form == "mixed" else said
+
+
 def _dominant(m: Measured, prep: float, fetch: float) -> str:
     """The stall to act on: the one the roofline says bounds the epoch, if it was measured worth acting on;
     else the larger one measured.
@@ -66,23 +104,36 @@ def _dominant(m: Measured, prep: float, fetch: float) -> str:
     return bound if measured.get(bound, 0.0) >= ACT_ON else max(measured, key=measured.__getitem__)
 
 
-def advised(m: Measured, predictions: tuple[Prediction, ...]) -> tuple[Prediction, str] | None:
-    """The setting :func:`advise` names and the loader it runs on ("torch" or "cached"); None where the
-    advice names none (no stall worth acting on, or no setting predicted faster)."""
+def advised(
+    m: Measured, predictions: tuple[Prediction, ...], forms: tuple[FormPrediction, ...] = ()
+) -> Advised | None:
+    """The setting :func:`advise` names; None where it names none (no stall worth acting on, or no setting
+    predicted faster)."""
     b = m.breakdown
     prep, fetch = b.percent(b.prep_stall_seconds), b.percent(b.fetch_stall_seconds)
-    if max(prep, fetch) < ACT_ON:
+    cache = m.workload.cache_bytes
+    if max(prep, fetch) < ACT_ON or _dominant(m, prep, fetch) != "fetch":
+        best = _prep_action(m, predictions) if max(prep, fetch) >= ACT_ON else None
+        form = _form_action(forms, best) if max(prep, fetch) >= ACT_ON or _cores_bind(m) else None
+        if form is not None:
+            return Advised(m.loader, m.workload.workers, cache, form.epoch_seconds, FORM_ARGUMENT[form.form])
+        return None if best is None else Advised(m.loader, best.workers, best.cache_bytes, best.epoch_seconds)
+    action = _fetch_action(m, predictions)
+    if action is None:
         return None
-    if _dominant(m, prep, fetch) == "fetch":
-        action = _fetch_action(m, predictions)
-        return None if action is None else (action[0], action[2])
-    best = _prep_action(m, predictions)
-    return None if best is None else (best, m.loader)
+    p, loader = action[0], action[2]
+    return Advised(loader, p.workers, p.cache_bytes, p.epoch_seconds)
 
 
-def _no_stall(m: Measured, stalls: float) -> str:
+def _cores_bind(m: Measured) -> bool:
+    """No stall to act on, yet the roofline's bound is prep: the step shares the cores with it."""
+    return roofline(m).bound == "prep"
+
+
+def _no_stall(m: Measured, stalls: float, forms: tuple[FormPrediction, ...]) -> str:
     """No stall to act on; where the roofline's bound is not the step alone, what it is instead: the step
-    sharing the cores with prep (its contention), or storage that a faster step would meet."""
+    sharing the cores with prep (its contention: a form of record that saves prep would help), or storage
+    that a faster step would meet."""
     bound = roofline(m).bound
     if bound == "compute":
         return f"no stall worth acting on: the epoch is compute-bound (stalls {stalls:.0f}%)"
@@ -90,19 +141,22 @@ def _no_stall(m: Measured, stalls: float) -> str:
     if bound == "prep":
         b = m.breakdown
         slower = b.contention_seconds / b.step_alone_seconds if b.step_alone_seconds > 0 else 0.0
-        return (
-            f"{head}, but the cores bound the epoch: the step shares {m.machine.cores} cores with prep "
-            f"and ran {slower:.0%} slower than alone; a faster decode or more cores would help"
-        )
+        head += f", but the cores bound the epoch: the step shares {m.machine.cores} cores with prep "
+        head += f"and ran {slower:.0%} slower than alone"
+        form = _form_action(forms, None)
+        if form is not None:
+            return f"{head}; {form_argument(form)} would bring the epoch to {_gain(form, m)}"
+        return f"{head}; a faster decode or more cores would help"
     return f"{head}, but storage bounds the epoch: a faster step would wait for it"
 
 
-def advise(m: Measured, predictions: tuple[Prediction, ...]) -> str:
-    """One line: the stall that bounds the epoch and the action that cuts it, with numbers."""
+def advise(m: Measured, predictions: tuple[Prediction, ...], forms: tuple[FormPrediction, ...] = ()) -> str:
+    """One line: the stall that bounds the epoch and the action that cuts it, with numbers; ``forms``: the
+    what-if of our cache's forms of record, where it weighed them."""
     b = m.breakdown
     prep, fetch = b.percent(b.prep_stall_seconds), b.percent(b.fetch_stall_seconds)
     if max(prep, fetch) < ACT_ON:
-        return _no_stall(m, prep + fetch)
+        return _no_stall(m, prep + fetch, forms)
     if _dominant(m, prep, fetch) == "fetch":
         head, action = f"fetch stall is {fetch:.0f}% of the epoch", _fetch_action(m, predictions)
         head += "" if fetch >= prep else f" and storage bounds it (prep stall {prep:.0f}% waits behind it)"
@@ -113,6 +167,9 @@ def advise(m: Measured, predictions: tuple[Prediction, ...]) -> str:
     head, best = f"prep stall is {prep:.0f}% of the epoch", _prep_action(m, predictions)
     head += "" if prep >= fetch else f" and decode bounds it (fetch stall {fetch:.0f}% waits behind it)"
     rate = f"decode is {m.machine.prep_samples_per_s_per_core:.0f} samples/s per core"
+    form = _form_action(forms, best)
+    if form is not None:
+        return f"{head}: {form_argument(form)} would bring the epoch to {_gain(form, m)}; {rate}"
     if best is None:
         where = f"{m.workload.workers} workers on {m.machine.cores} cores"
         return f"{head} with {where}: {rate}; more workers would not help, faster decode or more cores would"

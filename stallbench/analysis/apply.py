@@ -1,5 +1,6 @@
 """A what-if or an advice checked by running it: the user's command run cold once more with one setting
-changed (workers, prefetch depth, our loader's cache), its steady epoch against the prediction.
+changed (workers, prefetch depth, our loader's cache or the form of its records), its steady epoch against
+the prediction.
 
 ``--apply`` runs the setting the advice names, and only that one; an advice no run can make as it stands
 (a page cache of another size: the kernel gives the page cache what memory is free) is said, not run.
@@ -29,13 +30,14 @@ def run_setting(
     workers: int | None = None,
     cache_bytes: int | None = None,
     prefetch_factor: int | None = None,
+    cache_form: str | None = None,
     log: IO[str] | None = None,
 ) -> float:
     """The steady epoch of the training loader in one cold run of ``job`` with loaders ``kind`` ("as-is",
     "torch" or "cached"), every DataLoader built with ``workers`` and ``prefetch_factor`` (None: as the
-    script wrote them) and our cache at ``cache_bytes``."""
+    script wrote them) and our cache at ``cache_bytes`` holding ``cache_form`` (None: as written)."""
     evict_page_cache(job.data)
-    options = dict(workers=workers, prefetch_factor=prefetch_factor)
+    options = dict(workers=workers, prefetch_factor=prefetch_factor, cache_form=cache_form)
     run = run_once(job, kind, cache_bytes, job.cgroup(), log, **options)
     epochs = max(train_epochs(run.records, "the run").values(), key=lambda rows: rows[-1].seconds)
     return fmean(r.seconds for r in steady(epochs))
@@ -64,19 +66,27 @@ def apply_advice(job: UserJob, report: LoaderReport, kind: str, log: IO[str] | N
     m = whatif.Measured(
         report.workload, report.breakdown, report.machine, report.loader, report.storage_bytes
     )
-    chosen = advice.advised(m, report.predictions)
+    chosen = advice.advised(m, report.predictions, report.form_predictions)
     if chosen is None:
         return None
-    prediction, loader = chosen
-    cached = KINDS[loader].cached
-    if not cached and prediction.workers == report.workload.workers:  # torch's advice: a cache, not workers
+    cached = KINDS[chosen.loader].cached
+    if not cached and chosen.workers == report.workload.workers:  # torch's advice: a cache, not workers
         raise NotRunnable(
-            f"the advice is a page cache of {format_bytes(prediction.cache_bytes)}, which a run cannot set"
+            f"the advice is a page cache of {format_bytes(chosen.cache_bytes)}, which a run cannot set"
         )
-    cache = prediction.cache_bytes if cached else job.cache_bytes
+    cache = chosen.cache_bytes if cached else job.cache_bytes
     kind = CACHED if cached else kind  # our loader, with the advised cache, whatever the script builds
-    measured = run_setting(job, kind, workers=prediction.workers, cache_bytes=cache, log=log)
-    where = f"{prediction.workers} workers" + (
-        f", {KINDS[CACHED].label} with {advice.cache_arguments(cache, report.workload)}" if cached else ""
+    measured = run_setting(
+        job, kind, workers=chosen.workers, cache_bytes=cache, cache_form=chosen.cache_form, log=log
     )
-    return Applied(where, prediction.epoch_seconds, measured)
+    return Applied(_said(chosen, report, cache), chosen.epoch_seconds, measured)
+
+
+def _said(chosen: advice.Advised, report: LoaderReport, cache: int | None) -> str:
+    """The setting run, in words: its workers, and our cache's arguments or form where it is ours."""
+    where = f"{chosen.workers} workers"
+    if chosen.cache_form is not None:
+        return f"{where}, {KINDS[CACHED].label} with cache_form={chosen.cache_form!r}"
+    if KINDS[chosen.loader].cached:
+        where += f", {KINDS[CACHED].label} with {advice.cache_arguments(cache, report.workload)}"
+    return where

@@ -50,7 +50,8 @@ def loader_report(m: Measurement) -> LoaderReport:
     hits, misses = sum(e.hits for e in cold), sum(e.misses for e in cold)
     measured = whatif.Measured(w, b, machine, m.model, storage)
     predictions = whatif.what_if(measured) if m.what_if else ()
-    said = advice.advise(measured, predictions) if m.what_if else m.said
+    forms = whatif.form_what_if(measured, m.runs["cold"]) if m.what_if else ()
+    said = advice.advise(measured, predictions, forms) if m.what_if else m.said
     return LoaderReport(
         loader=m.loader, workload=w, runs=tuple(m.runs.values()), breakdown=b, storage_bytes=storage,
         dataset_bytes=w.dataset_bytes, record_bytes=w.record_bytes,
@@ -62,7 +63,7 @@ def loader_report(m: Measurement) -> LoaderReport:
         advice=f"{m.note} {said}" if m.note else said,
         prefetch_predictions=whatif.prefetch_what_if(measured) if m.what_if else (),
         nodes_predictions=nodes.nodes_what_if(w, m.model) if m.what_if else (),
-        form_predictions=whatif.form_what_if(measured, m.runs["cold"]) if m.what_if else (),
+        form_predictions=forms,
         **m.extra,
     )  # fmt: skip
 

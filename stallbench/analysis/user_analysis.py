@@ -72,11 +72,10 @@ class CommandRuns:
         self, phase: Phase, *, cache_bytes: int | None, limits: StorageLimits | None, prep: Any = None
     ) -> CommandRun:
         """Ingestion hands out as many batches an epoch as the prep run did (``replay_lengths``)."""
-        job = self.job
         if phase != "ingestion":
-            return run_once(job, self.kind, cache_bytes, limits, self.log)
-        ingestion = job.spec(self.kind, mode="ingestion", replay_lengths=replay_lengths(prep.records))
-        return run_command(job.argv, ingestion, time_limit=job.time_limit, log=self.log)
+            return run_once(self.job, self.kind, cache_bytes, limits, self.log)
+        lengths = replay_lengths(prep.records)
+        return run_once(self.job, self.kind, None, None, self.log, mode="ingestion", replay_lengths=lengths)
 
 
 def replay_lengths(records: Sequence[LoaderEpoch]) -> dict[str, tuple[int, ...]]:
@@ -104,8 +103,9 @@ def run_once(
     log: IO[str] | None,
     **options: object,
 ) -> CommandRun:
-    """One pipeline run with a fresh, private cache folder (removed after) for our loader's store;
-    ``options``: the rest of the :class:`JobSpec` (``workers``, ``prefetch_factor``)."""
+    """One run with a fresh, private cache folder (removed after) for our loader's store, whatever folder
+    the script names; ``options``: the rest of the :class:`JobSpec` (``mode``, ``workers``,
+    ``prefetch_factor``, ``cache_form``)."""
     cache_dir = scratch_cache_dir(job.cache_dir)
     try:
         spec = job.spec(kind, cache_bytes=cache_bytes, cache_dir=str(cache_dir), **options)

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from stallbench.jobs._overrides import override_workers
+from stallbench.jobs._overrides import override_arguments
 from stallbench.jobs._swap import cached_class, cached_maker, stand_in, torch_taking_ours
 from stallbench.jobs._timed import say
 from stallbench.jobs.spec import JobSpec
@@ -41,13 +41,13 @@ def install_hooks(spec: JobSpec, iterate: Iterate) -> None:
         _patch_iter(cls, iterate, source=True)
         _patch_len(cls, spec.steps)
         _hook_subclasses(cls, iterate, spec.steps)
-        override_workers(cls, spec)
+        override_arguments(cls, spec)
         if spec.loader == "cached":
             swapped[_TORCH] = stand_in(cls, cached_maker(cached, cls), cached)
             _set_class(_TORCH, swapped[_TORCH])
 
     def ours_imported(module: Any) -> None:
-        override_workers(module.DataLoader, spec)
+        override_arguments(module.DataLoader, spec)
         if spec.loader == "torch":
             torch_class = originals.get(_TORCH) or sys.modules[_TORCH].DataLoader
             make, plain = torch_taking_ours(torch_class, module.DataLoader)
@@ -67,7 +67,7 @@ def install_hooks(spec: JobSpec, iterate: Iterate) -> None:
 
     hooks: dict[str, _Hook] = {_TORCH: (None, torch_imported)}
     hooks |= dict.fromkeys(WRAPPERS, (None, wrappers_imported))
-    if spec.loader != "as-is" or spec.workers is not None or spec.prefetch_factor is not None:
+    if spec.loader != "as-is" or spec.overrides:
         hooks[_OURS] = (ours_importing, ours_imported)
     sys.meta_path.insert(0, _PostImport(hooks))
     for name, (_, after) in hooks.items():

@@ -124,11 +124,11 @@ def cached_maker(cached: Callable[[], type], torch_class: type) -> Callable[...,
 
 
 def cached_class(spec: JobSpec) -> type:
-    """``loader.DataLoader`` with this run's cache, the script's own arguments first: ``cache_bytes`` for
-    one of our datasets; for any other Dataset, ``cache_files`` on the data roots, so the files it opens
-    itself are read through the cache, as a user does with the same arguments. Where our loader refuses
-    those (a cache too small for the files' index), one line says so and it is made without them: a
-    measurement never stops the script."""
+    """``loader.DataLoader`` with this run's cache (its folder is the run's, ``_overrides``), the script's
+    own arguments first: ``cache_bytes`` for one of our datasets; for any other Dataset, ``cache_files`` on
+    the data roots, so the files it opens itself are read through the cache, as a user does with the same
+    arguments. Where our loader refuses those (a cache too small for the files' index), one line says so
+    and it is made without them: a measurement never stops the script."""
     from loader import DataLoader, SourceDataset
 
     class CachedDataLoader(DataLoader):  # type: ignore[misc, valid-type]
@@ -140,8 +140,6 @@ def cached_class(spec: JobSpec) -> type:
             extra: dict[str, Any] = {}
             if mine or (spec.data and spec.cache_bytes is not None and spec.mode != "ingestion"):
                 extra["cache_bytes"] = spec.cache_bytes if spec.cache_bytes is not None else "auto"
-                if spec.cache_dir is not None:
-                    extra["cache_dir"] = spec.cache_dir
             if not mine and extra:
                 extra["cache_files"] = list(spec.data)
             try:

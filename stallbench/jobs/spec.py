@@ -40,6 +40,7 @@ RECORDS_GLOB = "records-*.jsonl"
 AS_IS = "as-is"  # a run of the user's command that leaves its loader classes alone
 CACHE_FORM_FIELDS = ("cache_form", "cache_form_epochs")  # our loader's stats() a run hands back as they are
 TRANSFORMS = ("train", "eval", "none")
+CACHE_FORMS = ("auto", "raw", "prepared")  # loader.DataLoader's cache_form, named without importing torch
 PACKINGS = ("ffd", "spfhp", "nextfit")  # loader.packing's algorithms, named here without importing torch
 
 Mode = Literal["pipeline", "ingestion"]
@@ -88,7 +89,7 @@ class JobSpec(_JsonFile):
     ``sync_cuda``: synchronise the CUDA device at each step boundary (when CUDA is in use), so a step's
     time includes the device's work.
     ``workers`` / ``prefetch_factor``: every DataLoader the script builds gets these instead of its own
-    (``--apply`` runs the advised setting so).
+    (``--apply`` runs the advised setting so); ``cache_form``: every ``loader.DataLoader`` gets it.
     ``replay_lengths``: per loader id, the batches of each epoch an earlier run of the command handed out;
     ingestion hands out as many for a loader whose own length does not say (an iterable Dataset).
     """
@@ -105,6 +106,7 @@ class JobSpec(_JsonFile):
     sync_cuda: bool = True
     workers: int | None = None  # every DataLoader built with this num_workers (--apply); None: as written
     prefetch_factor: int | None = None  # and this prefetch_factor (with workers); None: as written
+    cache_form: str | None = None  # every loader.DataLoader built with this cache_form; None: as written
     replay_lengths: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -125,8 +127,16 @@ class JobSpec(_JsonFile):
             value = getattr(self, name)
             if value is not None and not (_is_int(value) and value >= 1):
                 raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        if self.cache_form is not None:
+            _check_choice("cache_form", self.cache_form, CACHE_FORMS)
         if self.replay_batches < 1:
             raise ValueError(f"replay_batches must be at least 1, got {self.replay_batches!r}")
+
+    @property
+    def overrides(self) -> bool:
+        """Whether the DataLoaders the script builds get any argument other than its own (``--apply``'s,
+        and the run's own ``cache_dir``)."""
+        return (self.workers, self.prefetch_factor, self.cache_form, self.cache_dir) != (None,) * 4
 
     @classmethod
     def from_env(cls) -> JobSpec | None:
