@@ -178,6 +178,22 @@ def test_loader_choice_cached_makes_torchs_loader_ours(tmp_path):
     assert run.probe("derived") is True and run.probe("generic") is True
 
 
+def test_a_script_that_imports_our_loader_before_torch_gets_our_class_as_it_is(tmp_path):
+    script = tmp_path / "ours_first.py"
+    script.write_text(
+        "import json\n"
+        "import loader\n"  # loader imports torch's DataLoader module itself, while it is being made
+        "dl = loader.DataLoader(list(range(8)), batch_size=4)\n"
+        "base = loader.DataLoader.__mro__[2]\n"
+        "print(json.dumps({'pid': 0, 'meta': type(loader.DataLoader).__name__, 'base': base.__module__,"
+        " 'n': len(list(dl))}))\n"
+    )
+    run = _ok(_run(tmp_path, script=script, loader="cached", cache_dir=str(tmp_path)))
+    assert run.stderr == ""  # no line about a class that stays on the stand-in
+    got = (run.probe("meta"), run.probe("base"), run.probe("n"))
+    assert got == ("type", "torch.utils.data.dataloader", 2)
+
+
 def test_cached_loader_of_a_source_dataset_counts_hits(tmp_path):
     images = make_jpeg_folder(tmp_path / "images", per_class=4, classes=2, size=(16, 16))
     spec = {"loader": "cached", "cache_bytes": 1 << 22, "cache_dir": str(tmp_path)}

@@ -34,6 +34,7 @@ def install_hooks(spec: JobSpec, iterate: Iterate) -> None:
     is imported (now, for one imported already)."""
     originals: dict[str, type] = {}
     swapped: dict[str, type] = {}
+    ours_importing_now = []  # loader.dataloader is being executed: its class must derive from torch's own
     cached = functools.cache(functools.partial(cached_class, spec))  # one class for the whole run
 
     def torch_imported(module: Any) -> None:
@@ -44,9 +45,11 @@ def install_hooks(spec: JobSpec, iterate: Iterate) -> None:
         override_arguments(cls, spec)
         if spec.loader == "cached":
             swapped[_TORCH] = stand_in(cls, cached_maker(cached, cls), cached)
-            _set_class(_TORCH, swapped[_TORCH])
+            if not ours_importing_now:  # else ours_imported puts it in place once ours is made
+                _set_class(_TORCH, swapped[_TORCH])
 
     def ours_imported(module: Any) -> None:
+        ours_importing_now.clear()
         override_arguments(module.DataLoader, spec)
         if spec.loader == "torch":
             torch_class = originals.get(_TORCH) or sys.modules[_TORCH].DataLoader
@@ -56,6 +59,7 @@ def install_hooks(spec: JobSpec, iterate: Iterate) -> None:
             _set_class(_TORCH, swapped[_TORCH])
 
     def ours_importing() -> None:
+        ours_importing_now.append(True)  # torch's module may first be imported by ours, below
         if _TORCH in swapped:
             _set_class(_TORCH, originals[_TORCH])
 
