@@ -15,7 +15,10 @@
   of 500x375 JPEGs); the predictions for 1 and 4 workers, a quarter and all of the dataset as cache and
   ``prefetch_factor`` 1 and 4, each against a cold run of the example with that setting: within 15%;
 * ``--apply``: the example script (``examples/train_cnn.py``, 1 worker, prep-bound by a 3 ms sleep per
-  sample) analyzed, then the advised worker count rerun cold: |measured / predicted - 1| <= 0.15.
+  sample) analyzed, then the advised worker count rerun cold: |measured / predicted - 1| <= 0.15;
+* ``--apply`` of a form: a loop over 1,200 JPEGs of 500x375 through our loader with ``cache_form="raw"``
+  forced (``tests/_user_scripts/train_ours.py``, no step: decode binds), analyzed; the advised
+  ``cache_form='prepared'`` rerun cold, 3 rounds: the median |measured / predicted - 1| <= 0.15.
 
     python -m pytest benchmarks/bench_user_job.py -p no:cacheprovider --benchmark-enable -s
 """
@@ -120,6 +123,36 @@ def test_apply_predicts_the_advised_setting(benchmark, bench_data_root: Path, tm
     predicted, measured = float(match[1]), float(match[2])
     benchmark.extra_info.update(predicted=predicted, measured=measured)
     assert abs(measured / predicted - 1) <= MAX_APPLY_ERROR, line
+
+
+FORM_SCRIPT = REPO / "tests" / "_user_scripts" / "train_ours.py"
+FORM_ROUNDS = 3
+
+
+def _applied_form(data: Path, tmp_path: Path) -> tuple[float, float]:
+    """``analyze --apply`` of a script that forces raw records on a prep-bound loop: (predicted, measured)
+    steady epoch of the form advised."""
+    argv = [sys.executable, "-m", "stallbench", "analyze", "--data", str(data), "--epochs", "3"]
+    argv += ["--no-progress", "--quiet", "--log", str(tmp_path / "form-log.txt"), "--apply", "--"]
+    argv += [sys.executable, str(FORM_SCRIPT), "--data", str(data), "--epochs", "5"]
+    done = subprocess.run(argv, env={**os.environ, "PYTHONPATH": str(REPO)}, text=True, capture_output=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("--apply")]
+    assert "cache_form='prepared'" in line, line
+    match = re.search(r"predicted ([\d.]+) s, measured ([\d.]+) s", line)
+    return float(match[1]), float(match[2])
+
+
+@pytest.mark.benchmark(group="user-job")
+def test_apply_predicts_the_advised_form(benchmark, bench_data_root: Path, tmp_path: Path) -> None:
+    data = make_jpeg_folder(bench_data_root / "prep-1200", num_images=1200)
+    rounds = benchmark.pedantic(
+        lambda: [_applied_form(data, tmp_path) for _ in range(FORM_ROUNDS)], rounds=1, iterations=1
+    )
+    errors = [measured / predicted - 1 for predicted, measured in rounds]
+    benchmark.extra_info.update(rounds=rounds, errors=errors)
+    print(f"\ncache_form='prepared' advised, (predicted, measured) s: {rounds}; errors {errors}")
+    assert abs(statistics.median(errors)) <= MAX_APPLY_ERROR, rounds
 
 
 def _split(loader: dict) -> dict[str, float]:

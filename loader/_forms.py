@@ -2,7 +2,8 @@
 measurement.
 
 A few records, spread over the dataset, are read, prepared, augmented and transformed whole, each timed, and
-the prepared form's size taken (``probe``); ``_weighing`` predicts each form's steady epoch from those and
+the prepared form's size and the time to read it back from the store (its checksum and a copy) taken
+(``probe``); ``_weighing`` predicts each form's steady epoch from those and
 the cache's room. The form with the shortest epoch is held, prepared or mixed only where it is at least 10%
 shorter than raw (a tie keeps raw bytes, which serve any transform). A form the user forces is weighed
 all the same, so that ``stats().cache_form_epochs`` says what the others would take. The choice is made
@@ -21,8 +22,8 @@ import numpy as np
 import torch
 
 from loader._weighing import FormChoice, Probe, weigh
-from loader.cache._layout import index_bytes
-from loader.staged import encode_prepared, is_staged
+from loader.cache._layout import checksum, index_bytes
+from loader.staged import decode_prepared, encode_prepared, is_staged
 from loader.system.counters import own_read_bytes
 
 __all__ = ["FORMS", "choose_form", "probe"]
@@ -74,8 +75,13 @@ def _time_one(source: Any, transform: Any, index: int) -> tuple[float, ...]:
     augmented = time.perf_counter()
     transform(raw)
     whole = time.perf_counter()
-    size = len(encode_prepared(prepared))
-    return fetched - start, made - fetched, augmented - made, whole - augmented, len(raw), size
+    stored = encode_prepared(prepared)
+    unpacking = time.perf_counter()
+    checksum(index, stored)
+    decode_prepared(stored)
+    unpacked = time.perf_counter()
+    timed = fetched - start, made - fetched, augmented - made, whole - augmented
+    return *timed, len(raw), len(stored), unpacked - unpacking
 
 
 _PROBED: dict[tuple[str, str], Probe | None] = {}

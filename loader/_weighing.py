@@ -32,6 +32,7 @@ class Probe:
     whole: float  # the transform called on raw bytes, as an uncached epoch runs it
     raw_bytes: float
     prepared_bytes: float
+    unpack: float = 0.0  # a prepared hit read back: its checksum and a fresh copy of its arrays
     from_storage: float = 1.0  # of the probed records' bytes, the share the kernel read from the device
 
 
@@ -61,9 +62,10 @@ def weigh(m: Probe, records: int, room: float, workers: int, index: int = 0) -> 
         form, held_prepared = "raw", 0
     reason = (
         f"predicted steady epoch {prepared:.2f} s prepared against {raw:.2f} s raw; per record fetch "
-        f"{m.fetch * 1e3:.2f} ms, prepare {m.prepare * 1e3:.2f} ms, augment {m.augment * 1e3:.2f} ms, whole "
-        f"transform {m.whole * 1e3:.2f} ms, {m.raw_bytes / 1e3:.0f} kB raw, {m.prepared_bytes / 1e3:.0f} kB "
-        f"prepared; {fits_prepared} of {records} fit prepared, {fits_raw} raw"
+        f"{m.fetch * 1e3:.2f} ms, prepare {m.prepare * 1e3:.2f} ms, unpack {m.unpack * 1e3:.2f} ms, "
+        f"augment {m.augment * 1e3:.2f} ms, whole transform {m.whole * 1e3:.2f} ms, "
+        f"{m.raw_bytes / 1e3:.0f} kB raw, {m.prepared_bytes / 1e3:.0f} kB prepared; "
+        f"{fits_prepared} of {records} fit prepared, {fits_raw} raw"
     )
     if mix is not None:
         reason += f"; mixed {mix[0]:.2f} s with {mix[1]} prepared and {mix[2]} raw"
@@ -87,10 +89,11 @@ class _Epochs:
         self.lanes = max(1, min(workers, len(os.sched_getaffinity(0))))
 
     def held(self, prepared: int, raw: int) -> float:
-        """``prepared`` records held prepared (a hit costs ``augment``) and ``raw`` held raw; every other
-        record runs the whole transform, as an uncached epoch does (raw bytes alone: ``held(0, raw)``)."""
+        """``prepared`` records held prepared (a hit costs ``unpack`` and ``augment``) and ``raw`` held raw;
+        every other record runs the whole transform, as an uncached epoch does (raw bytes alone:
+        ``held(0, raw)``)."""
         m, records = self.m, self.records
-        cpu = prepared * m.augment + (records - prepared) * m.whole
+        cpu = prepared * (m.unpack + m.augment) + (records - prepared) * m.whole
         return self._longer(cpu, records - prepared - raw)
 
     def _longer(self, cpu: float, misses: int) -> float:

@@ -299,14 +299,14 @@ def test_prefetch_depth_moves_no_term_of_the_model():
     assert whatif.prefetch_what_if(measured(workers=0)) == ()  # no workers: nothing is prefetched
 
 
-def test_the_forms_the_loader_weighed_are_scaled_to_the_measured_epoch():
+def test_the_forms_the_loader_weighed_move_the_measured_epoch_by_their_difference():
     m = measured(loader="cached", t1=40.0, t2=100.0, prep_stall=60.0)
-    weighed = {"raw": 2.0, "prepared": 0.5, "mixed": 1.0}
+    weighed = {"raw": 80.0, "prepared": 30.0, "mixed": 50.0}
     cold = RunRecord("cold", (), "", cache_form="mixed", cache_form_epochs=weighed)
     got = {p.form: (p.epoch_seconds, p.as_run) for p in whatif.form_what_if(m, cold)}
-    # the run held the mix: its 100 s is the loader's 1.0; raw 200 s, prepared 50 s but no faster than T1
-    assert got == {"raw": (200.0, False), "prepared": (50.0, False), "mixed": (100.0, True)}
-    assert whatif.form_what_if(measured(loader="cached", t1=60.0), cold)[1].epoch_seconds == 60.0
+    # the run held the mix, 100 s where the loader weighed 50 s: raw 30 s more, prepared 20 s less
+    assert got == {"raw": (130.0, False), "prepared": (80.0, False), "mixed": (100.0, True)}
+    assert whatif.form_what_if(measured(loader="cached", t1=90.0), cold)[1].epoch_seconds == 90.0  # T1
     assert whatif.form_what_if(m, RunRecord("cold", (), "")) == ()  # no forms weighed: nothing said
 
 
