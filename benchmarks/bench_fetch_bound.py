@@ -93,7 +93,9 @@ def _data(name: str, root: Path, made: dict[str, Data]) -> Data:
     sizes = data_size(path.glob("*/*.jpg"))  # the records: not the hidden manifest beside them
     d = Data(path, records, sizes.device_bytes, sizes.record_bytes)
     probe = dict(epochs=1, max_batches=2, cache_bytes=probe_cache_bytes(records))
-    d.overheads = measure_overhead(lambda kind, c: _job(d, kind, c, probe), NAMES, path, script=SCRIPT)
+    d.overheads = measure_overhead(
+        lambda kind, c, limits: run_workload(_job(d, kind, c, probe), limits, script=SCRIPT), NAMES, path
+    )
     made[name] = d
     return d
 

@@ -276,3 +276,17 @@ def test_apply_runs_the_form_of_record_advised_for_a_script_that_forced_raw_byte
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("--apply")]
     assert re.search(r"2 workers, loader\.DataLoader with cache_form='prepared': steady epoch", line)
     assert log.read_text().count("cache_form prepared") == 3  # the applied run's 3 epochs held it
+
+
+def test_memory_limit_auto_is_sized_from_the_commands_own_memory(images, tmp_path):
+    from stallbench.conditions.limits import probe_storage_conditions
+
+    if (problem := probe_storage_conditions(images)["memory_limit"]) is not None:
+        pytest.skip(f"--memory-limit needs a memory cgroup: {problem}")
+    report = analyze(images, tmp_path, "--memory-limit", "auto", "--loader", "torch")
+    limit = report["workload"]["memory_limit"]
+    # python, torch, the example's model and 2 workers, measured, with the margins (32 MiB, 128 MiB kept free)
+    assert isinstance(limit, int) and 300 << 20 < limit < 2 << 30, limit
+    (loader,) = report["loaders"]
+    (cold,) = [run for run in loader["runs"] if run["phase"] == "cold"]
+    assert "memory limited to" in cold["condition"]

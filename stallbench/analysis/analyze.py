@@ -23,9 +23,11 @@ from stallbench.analysis.request import AnalysisRequest, CacheSpec, NamedWorkloa
 from stallbench.analysis.results import LoaderReport, RunRecord, Workload, steady
 from stallbench.analysis.runs import collected
 from stallbench.analysis.work import useful_work
+from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.limits import AUTO
 from stallbench.conditions.storage import DataSize, data_size
 from stallbench.jobs.kinds import KINDS
+from stallbench.jobs.run import run_workload
 from stallbench.jobs.spec import WorkloadJob
 
 __all__ = ["analyze", "prepare"]
@@ -139,14 +141,15 @@ def _auto_memory(plan: RunPlan, kinds: Sequence[str]) -> int:
     """The same limit for every loader: the cache budget plus the largest measured job memory (+ margin)."""
     w = plan.workload
 
-    def probe(kind: str, cache_dir: Path) -> WorkloadJob:
+    def probe(kind: str, cache_dir: Path, limits: StorageLimits) -> None:
         ours = (
             dict(cache_bytes=probe_cache_bytes(w.samples), cache_dir=cache_dir) if KINDS[kind].cached else {}
         )
-        return WorkloadJob(
+        job = WorkloadJob(
             kind, w.data, epochs=1, workers=w.workers, batch_size=w.batch_size, transform=plan.transform,
             max_batches=_PREFETCH * w.workers + 2,  # every worker's prefetch queue full, as in a real run
             **ours,
         )  # fmt: skip
+        run_workload(job, limits, script=plan.job_script)
 
     return memory_limit(w.cache_bytes, measure_overhead(probe, list(kinds), w.data), w.workers)

@@ -1,7 +1,8 @@
 """The memory limit of a comparison: the same for every loader, sized from what each job itself needs.
 
 Both loaders of a comparison get the same memory limit: the cache budget plus the memory the job itself
-needs, measured here (``measure_overhead``) in a cgroup while each loader runs its first few batches.
+needs, measured here (``measure_overhead``) in a cgroup while each loader runs its first few batches; a
+generated job and the user's own command alike (each hands in how to run its probe).
 """
 
 from __future__ import annotations
@@ -9,13 +10,13 @@ from __future__ import annotations
 import mmap
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.storage import evict_page_cache, resident_bytes
-from stallbench.jobs.run import run_workload, scratch_cache_dir
-from stallbench.jobs.spec import WorkloadJob
+from stallbench.jobs.run import scratch_cache_dir
 
 __all__ = ["EXTRA_WORKER_MARGIN", "OVERHEAD_MARGIN", "measure_overhead", "memory_limit", "probe_cache_bytes"]
 
@@ -36,18 +37,18 @@ def probe_cache_bytes(num_records: int) -> int:
     return index_bytes(num_records) + mmap.PAGESIZE
 
 
+ProbeRun = Callable[[str, Path, StorageLimits], Any]
+
+
 def measure_overhead(
-    job_for: Callable[[str, Path], WorkloadJob],
-    kinds: Sequence[str],
-    data: str | os.PathLike,
-    script: str | os.PathLike | None = None,
+    run_probe: ProbeRun, kinds: Sequence[str], data: str | os.PathLike | Iterable[str | os.PathLike]
 ) -> dict[str, int]:
     """Memory (bytes) each kind's job needs besides its cache, measured in an unlimited cgroup.
 
-    ``job_for(kind, cache_dir)`` gives the probe: the real job cut to a few batches (a cached loader with
-    ``probe_cache_bytes``), run through ``script`` when given. Its figure is the cgroup's peak less the
-    records it left in the page cache. An unmeasured first run puts the interpreter's and torch's files in
-    the page cache: no probe pays them.
+    ``run_probe(kind, cache_dir, limits)`` runs the probe inside ``limits``: the real job cut to a few
+    batches (a cached loader with ``probe_cache_bytes`` in ``cache_dir``). Its figure is the cgroup's peak
+    less the files of ``data`` it left in the page cache. An unmeasured first run puts the interpreter's and
+    torch's files in the page cache: no probe pays them.
     """
     peaks = {}
     for i, kind in enumerate([kinds[0], *kinds]):
@@ -55,7 +56,7 @@ def measure_overhead(
         try:
             evict_page_cache(data)
             with StorageLimits() as limits:
-                run_workload(job_for(kind, cache_dir), limits, script=script)
+                run_probe(kind, cache_dir, limits)
         finally:
             shutil.rmtree(cache_dir, ignore_errors=True)
         if i > 0:

@@ -11,20 +11,32 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
+from stallbench.analysis.memory import measure_overhead, memory_limit, probe_cache_bytes
 from stallbench.analysis.results import LoaderReport
 from stallbench.analysis.runs import Phase, collected, three_runs
 from stallbench.analysis.user_report import user_report
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.limits import NONE, Limits
+from stallbench.conditions.storage import files_in
 from stallbench.jobs.command import CommandRun, run_command
 from stallbench.jobs.run import scratch_cache_dir
 from stallbench.jobs.spec import JobSpec, LoaderEpoch
 
-__all__ = ["CommandRuns", "UserJob", "analyze_command", "replay_lengths", "run_once", "run_user_phases"]
+__all__ = [
+    "CommandRuns",
+    "UserJob",
+    "analyze_command",
+    "replay_lengths",
+    "run_once",
+    "run_user_phases",
+    "sized_memory",
+]
+
+PROBE_STEPS = 10  # batches of each loader in a memory probe: every worker's prefetch queue full, as in a run
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,24 @@ def run_once(
         return run_command(job.argv, spec, limits=limits, time_limit=job.time_limit, log=log)
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def sized_memory(job: UserJob, kinds: Sequence[str], log: IO[str] | None = None) -> UserJob:
+    """``--memory-limit auto`` sized as for a generated job: the cache budget plus the most memory the
+    command needs with any of the loaders ``kinds``, measured over its first ``PROBE_STEPS`` batches (our
+    loader's cache held at its index), and the margins of ``memory.memory_limit``."""
+    workers: list[int] = []
+    probe_job = replace(job, steps=PROBE_STEPS, epochs=1)
+    records = sum(1 for _ in files_in(job.data))
+
+    def probe(kind: str, cache_dir: Path, limits: StorageLimits) -> None:
+        spec = probe_job.spec(kind, cache_bytes=probe_cache_bytes(records), cache_dir=str(cache_dir))
+        run = run_command(job.argv, spec, limits=limits, time_limit=job.time_limit, log=log)
+        workers.extend(r.workers for r in run.records)
+
+    overheads = measure_overhead(probe, kinds, job.data)
+    limit = memory_limit(job.cache_bytes or 0, overheads, max(workers, default=0))
+    return replace(job, limits=job.limits.sized(limit))
 
 
 def analyze_command(

@@ -14,7 +14,7 @@ from typing import IO
 
 from stallbench.analysis.apply import NotRunnable, apply_advice
 from stallbench.analysis.results import LoaderReport
-from stallbench.analysis.user_analysis import UserJob, analyze_command
+from stallbench.analysis.user_analysis import UserJob, analyze_command, sized_memory
 from stallbench.analysis.user_report import NoTrainingLoader
 from stallbench.conditions.cgroup import StorageConditionUnavailable
 from stallbench.conditions.limits import AUTO
@@ -42,8 +42,6 @@ def _job(args: argparse.Namespace, command: list[str]) -> UserJob:
         raise ValueError(
             f"--data must name the files your command reads, not a generated workload ({args.data})"
         )
-    if args.limits.memory_limit == AUTO:
-        raise ValueError("--memory-limit auto needs a generated workload; give a size, e.g. 4G")
     data = args.data.resolve()
     files = [data] if data.is_file() else [p for p in data.rglob("*") if p.is_file()]
     if not files:
@@ -78,7 +76,11 @@ def run_user_analysis(args: argparse.Namespace, command: list[str]) -> int:
         return 2
     reports: list[LoaderReport] = []
     try:
-        with _log(args) as log, Progress(args, "runs", unit="run", total=1 + 3 * len(kinds)) as bar:
+        sizing = job.limits.memory_limit == AUTO
+        with _log(args) as log, Progress(args, "runs", unit="run", total=sizing + 1 + 3 * len(kinds)) as bar:
+            if sizing:
+                job = sized_memory(job, kinds, log)
+                bar.step("memory measured")
             for report in analyze_command(job, kinds, on_step=bar.step, log=log):
                 reports.append(report)
     except KeyboardInterrupt:

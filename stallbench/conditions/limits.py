@@ -23,14 +23,14 @@ from stallbench.conditions.sizes import format_bytes
 __all__ = ["AUTO", "NONE", "Limits", "probe_storage_conditions"]
 
 PathArg = str | os.PathLike
-AUTO = "auto"  # --memory-limit auto: the cache budget plus the generated job's measured memory
+AUTO = "auto"  # --memory-limit auto: the cache budget plus the job's measured memory
 _MEMORY_FS = {"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"}
 
 
 @dataclass(frozen=True)
 class Limits:
     """``storage_bandwidth``: reads from the data's disk, bytes per second; ``memory_limit``: bytes per job
-    (page cache included), or :data:`AUTO` until a generated job sizes it. None: no such limit."""
+    (page cache included), or :data:`AUTO` until the job's measured memory sizes it. None: no such limit."""
 
     storage_bandwidth: int | None = None
     memory_limit: int | str | None = None
