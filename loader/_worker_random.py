@@ -16,10 +16,7 @@ restored draws.
 
 from __future__ import annotations
 
-import os
 import random
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,18 +25,16 @@ import torch
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils.pin_memory import pin_memory
 
+from loader._orphan_guard import guard_orphan
+
 __all__ = [
-    "ORPHAN_GRACE",
     "RandomStates",
     "RestoringWorkerInit",
     "Stamped",
     "StampingCollate",
-    "guard_orphan",
     "random_states",
     "set_random_states",
 ]
-
-ORPHAN_GRACE = 10.0  # seconds a worker whose parent died has to leave on its own (torch's loop: 5 s)
 
 # bytes, lists and numbers only: cheap to send with a batch (a tensor would go through shared memory), and
 # ``torch.load`` reads them back as weights
@@ -120,22 +115,3 @@ class RestoringWorkerInit:
             self.user_init(worker_id)
         if worker_id in self.states:
             set_random_states(self.states[worker_id])
-
-
-def guard_orphan(grace: float = ORPHAN_GRACE) -> None:
-    """End this worker ``grace`` seconds after its parent is gone, whatever it is doing then.
-
-    Torch's worker loop sees a dead parent within 5 s and returns, but Python then joins the result queue's
-    feeder thread, which waits for ever on a pipe nobody reads once it is full (a stamp adds up to 10 kB to
-    each batch sent): the worker would linger, holding what it inherited (the job's output pipes, shared
-    memory). A daemon thread checks the parent every second."""
-
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        time.sleep(grace)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="loader-orphan-guard", daemon=True).start()

@@ -82,7 +82,7 @@ class Limits:
         return StorageLimits(**asked, device_path=device_path)
 
     def _asked(self) -> dict[str, int | str | None]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return dataclasses.asdict(self)
 
 
 NONE = Limits()  # no limit asked for
@@ -109,11 +109,12 @@ def probe_storage_conditions(path: PathArg = ".") -> dict[str, str | None]:
     Keys: ``page_cache_eviction`` and each field of :class:`Limits`. The cgroup ones are tried for real on a
     scratch cgroup that is removed again.
     """
+    probes = {
+        "page_cache_eviction": lambda: _eviction_problem(path),
+        "memory_limit": lambda: try_cgroup("memory", str(1 << 30)),
+        "storage_bandwidth": lambda: _throttle_problem(path),
+    }
     try:
-        return {
-            "page_cache_eviction": _eviction_problem(path),
-            "memory_limit": try_cgroup("memory", str(1 << 30)),
-            "storage_bandwidth": _throttle_problem(path),
-        }
+        return {name: probe() for name, probe in probes.items()}
     except StorageConditionUnavailable as e:  # no mount table at all
-        return dict.fromkeys(("page_cache_eviction", "memory_limit", "storage_bandwidth"), str(e))
+        return dict.fromkeys(probes, str(e))
