@@ -16,6 +16,9 @@
   ``prefetch_factor`` 1 and 4, each against a cold run of the example with that setting: within 15%;
 * ``--apply``: the example script (``examples/train_cnn.py``, 1 worker, prep-bound by a 3 ms sleep per
   sample) analyzed, then the advised worker count rerun cold: |measured / predicted - 1| <= 0.15;
+* ``--apply`` of a cache: the example with torch's loader on 18,000 JPEGs of 112 KB (2 GB), storage at
+  50 MB/s, ``--memory-limit auto`` (the 50% budget plus the job's measured memory): the advice names our
+  loader with ``cache_bytes`` and ``cache_files``, rerun cold under the same limit: within 15%;
 * ``--apply`` of a form: a loop over 1,200 JPEGs of 500x375 through our loader with ``cache_form="raw"``
   forced (``tests/_user_scripts/train_ours.py``, no step: decode binds), analyzed; the advised
   ``cache_form='prepared'`` rerun cold, 3 rounds: the median |measured / predicted - 1| <= 0.15.
@@ -153,6 +156,37 @@ def test_apply_predicts_the_advised_form(benchmark, bench_data_root: Path, tmp_p
     benchmark.extra_info.update(rounds=rounds, errors=errors)
     print(f"\ncache_form='prepared' advised, (predicted, measured) s: {rounds}; errors {errors}")
     assert abs(statistics.median(errors)) <= MAX_APPLY_ERROR, rounds
+
+
+CACHE_ADVICE_BPS = "50MB"
+
+
+@pytest.mark.benchmark(group="user-job")
+def test_apply_runs_the_cache_advice_under_a_memory_limit(
+    benchmark, bench_data_root: Path, tmp_path: Path
+) -> None:
+    """The example with torch's loader on data twice its memory: the advice names our loader with a cache
+    and ``cache_files=``, and ``--apply`` runs the example with it under the same limit."""
+    data = make_jpeg_folder(bench_data_root / "jpeg-18000x114688", num_images=18_000, record_bytes=112 << 10)
+    argv = [sys.executable, "-m", "stallbench", "analyze", "--data", str(data), "--epochs", "3"]
+    argv += ["--memory-limit", "auto", "--storage-bandwidth", CACHE_ADVICE_BPS, "--no-progress", "--quiet"]
+    argv += ["--log", str(tmp_path / "cache-log.txt"), "--apply", "--", sys.executable, str(EXAMPLE)]
+    argv += ["--data", str(data), "--epochs", "5", "--eval-fraction", "0.001"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = benchmark.pedantic(
+        lambda: subprocess.run(argv, env=env, text=True, capture_output=True, timeout=1800),
+        rounds=1,
+        iterations=1,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (advice,) = [line for line in done.stdout.splitlines() if line.startswith("advice:")]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("--apply")]
+    print(f"\n{advice}\n{line}")
+    assert "cache_files=" in line, line
+    match = re.search(r"predicted ([\d.]+) s, measured ([\d.]+) s", line)
+    predicted, measured = float(match[1]), float(match[2])
+    benchmark.extra_info.update(predicted=predicted, measured=measured)
+    assert abs(measured / predicted - 1) <= MAX_APPLY_ERROR, line
 
 
 def _split(loader: dict) -> dict[str, float]:
