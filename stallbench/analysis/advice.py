@@ -104,25 +104,46 @@ def _dominant(m: Measured, prep: float, fetch: float) -> str:
     return bound if measured.get(bound, 0.0) >= ACT_ON else max(measured, key=measured.__getitem__)
 
 
+@dataclass(frozen=True)
+class _Choice:
+    """What an analysis acts on: ``stall`` ("fetch", "prep" or "none" worth acting on, by its percentages)
+    and the setting chosen for it, if any: a form of record, a worker count or a fetch action."""
+
+    stall: str
+    prep: float
+    fetch: float
+    form: FormPrediction | None = None
+    workers: Prediction | None = None
+    fetch_action: tuple[Prediction, str, str] | None = None
+
+
+def _choose(m: Measured, predictions: tuple[Prediction, ...], forms: tuple[FormPrediction, ...]) -> _Choice:
+    """The one decision :func:`advise` words and :func:`advised` runs."""
+    b = m.breakdown
+    prep, fetch = b.percent(b.prep_stall_seconds), b.percent(b.fetch_stall_seconds)
+    if max(prep, fetch) < ACT_ON:
+        return _Choice("none", prep, fetch, form=_form_action(forms, None) if _cores_bind(m) else None)
+    if _dominant(m, prep, fetch) == "fetch":
+        return _Choice("fetch", prep, fetch, fetch_action=_fetch_action(m, predictions))
+    best = _prep_action(m, predictions)
+    return _Choice("prep", prep, fetch, form=_form_action(forms, best), workers=best)
+
+
 def advised(
     m: Measured, predictions: tuple[Prediction, ...], forms: tuple[FormPrediction, ...] = ()
 ) -> Advised | None:
     """The setting :func:`advise` names; None where it names none (no stall worth acting on, or no setting
     predicted faster)."""
-    b = m.breakdown
-    prep, fetch = b.percent(b.prep_stall_seconds), b.percent(b.fetch_stall_seconds)
-    cache = m.workload.cache_bytes
-    if max(prep, fetch) < ACT_ON or _dominant(m, prep, fetch) != "fetch":
-        best = _prep_action(m, predictions) if max(prep, fetch) >= ACT_ON else None
-        form = _form_action(forms, best) if max(prep, fetch) >= ACT_ON or _cores_bind(m) else None
-        if form is not None:
-            return Advised(m.loader, m.workload.workers, cache, form.epoch_seconds, FORM_ARGUMENT[form.form])
-        return None if best is None else Advised(m.loader, best.workers, best.cache_bytes, best.epoch_seconds)
-    action = _fetch_action(m, predictions)
-    if action is None:
-        return None
-    p, loader = action[0], action[2]
-    return Advised(loader, p.workers, p.cache_bytes, p.epoch_seconds)
+    c = _choose(m, predictions, forms)
+    if c.form is not None:
+        form = FORM_ARGUMENT[c.form.form]
+        return Advised(m.loader, m.workload.workers, m.workload.cache_bytes, c.form.epoch_seconds, form)
+    if c.workers is not None:
+        return Advised(m.loader, c.workers.workers, c.workers.cache_bytes, c.workers.epoch_seconds)
+    if c.fetch_action is not None:
+        p, _, loader = c.fetch_action
+        return Advised(loader, p.workers, p.cache_bytes, p.epoch_seconds)
+    return None
 
 
 def _cores_bind(m: Measured) -> bool:
@@ -130,7 +151,7 @@ def _cores_bind(m: Measured) -> bool:
     return roofline(m).bound == "prep"
 
 
-def _no_stall(m: Measured, stalls: float, forms: tuple[FormPrediction, ...]) -> str:
+def _no_stall(m: Measured, stalls: float, form: FormPrediction | None) -> str:
     """No stall to act on; where the roofline's bound is not the step alone, what it is instead: the step
     sharing the cores with prep (its contention: a form of record that saves prep would help), or storage
     that a faster step would meet."""
@@ -143,7 +164,6 @@ def _no_stall(m: Measured, stalls: float, forms: tuple[FormPrediction, ...]) -> 
         slower = b.contention_seconds / b.step_alone_seconds if b.step_alone_seconds > 0 else 0.0
         head += f", but the cores bound the epoch: the step shares {m.machine.cores} cores with prep "
         head += f"and ran {slower:.0%} slower than alone"
-        form = _form_action(forms, None)
         if form is not None:
             return f"{head}; {form_argument(form)} would bring the epoch to {_gain(form, m)}"
         return f"{head}; a faster decode or more cores would help"
@@ -153,24 +173,23 @@ def _no_stall(m: Measured, stalls: float, forms: tuple[FormPrediction, ...]) -> 
 def advise(m: Measured, predictions: tuple[Prediction, ...], forms: tuple[FormPrediction, ...] = ()) -> str:
     """One line: the stall that bounds the epoch and the action that cuts it, with numbers; ``forms``: the
     what-if of our cache's forms of record, where it weighed them."""
-    b = m.breakdown
-    prep, fetch = b.percent(b.prep_stall_seconds), b.percent(b.fetch_stall_seconds)
-    if max(prep, fetch) < ACT_ON:
-        return _no_stall(m, prep + fetch, forms)
-    if _dominant(m, prep, fetch) == "fetch":
-        head, action = f"fetch stall is {fetch:.0f}% of the epoch", _fetch_action(m, predictions)
+    c = _choose(m, predictions, forms)
+    prep, fetch = c.prep, c.fetch
+    if c.stall == "none":
+        return _no_stall(m, prep + fetch, c.form)
+    if c.stall == "fetch":
+        head = f"fetch stall is {fetch:.0f}% of the epoch"
         head += "" if fetch >= prep else f" and storage bounds it (prep stall {prep:.0f}% waits behind it)"
-        if action is None:
+        if c.fetch_action is None:
             storage = format_bytes(m.machine.storage_bytes_per_s)
             return f"{head}: no larger cache predicts a faster epoch; storage reads {storage}/s"
-        return f"{head}: {action[1]} would cut the epoch to {_gain(action[0], m)}"
-    head, best = f"prep stall is {prep:.0f}% of the epoch", _prep_action(m, predictions)
+        return f"{head}: {c.fetch_action[1]} would cut the epoch to {_gain(c.fetch_action[0], m)}"
+    head = f"prep stall is {prep:.0f}% of the epoch"
     head += "" if prep >= fetch else f" and decode bounds it (fetch stall {fetch:.0f}% waits behind it)"
     rate = f"decode is {m.machine.prep_samples_per_s_per_core:.0f} samples/s per core"
-    form = _form_action(forms, best)
-    if form is not None:
-        return f"{head}: {form_argument(form)} would bring the epoch to {_gain(form, m)}; {rate}"
-    if best is None:
+    if c.form is not None:
+        return f"{head}: {form_argument(c.form)} would bring the epoch to {_gain(c.form, m)}; {rate}"
+    if c.workers is None:
         where = f"{m.workload.workers} workers on {m.machine.cores} cores"
         return f"{head} with {where}: {rate}; more workers would not help, faster decode or more cores would"
-    return f"{head}: {best.workers} workers would bring the epoch to {_gain(best, m)}; {rate}"
+    return f"{head}: {c.workers.workers} workers would bring the epoch to {_gain(c.workers, m)}; {rate}"
