@@ -37,6 +37,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -109,23 +110,35 @@ def test_bootstrap_overhead(benchmark) -> None:
     assert statistics.median(ratios) >= 1 - MAX_OVERHEAD, ratios
 
 
+class Applied(NamedTuple):
+    """What ``analyze --apply`` printed: its advice, its ``--apply`` line and that line's two epochs."""
+
+    advice: str
+    line: str
+    predicted: float
+    measured: float
+
+
+def _applied(argv: list[str], timeout: float) -> Applied:
+    done = subprocess.run(
+        argv, env={**os.environ, "PYTHONPATH": str(REPO)}, text=True, capture_output=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (advice,) = [line for line in done.stdout.splitlines() if line.startswith("advice")]
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("--apply")]
+    match = re.search(r"predicted ([\d.]+) s, measured ([\d.]+) s", line)
+    assert match, line
+    return Applied(advice, line, float(match[1]), float(match[2]))
+
+
 @pytest.mark.benchmark(group="user-job")
 def test_apply_predicts_the_advised_setting(benchmark, bench_data_root: Path, tmp_path: Path) -> None:
     data = _small_images(bench_data_root)
     argv = _analyze_example(data, tmp_path, ["--apply"], workers=1)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = benchmark.pedantic(
-        lambda: subprocess.run(argv, env=env, text=True, capture_output=True, timeout=600),
-        rounds=1,
-        iterations=1,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    (line,) = [line for line in done.stdout.splitlines() if line.startswith("--apply")]
-    print("\n" + line)
-    match = re.search(r"predicted ([\d.]+) s, measured ([\d.]+) s", line)
-    predicted, measured = float(match[1]), float(match[2])
-    benchmark.extra_info.update(predicted=predicted, measured=measured)
-    assert abs(measured / predicted - 1) <= MAX_APPLY_ERROR, line
+    applied = benchmark.pedantic(lambda: _applied(argv, timeout=600), rounds=1, iterations=1)
+    print(f"\n{applied.advice}\n{applied.line}")
+    benchmark.extra_info.update(predicted=applied.predicted, measured=applied.measured)
+    assert abs(applied.measured / applied.predicted - 1) <= MAX_APPLY_ERROR, applied.line
 
 
 FORM_SCRIPT = REPO / "tests" / "_user_scripts" / "train_ours.py"
@@ -138,12 +151,9 @@ def _applied_form(data: Path, tmp_path: Path) -> tuple[float, float]:
     argv = [sys.executable, "-m", "stallbench", "analyze", "--data", str(data), "--epochs", "3"]
     argv += ["--no-progress", "--quiet", "--log", str(tmp_path / "form-log.txt"), "--apply", "--"]
     argv += [sys.executable, str(FORM_SCRIPT), "--data", str(data), "--epochs", "5"]
-    done = subprocess.run(argv, env={**os.environ, "PYTHONPATH": str(REPO)}, text=True, capture_output=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    (line,) = [line for line in done.stdout.splitlines() if line.startswith("--apply")]
-    assert "cache_form='prepared'" in line, line
-    match = re.search(r"predicted ([\d.]+) s, measured ([\d.]+) s", line)
-    return float(match[1]), float(match[2])
+    applied = _applied(argv, timeout=1200)
+    assert "cache_form='prepared'" in applied.line, applied.line
+    return applied.predicted, applied.measured
 
 
 @pytest.mark.benchmark(group="user-job")
@@ -172,21 +182,11 @@ def test_apply_runs_the_cache_advice_under_a_memory_limit(
     argv += ["--memory-limit", "auto", "--storage-bandwidth", CACHE_ADVICE_BPS, "--no-progress", "--quiet"]
     argv += ["--log", str(tmp_path / "cache-log.txt"), "--apply", "--", sys.executable, str(EXAMPLE)]
     argv += ["--data", str(data), "--epochs", "5", "--eval-fraction", "0.001"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = benchmark.pedantic(
-        lambda: subprocess.run(argv, env=env, text=True, capture_output=True, timeout=1800),
-        rounds=1,
-        iterations=1,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    (advice,) = [line for line in done.stdout.splitlines() if line.startswith("advice:")]
-    (line,) = [line for line in done.stdout.splitlines() if line.startswith("--apply")]
-    print(f"\n{advice}\n{line}")
-    assert "cache_files=" in line, line
-    match = re.search(r"predicted ([\d.]+) s, measured ([\d.]+) s", line)
-    predicted, measured = float(match[1]), float(match[2])
-    benchmark.extra_info.update(predicted=predicted, measured=measured)
-    assert abs(measured / predicted - 1) <= MAX_APPLY_ERROR, line
+    applied = benchmark.pedantic(lambda: _applied(argv, timeout=1800), rounds=1, iterations=1)
+    print(f"\n{applied.advice}\n{applied.line}")
+    assert "cache_files=" in applied.line, applied.line
+    benchmark.extra_info.update(predicted=applied.predicted, measured=applied.measured)
+    assert abs(applied.measured / applied.predicted - 1) <= MAX_APPLY_ERROR, applied.line
 
 
 def _split(loader: dict) -> dict[str, float]:
