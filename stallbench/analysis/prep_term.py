@@ -2,22 +2,28 @@
 
 It is built on CPU seconds the runs counted, which do not grow when other work shares the cores: ``C``,
 prep's CPU per epoch (``samples / prep rate per core``: the prep run's CPU beyond the step's) and ``S``, the
-step's, alone (the ingestion run's). Prep takes ``max(F_w + max((C + L) / w, C / min(w, n)), (S + C) / n)``:
-the wait for the first batch, then each worker works through its share with no more than ``n`` cores
-decoding at once; and never less than all the CPU (the first batch's included) on the ``n`` cores the step
-and the workers share. ``F_w`` is the prep run's wait for its first batch (``F``: workers start and each
-makes a batch), longer where more workers than cores start at once and share them, in the share of prep
-that is CPU (``c = C / (C + L)``): ``F * s(w) / s(w_measured)``, ``s(w) = 1 - c + c * max(1, w / n)``.
-With no worker, prep and step take turns in one process: ``T1 + C + L``.
+step's, alone (the ingestion run's). Prep takes ``max(F_w + a_w * max((C + L) / w, C / min(w, n)), (S + C) /
+n)``: the wait for the first batch, then each worker works through the rest of its share with no more than
+``n`` cores decoding at once; and never less than all the CPU (the first batch's included) on the ``n``
+cores the step and the workers share. ``a_w = (ceil(B / w) - 1) * w / B`` is the part of a worker's share
+left after its first batch: the busiest worker makes ``ceil(B / w)`` of the epoch's ``B`` batches, and the
+first is in ``F_w`` (counting it twice overstated many workers on few batches: 8 workers on 10 batches were
+predicted 0.65-0.68 s and measured 0.50-0.52 s).
 
-``L`` is the time workers spend off the CPU (a Dataset that sleeps, waits on a lock or on a remote read):
-what the rest of the prep run's epoch (``T3 - F``, all records in memory) leaves unexplained,
-``(T3 - F) * w - C``; none where the CPU terms reach 90% of it, or where compute hid prep (``T3`` within 5%
-of ``T1``) and the run says nothing of it.
+``F_w`` is the prep run's wait for its first batch (``F``: workers start and each makes a batch), longer where
+more workers than cores start at once and share them, in the share of prep that is CPU (``c = C / (C + L)``):
+``F * s(w) / s(w_measured)``, ``s(w) = 1 - c + c * max(1, w / n)``. With no worker, prep and step take turns
+in one process: ``T1 + C + L``.
+
+``L`` is the time workers spend off the CPU (a Dataset that sleeps, waits on a lock or on a remote read): what
+the rest of the prep run's epoch (``T3 - F``, all records in memory) leaves unexplained, ``(T3 - F) * w / a_w
+- C``; none where the CPU terms reach 90% of it, or where compute hid prep (``T3`` within 5% of ``T1``) and
+the run says nothing of it.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -37,8 +43,16 @@ def prep_seconds(m: Measured, workers: int) -> float:
         return m.breakdown.step_alone_seconds + cpu + off_cpu
     cores = m.machine.cores
     first = _first_batch(m, workers, cpu / (cpu + off_cpu) if cpu + off_cpu > 0 else 1.0)
-    each = first + max(cpu / min(workers, cores), (cpu + off_cpu) / workers)
+    share = max(cpu / min(workers, cores), (cpu + off_cpu) / workers)
+    each = first + share * _after_first(m, workers)
     return max(each, (m.breakdown.step_cpu_seconds + cpu) / cores)
+
+
+def _after_first(m: Measured, workers: int) -> float:
+    """The part of a worker's share it makes after ``F_w``: the busiest worker makes ``ceil(B / w)`` of the
+    epoch's ``B`` batches, its first one in ``F_w``."""
+    batches = max(1, math.ceil(m.workload.samples / m.workload.batch_size))
+    return (math.ceil(batches / workers) - 1) * workers / batches
 
 
 def _first_batch(m: Measured, workers: int, on_cpu: float) -> float:
@@ -53,20 +67,22 @@ def _prep_cpu(m: Measured) -> float:
     return m.workload.samples / m.machine.prep_samples_per_s_per_core
 
 
-def _cpu_bound(m: Measured, cpu: float, workers: int) -> float:
-    """Prep's CPU on ``min(workers, cores)`` cores, and the cores shared with the step."""
+def _cpu_bound(m: Measured, cpu: float, workers: int, after: float) -> float:
+    """Prep's CPU after the first batch on ``min(workers, cores)`` cores, and all of it on the cores shared
+    with the step."""
     cores = m.machine.cores
-    return max(cpu / min(workers, cores), (m.breakdown.step_cpu_seconds + cpu) / cores)
+    return max(after * cpu / min(workers, cores), (m.breakdown.step_cpu_seconds + cpu) / cores)
 
 
 def _off_cpu_seconds(m: Measured, cpu: float) -> float:
     """``L``: the prep run's worker time its CPU (``cpu``) does not explain, per epoch, all workers
-    together."""
+    together. After the first batch, the prep run's epoch is the ``a_w`` of each worker's share left."""
     b, workers = m.breakdown, m.workload.workers
     if workers == 0:
         return max(0.0, b.warm_epoch_seconds - b.step_alone_seconds - cpu)
     rest = b.warm_epoch_seconds - b.warm_first_batch_seconds
+    after = _after_first(m, workers)
     hidden = b.warm_epoch_seconds <= PREP_HIDDEN * b.step_alone_seconds
-    if hidden or _cpu_bound(m, cpu, workers) >= CPU_EXPLAINS * rest:
+    if hidden or after == 0 or _cpu_bound(m, cpu, workers, after) >= CPU_EXPLAINS * rest:
         return 0.0
-    return max(0.0, rest * workers - cpu)
+    return max(0.0, rest * workers / after - cpu)
