@@ -7,15 +7,14 @@ n)``: the wait for the first batch, then each worker works through the rest of i
 ``n`` cores decoding at once; and never less than all the CPU (the first batch's included) on the ``n``
 cores the step and the workers share. ``a_w = (ceil(B / w) - 1) * w / B`` is the part of a worker's share
 left after its first batch: the busiest worker makes ``ceil(B / w)`` of the epoch's ``B`` batches, and the
-first is in ``F_w`` (counting it twice overstated many workers on few batches: 8 workers on 10 batches were
-predicted 0.65-0.68 s and measured 0.50-0.52 s).
+first is in ``F_w``: counted twice, it weighs most where each worker makes few batches.
 
-``F_w`` is the prep run's wait for its first batch (``F``: workers start and each makes a batch), longer
-where the workers starting at once ask more of the cores than there are, as the share above is: each is on the
-CPU ``c = C / (C + L)`` of its time, so ``w`` of them ask ``w c`` cores: ``F * s(w) / s(w_measured)``, ``s(w)
-= max(1, w c / n)`` (stretching the whole CPU share of ``F`` by ``w / n``, as if all workers decoded at once,
-overstated 8 sleeping workers on 2 cores by 17-35%). With no worker, prep and step take turns
-in one process: ``T1 + C + L``.
+``F_w`` is the prep run's wait for its first batch (``F``: workers start and each makes a batch), longer where
+more workers than cores start at once and share them, in the share of prep that is CPU (``c = C / (C + L)``):
+``F * s(w) / s(w_measured)``, ``s(w) = 1 - c + c * max(1, w / n)``: workers that start together stay in step,
+decoding at once (stretching only where the workers ask more cores, ``w c``, than there are, as the share
+does, predicted 4 sleeping workers on 2 cores 8% short of the measured epoch and 8 of them 18%). With no
+worker, prep and step take turns in one process: ``T1 + C + L``.
 
 ``L`` is the time workers spend off the CPU (a Dataset that sleeps, waits on a lock or on a remote read): what
 the rest of the prep run's epoch (``T3 - F``, all records in memory) leaves unexplained, ``(T3 - F) * w / a_w
@@ -58,10 +57,10 @@ def _after_first(m: Measured, workers: int) -> float:
 
 
 def _first_batch(m: Measured, workers: int, on_cpu: float) -> float:
-    """``F_w``: all ``workers`` start and make a first batch at once, each on the CPU ``on_cpu`` of its time
-    (prep's CPU over its CPU and off-CPU time); it stretches where they ask more than the cores give."""
+    """``F_w``: all ``workers`` start and make a first batch at once; its ``on_cpu`` share (prep's CPU over
+    its CPU and off-CPU time) stretches where they outnumber the cores, the rest does not."""
     cores, measured = m.machine.cores, m.workload.workers
-    stretch = lambda w: max(1.0, w * on_cpu / cores)  # noqa: E731
+    stretch = lambda w: 1.0 - on_cpu + on_cpu * max(1.0, w / cores)  # noqa: E731
     return m.breakdown.warm_first_batch_seconds * stretch(workers) / stretch(measured)
 
 
