@@ -16,6 +16,7 @@ from torch.utils.data import DistributedSampler
 import loader
 from loader.partition.inbox import Inbox
 from loader.partition.plan import CHUNK, Layout, chunks_for, order_of
+from loader.partition.split import Split, SplitChooser
 from tests.helpers import make_jpeg_folder
 
 
@@ -41,9 +42,49 @@ def test_every_rank_computes_each_ranks_order_as_that_rank_draws_it():
 def test_a_server_sends_a_rank_the_records_its_node_owns_in_steps_of_its_order():
     layout = Layout.from_places(["a", "b"], rank=0)
     order = list(range(CHUNK * 2 + 3))
-    chunks = chunks_for(order, layout, server_node=1)
+    chunks = chunks_for(order, layout, server_node=1, split=Split())
     assert [len(c) for c in chunks] == [CHUNK // 2, CHUNK // 2, 1]
     assert [i for c in chunks for i in c] == [i for i in order if i % 2 == 1]
+
+
+def test_a_split_leaves_out_the_records_the_rank_reads_from_storage_alike_on_both_sides():
+    layout = Layout.from_places(["a", "b"], rank=0)
+    order = list(range(10_000))
+    split = Split(epoch=3, share=0.3)
+    sent = {i for c in chunks_for(order, layout, server_node=1, split=split) for i in c}
+    remote = {i for i in order if i % 2 == 1}
+    from_storage = {i for i in remote if split.from_storage(i)}
+    assert sent == remote - from_storage  # the sender leaves out exactly what the workers read themselves
+    assert len(from_storage) / len(remote) == pytest.approx(0.3, abs=0.02)
+    again = {i for i in remote if Split(epoch=4, share=0.3).from_storage(i)}
+    assert again != from_storage  # another epoch, other records
+    assert not any(Split(epoch=3, share=0.0).from_storage(i) for i in remote)
+
+
+def test_the_split_reads_storage_only_where_it_is_about_as_fast_as_the_peers():
+    chooser = SplitChooser()
+    # epoch 0 fills the caches: its workers read 100 MB in 2 s of reading on 2 workers (100 MB/s); its
+    # peers, still reading storage themselves, are not measured
+    assert chooser.next_epoch((0, 0), (0, 0), workers=2) == Split(0, 0.0)
+    assert chooser.next_epoch((100e6, 2.0), (50e6, 5.0), workers=2) == Split(1, 0.0)
+    # epoch 1, warm: 100 MB from peers in 1 s; storage at 100 MB/s is as fast: half from each
+    assert chooser.next_epoch((0, 0), (100e6, 1.0), workers=2) == Split(2, pytest.approx(0.5))
+    # the peers at 200 MB/s: storage at half their rate is not worth its reads
+    assert chooser.next_epoch((50e6, 1.0), (100e6, 0.5), workers=2) == Split(3, 0.0)
+    # storage at 150 MB/s against peers at 100 MB/s: 60% from storage, both paths end together
+    assert chooser.next_epoch((75e6, 1.0), (100e6, 1.0), workers=2) == Split(4, pytest.approx(0.6))
+
+
+def test_the_inbox_publishes_the_split_for_the_workers(tmp_path):
+    inbox = Inbox.make(tmp_path, rank=0)
+    assert inbox.split((0, Split())) == (0, Split())  # none published: every record from the peers
+    inbox.set_split(Split(2, 0.25))
+    known = inbox.split((0, Split()))
+    assert known[1] == Split(2, 0.25)
+    assert inbox.split(known) is known  # the same file: not read again
+    inbox.set_split(Split(3, 0.5))
+    assert inbox.split(known)[1] == Split(3, 0.5)
+    inbox.remove()
 
 
 def test_the_inbox_hands_each_record_to_one_taker_whole(tmp_path):
@@ -196,7 +237,7 @@ def test_an_epochs_exchange_starts_only_once_its_workers_are_forked(tmp_path, sh
         real_init(self, *args, **kwargs)
 
     monkeypatch.setattr(torch_dataloader._MultiProcessingDataLoaderIter, "__init__", forking)
-    monkeypatch.setattr(PartitionedCache, "end_epoch", lambda s: events.append("end") or real_end(s))
+    monkeypatch.setattr(PartitionedCache, "end_epoch", lambda s, *a: events.append("end") or real_end(s, *a))
     monkeypatch.setattr(
         PartitionedCache, "start_epoch", lambda s, sm: events.append("start") or real_start(s, sm)
     )

@@ -6,7 +6,9 @@ its node owns (from its cache, or from storage, admitting them); each rank runs 
 node, and stages what arrives in its inbox for its workers, at most ``ahead`` records at a time, so the
 exchange runs ahead of need while the training step runs. A message is the records' sizes (int64), then
 their bytes (uint8). A send or receive that fails or passes the group's timeout marks that peer gone: the
-receiver says so to the workers (``Inbox.mark_gone``), who then read its records from storage.
+receiver says so to the workers (``Inbox.mark_gone``), who then read its records from storage. At the
+start of each epoch a receiver sends its rank's split (``split``: the records it reads from storage
+instead), and both sides leave those out.
 """
 
 from __future__ import annotations
@@ -22,15 +24,20 @@ import torch.distributed as dist
 
 from loader.partition.inbox import Inbox
 from loader.partition.plan import Layout, chunks_for
+from loader.partition.split import Split
 
 __all__ = ["Exchange", "Plan"]
 
 
-class Plan:
-    """One epoch's chunks between one pair of ranks; ``abandoned`` once the receiving loop left the epoch."""
+_SPLIT_TAG = 1  # the receiving rank's split, apart from the records (tag 0) between the same two ranks
 
-    def __init__(self, chunks: list[list[int]]) -> None:
-        self.chunks = chunks
+
+class Plan:
+    """One epoch between one pair of ranks: the receiving rank's order (and, on its side, its split);
+    ``abandoned`` once the receiving loop left the epoch."""
+
+    def __init__(self, order: list[int], split: Split | None = None) -> None:
+        self.order, self.split = order, split if split is not None else Split()
         self.abandoned = False
 
 
@@ -44,6 +51,7 @@ class Exchange:
         self.read_owned = read_owned
         self.gone: set[int] = set()  # nodes (receiving side) and ranks (sending side) found gone
         self.counts = {"bytes_received": 0, "records_received": 0, "bytes_sent": 0, "records_sent": 0}
+        self.counts |= {"receive_seconds": 0.0}
         self._lock = threading.Lock()
         self._senders = {q: queue.Queue() for q in self._clients()}
         self._receivers = {n: queue.Queue() for n in range(layout.nodes) if n != layout.node}
@@ -67,21 +75,25 @@ class Exchange:
             plan.abandoned = True
         self.inbox.clear()
 
-    def start_epoch(self, order_of_rank: Callable[[int], list[int]]) -> None:
+    def start_epoch(self, order_of_rank: Callable[[int], list[int]], split: Split) -> None:
         """Queue an epoch (after ``end_epoch``): ``order_of_rank(r)`` is rank r's order, the same on every
-        rank."""
-        lay = self.layout
+        rank; ``split`` this rank's (its receivers send it to the nodes that serve it)."""
         for q, plans in self._senders.items():
-            plans.put(Plan(chunks_for(order_of_rank(q), lay, lay.node)))
-        mine = order_of_rank(lay.rank)
-        self._current = [Plan(chunks_for(mine, lay, n)) for n in self._receivers]
+            plans.put(Plan(order_of_rank(q)))
+        mine = order_of_rank(self.layout.rank)
+        self._current = [Plan(mine, split) for _ in self._receivers]
         for plan, plans in zip(self._current, self._receivers.values(), strict=True):
             plans.put(plan)
 
     def _send_loop(self, q: int, plans: queue.Queue) -> None:
+        lay = self.layout
         try:
             while True:
-                for chunk in plans.get().chunks:
+                order = plans.get().order
+                header = torch.empty(2, dtype=torch.float64)
+                dist.recv(header, src=q, group=self.group, tag=_SPLIT_TAG)
+                split = Split(int(header[0]), float(header[1]))
+                for chunk in chunks_for(order, lay, lay.node, split):
                     if chunk:
                         self._send(q, [self.read_owned(i) for i in chunk])
         except Exception:  # the peer is gone or timed out: it reads our records from storage
@@ -104,7 +116,9 @@ class Exchange:
         try:
             while True:
                 plan = plans.get()
-                for chunk in plan.chunks:
+                header = torch.tensor([plan.split.epoch, plan.split.share], dtype=torch.float64)
+                dist.send(header, dst=leader, group=self.group, tag=_SPLIT_TAG)
+                for chunk in chunks_for(plan.order, self.layout, node, plan.split):
                     if chunk:
                         self._wait_for_room(plan)
                         self._receive(leader, chunk, plan)
@@ -117,11 +131,13 @@ class Exchange:
             time.sleep(0.002)
 
     def _receive(self, leader: int, chunk: list[int], plan: Plan) -> None:
+        start = time.perf_counter()
         sizes = torch.empty(len(chunk), dtype=torch.int64)
         dist.recv(sizes, src=leader, group=self.group)
         payload = torch.empty(int(sizes.sum()), dtype=torch.uint8)
         if len(payload):
             dist.recv(payload, src=leader, group=self.group)
+        self._add(receive_seconds=time.perf_counter() - start)
         if plan.abandoned:
             return
         view, at = memoryview(payload.numpy()), 0
@@ -130,7 +146,7 @@ class Exchange:
             at += size
         self._add(bytes_received=at, records_received=len(chunk))
 
-    def _add(self, **amounts: int) -> None:
+    def _add(self, **amounts: float) -> None:
         with self._lock:
             for key, amount in amounts.items():
                 self.counts[key] += amount

@@ -5,6 +5,7 @@ free number, as a batch may hold ``i`` twice), made whole under a temporary name
 worker that needs ``i`` takes any ``p-<i>-*`` by renaming it to a name of its own, so no two workers take
 the same file. Each file is an xxh3-64 of the record then the record; a file that fails it is not used.
 A peer found gone leaves ``gone-<node>``: workers stop waiting for its records and read them from storage.
+The file ``split`` names the epoch's share of remote records read from storage instead (``split``).
 The folder is private to this user and removed with the loader; its name holds the pid and start time of
 the rank that made it, so that the next rank to start on the node removes the inbox of one that was killed.
 """
@@ -23,11 +24,13 @@ from pathlib import Path
 import psutil
 import xxhash
 
+from loader.partition.split import Split
 from loader.system.private import open_private
 
 __all__ = ["Inbox"]
 
 _DIGEST = struct.Struct("<Q")
+_SPLIT = struct.Struct("<qd")  # the epoch and its share of remote records read from storage
 _MAX_COPIES = 8  # a record sent to one rank at most this many times before its worker takes it
 _DAMAGED = object()
 
@@ -106,6 +109,29 @@ class Inbox:
                 if entry.name.startswith("p-"):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(entry.path)
+
+    def set_split(self, split: Split) -> None:
+        """Publish the next epoch's split for the workers (before they start it): written whole, then
+        renamed into place, so a worker reads the old split or the new one."""
+        tmp = self.path / f".t-split-{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(_SPLIT.pack(split.epoch, split.share))
+        os.replace(tmp, self.path / "split")
+
+    def split(self, known: tuple[int, Split]) -> tuple[int, Split]:
+        """The split published now, with its file's inode: ``known`` (an inode and its split) again where the
+        file is the same, so a worker reads it once per epoch."""
+        try:
+            inode = os.stat(self.path / "split").st_ino
+        except FileNotFoundError:
+            return 0, Split()
+        if inode == known[0]:
+            return known
+        fd = open_private(self.path, "split", os.O_RDONLY)
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read()
+        return (inode, Split(*_SPLIT.unpack(raw))) if len(raw) == _SPLIT.size else (0, Split())
 
     def mark_gone(self, node: int) -> None:
         (self.path / f"gone-{node}").touch(mode=0o600)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from torch.utils.data import DistributedSampler
 
+from loader.partition.split import Split
+
 __all__ = ["CHUNK", "Layout", "chunks_for", "order_of"]
 
 CHUNK = 32  # records of a rank's order per message: the exchange's step, whatever the batch size
@@ -67,9 +69,12 @@ def order_of(sampler: DistributedSampler, rank: int) -> list[int]:
     return list(theirs)
 
 
-def chunks_for(order: list[int], layout: Layout, server_node: int) -> list[list[int]]:
+def chunks_for(order: list[int], layout: Layout, server_node: int, split: Split) -> list[list[int]]:
     """The records ``server_node`` serves to a rank on another node, in that rank's order, ``CHUNK``
-    records of the order at a time (both sides walk the same list; an empty chunk is no message). The
-    whole order goes, whatever the loader's batch size or drop_last: what is left over is cleared."""
+    records of the order at a time (both sides walk the same list; an empty chunk is no message), less those
+    the rank's ``split`` reads from storage. The whole order goes, whatever the loader's batch size or
+    drop_last: what is left over is cleared."""
     steps = [order[k : k + CHUNK] for k in range(0, len(order), CHUNK)]
-    return [[i for i in step if layout.owner(i) == server_node] for step in steps]
+    return [
+        [i for i in step if layout.owner(i) == server_node and not split.from_storage(i)] for step in steps
+    ]

@@ -20,6 +20,8 @@ from loader.partition.inbox import Inbox
 from loader.partition.options import Partition
 from loader.partition.peers import PeerRecords
 from loader.partition.plan import Layout, order_of
+from loader.partition.split import Split, SplitChooser
+from loader.stats import LoaderStats
 from loader.system.private import user_dir
 
 __all__ = ["PartitionedCache", "check_partition_args"]
@@ -70,16 +72,32 @@ class PartitionedCache:
             self.group, self.layout, self.inbox, self._read_owned, ahead * (self.layout.nodes - 1)
         )
         self._said_gone: set[int] = set()
+        self._chooser, self._split = SplitChooser(), Split()
+        self._seen = {"bytes_from_source": 0.0, "source_seconds": 0.0, "bytes_received": 0.0}
+        self._seen["receive_seconds"] = 0.0
         weakref.finalize(self, self.inbox.remove)
 
-    def end_epoch(self) -> None:
-        """The last epoch's exchange is over: call before the next epoch's workers start."""
+    def end_epoch(self, stats: LoaderStats, workers: int) -> None:
+        """The last epoch's exchange is over: call before the next epoch's workers start, with the loader's
+        ``stats`` and ``workers`` now. The next epoch's split is chosen from what the last one measured and
+        published for the workers."""
         self.exchange.end_epoch()
+        now = {k: float(getattr(stats, k)) for k in ("bytes_from_source", "source_seconds")}
+        now |= {k: float(self.exchange.counts[k]) for k in ("bytes_received", "receive_seconds")}
+        last, self._seen = self._seen, now
+        delta = {k: now[k] - last[k] for k in now}
+        receivers = max(1, self.layout.nodes - 1)  # one receiving thread per other node, at once
+        self._split = self._chooser.next_epoch(
+            (delta["bytes_from_source"], delta["source_seconds"]),
+            (delta["bytes_received"], delta["receive_seconds"] / receivers),
+            workers,
+        )
+        self.inbox.set_split(self._split)
 
     def start_epoch(self, sampler: DistributedSampler) -> None:
         """The exchange threads start the epoch: call once its workers exist (see DataLoader.__iter__)."""
         self._say_gone()
-        self.exchange.start_epoch(lambda rank: order_of(sampler, rank))
+        self.exchange.start_epoch(lambda rank: order_of(sampler, rank), self._split)
 
     def serve_from(self, dataset: Any) -> None:
         """The loader's bound dataset: this node's records are read through it for the other nodes."""
@@ -102,7 +120,7 @@ class PartitionedCache:
                 stacklevel=4,
             )
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, float]:
         """The exchange's counts for this rank, with the nodes it sees."""
         with self._lock:
             read = self.read_to_serve
@@ -112,4 +130,5 @@ class PartitionedCache:
             **self.exchange.counts,
             "bytes_read_to_serve": read,
             "peers_gone": len(self.exchange.gone),
+            "storage_share": self._split.share,
         }
