@@ -44,7 +44,8 @@ def main(config: dict) -> None:
         seconds, read = time.perf_counter() - start, storage_read_bytes() - read
         stats = dl.stats()
         line = {"rank": rank, "epoch": epoch, "seconds": seconds, "storage_bytes": read, "records": records,
-                "peers_bytes": stats.bytes_from_peers, "cache_bytes": stats.bytes_from_cache}  # fmt: skip
+                "peers_bytes": stats.bytes_from_peers, "cache_bytes": stats.bytes_from_cache,
+                "storage_share": stats.partition["storage_share"] if stats.partition else 0.0}  # fmt: skip
         sys.stdout.write(json.dumps(line) + "\n")  # one write: ranks share stdout (print may write twice)
         sys.stdout.flush()
         dist.barrier()

@@ -163,7 +163,7 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         if self.num_workers == 0:
             self._board.start_storage_count()
         if self._partition is not None:
-            self._partition.end_epoch(self._board.totals(), self.num_workers)
+            self._partition.end_epoch(self._board.totals())
         coordinated = self._coordinated
         batches = coordinated.epoch(self._plain_iter) if coordinated is not None else self._plain_iter()
         if self._partition is not None:  # only once the workers are forked: one forked while the exchange's

@@ -35,7 +35,6 @@ FIELDS = (
     "records_corrupt",
     "memory_pauses",
     "fetch_seconds",
-    "source_seconds",
     "decode_seconds",
     "collate_seconds",
     "batches_collated",
@@ -61,8 +60,7 @@ class LoaderStats:
 
     ``bytes_from_storage`` is what the kernel counted as read from the storage device by the loader's
     processes (``/proc/<pid>/io`` ``read_bytes``); ``bytes_from_source`` is what the sources returned, which
-    includes reads served by the OS page cache, ``source_seconds`` the time those reads took (part of
-    ``fetch_seconds``, summed over workers). ``records_admitted`` counts admissions by this loader;
+    includes reads served by the OS page cache. ``records_admitted`` counts admissions by this loader;
     ``records_cached`` is what the shared cache holds, from any job. ``records_corrupt`` counts cached records
     that failed their bounds or checksum check: each was read from the source instead, never served.
     ``memory_pauses`` counts the times a process stopped admitting for a while because memory was short.
@@ -88,7 +86,6 @@ class LoaderStats:
     records_corrupt: int = 0
     memory_pauses: int = 0
     fetch_seconds: float = 0.0
-    source_seconds: float = 0.0
     decode_seconds: float = 0.0
     collate_seconds: float = 0.0
     batches_collated: int = 0

@@ -62,17 +62,26 @@ def test_a_split_leaves_out_the_records_the_rank_reads_from_storage_alike_on_bot
 
 
 def test_the_split_reads_storage_only_where_it_is_about_as_fast_as_the_peers():
-    chooser = SplitChooser()
-    # epoch 0 fills the caches: its workers read 100 MB in 2 s of reading on 2 workers (100 MB/s); its
-    # peers, still reading storage themselves, are not measured
-    assert chooser.next_epoch((0, 0), (0, 0), workers=2) == Split(0, 0.0)
-    assert chooser.next_epoch((100e6, 2.0), (50e6, 5.0), workers=2) == Split(1, 0.0)
-    # epoch 1, warm: 100 MB from peers in 1 s; storage at 100 MB/s is as fast: half from each
-    assert chooser.next_epoch((0, 0), (100e6, 1.0), workers=2) == Split(2, pytest.approx(0.5))
-    # the peers at 200 MB/s: storage at half their rate is not worth its reads
-    assert chooser.next_epoch((50e6, 1.0), (100e6, 0.5), workers=2) == Split(3, 0.0)
-    # storage at 150 MB/s against peers at 100 MB/s: 60% from storage, both paths end together
-    assert chooser.next_epoch((75e6, 1.0), (100e6, 1.0), workers=2) == Split(4, pytest.approx(0.6))
+    def chooser(storage: float, peers: float, split_epoch: float) -> list[Split]:
+        """Epoch 0 reads ``storage`` MB in 1 s; epoch 1 receives ``peers`` MB in 1 s; the others take
+        ``split_epoch`` s each."""
+        c, clock, splits = SplitChooser(), 0.0, []
+        ended = [(0, 0, 0.0), (storage, 0, 1.0), (0, peers, 1.0), (0, 0, split_epoch), (0, 0, split_epoch)]
+        for read, received, seconds in ended:  # what the epoch that ended before each call did
+            clock += seconds
+            splits.append(c.next_epoch(read * 1e6, received * 1e6, clock))
+        return splits
+
+    # storage as fast as the peers: half from each from the third epoch on, while that is faster
+    assert chooser(100, 100, split_epoch=0.7) == [Split(0, 0.0), Split(1, 0.0)] + [
+        Split(e, pytest.approx(0.5)) for e in (2, 3, 4)
+    ]
+    # storage at 1.5 times the peers' rate: 60% from storage, so that both paths end together
+    assert chooser(150, 100, split_epoch=0.7)[2] == Split(2, pytest.approx(0.6))
+    # storage at half the peers' rate is not worth its reads
+    assert {s.share for s in chooser(50, 100, split_epoch=0.7)} == {0.0}
+    # a split measured slower than the peers alone (1.2 s against 1 s) is dropped
+    assert [s.share for s in chooser(100, 100, split_epoch=1.2)] == [0.0, 0.0, pytest.approx(0.5), 0.0, 0.0]
 
 
 def test_the_inbox_publishes_the_split_for_the_workers(tmp_path):

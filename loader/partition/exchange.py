@@ -51,7 +51,6 @@ class Exchange:
         self.read_owned = read_owned
         self.gone: set[int] = set()  # nodes (receiving side) and ranks (sending side) found gone
         self.counts = {"bytes_received": 0, "records_received": 0, "bytes_sent": 0, "records_sent": 0}
-        self.counts |= {"receive_seconds": 0.0}
         self._lock = threading.Lock()
         self._senders = {q: queue.Queue() for q in self._clients()}
         self._receivers = {n: queue.Queue() for n in range(layout.nodes) if n != layout.node}
@@ -131,13 +130,11 @@ class Exchange:
             time.sleep(0.002)
 
     def _receive(self, leader: int, chunk: list[int], plan: Plan) -> None:
-        start = time.perf_counter()
         sizes = torch.empty(len(chunk), dtype=torch.int64)
         dist.recv(sizes, src=leader, group=self.group)
         payload = torch.empty(int(sizes.sum()), dtype=torch.uint8)
         if len(payload):
             dist.recv(payload, src=leader, group=self.group)
-        self._add(receive_seconds=time.perf_counter() - start)
         if plan.abandoned:
             return
         view, at = memoryview(payload.numpy()), 0
@@ -146,7 +143,7 @@ class Exchange:
             at += size
         self._add(bytes_received=at, records_received=len(chunk))
 
-    def _add(self, **amounts: float) -> None:
+    def _add(self, **amounts: int) -> None:
         with self._lock:
             for key, amount in amounts.items():
                 self.counts[key] += amount

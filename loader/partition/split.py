@@ -1,20 +1,20 @@
 """Which of a rank's records that other nodes cache it reads from storage instead, epoch by epoch.
 
 A record another node caches can come from that node (the exchange) or from storage. Peers save storage
-reads, but the exchange has costs of its own (the sender's copies, gloo's thread, the inbox files): on 2 nodes
-over loopback with storage at 200 MB/s, peers alone made the epoch 7-15% slower than independent caches
-(``bench_partition``). So each rank measures both paths, per epoch: storage, ``S``, the bytes its workers
-read from the source over the time they spent reading (``W`` workers read at once), and peers, ``P``, the
-bytes its exchange received over the time it spent receiving. Where storage is about as fast as the peers or
-faster (``S >= SPLIT_WHEN * P``), a share ``f = S / (S + P)`` of those records is read from storage, so that
-both paths end together: the remote part of the epoch takes ``X / (S + P)`` instead of ``X / P``. Where
-the peers are clearly faster, every such record comes from them: storage reads are what the partitioned
-cache is there to save (egress, a shared filesystem's load).
+reads, but the exchange has costs of its own (the sender's copies, gloo's thread, the inbox files, the CPU
+all of it takes from the workers): on 2 nodes over loopback with storage at 200 MB/s, peers alone made the
+epoch 5-15% slower than independent caches (``bench_partition``). So each rank measures what each path gives
+it over a whole epoch, everything it costs included: storage, ``S``, the bytes its node read from storage in
+the first epoch (its workers' and, on the node's leader, those read to serve other nodes) over that epoch's
+time; the peers, ``P``, the bytes the second epoch (caches warm, every record from the peers) received over
+its time. Where storage is about as fast as the peers or faster (``S >= SPLIT_WHEN * P``), a share ``f = S /
+(S + P)`` of those records is read from storage from the third epoch on, so that both paths end together.
+Where the peers are clearly faster, every such record comes from them: storage reads are what the
+partitioned cache is there to save (egress, a shared filesystem's load). An epoch with a split measured
+slower than the peers' alone (by more than ``NOISE``) drops the split for good.
 
 Which records: those whose index and epoch hash below ``f``; the receiving rank sends ``(epoch, f)`` to the
-node that serves it at the start of each epoch's exchange, and both sides leave those records out. The
-first two epochs take every record from the peers: the first fills the caches (the serving nodes read
-storage themselves), the second measures the peers warm.
+node that serves it at the start of each epoch's exchange, and both sides leave those records out.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 __all__ = ["SPLIT_WHEN", "Split", "SplitChooser"]
 
 SPLIT_WHEN = 0.8  # storage at least this fraction of the peers' rate: both paths share the records
-WARM = 2  # epochs that take every record from the peers: one fills the caches, one measures them warm
+NOISE = 0.05  # a split whose epoch is this much slower than the peers' alone is dropped
 _MIX = 0x9E3779B1  # Knuth's multiplicative hash: consecutive indices spread over the 32-bit range
 _EPOCH_MIX = 0x85EBCA77
 
@@ -48,25 +48,29 @@ class SplitChooser:
     """A rank's measured rates and the split they give for its next epoch."""
 
     def __init__(self) -> None:
-        self.storage_rate: float | None = None  # bytes/s, this rank's workers together
-        self.peer_rate: float | None = None
+        self.storage_rate: float | None = None  # bytes/s over the first epoch, all it cost included
+        self.peer_rate: float | None = None  # bytes/s over the second
         self.split = Split(-1, 0.0)
+        self._peers_alone: float | None = None  # the second epoch's seconds
+        self._dropped = False
+        self._started: float | None = None
 
-    def next_epoch(self, source: tuple[float, float], received: tuple[float, float], workers: int) -> Split:
-        """The split of the next epoch, from the last one's (bytes, seconds) read from the source by its
-        ``workers`` and received from the peers."""
-        epoch = self.split.epoch + 1
-        read, reading = source
-        if read > 0 and reading > 0:
-            self.storage_rate = read * max(1, workers) / reading
-        got, receiving = received
-        if epoch >= WARM and got > 0 and receiving > 0:  # the epoch that ended read warm caches
-            self.peer_rate = got / receiving
-        self.split = Split(epoch, self._share(epoch))
+    def next_epoch(self, from_storage: float, received: float, now: float) -> Split:
+        """The split of the next epoch, from the bytes the last one read from storage for this node and
+        received from the peers; ``now``: a monotonic clock, read where each epoch starts."""
+        ended, seconds = self.split, now - self._started if self._started is not None else 0.0
+        self._started = now
+        if seconds > 0 and ended.epoch == 0:
+            self.storage_rate = from_storage / seconds
+        elif seconds > 0 and ended.epoch == 1:
+            self.peer_rate, self._peers_alone = received / seconds, seconds
+        elif ended.share > 0 and self._peers_alone is not None and seconds > (1 + NOISE) * self._peers_alone:
+            self._dropped = True  # measured slower than the peers alone
+        self.split = Split(ended.epoch + 1, self._share(ended.epoch + 1))
         return self.split
 
     def _share(self, epoch: int) -> float:
         s, p = self.storage_rate, self.peer_rate
-        if epoch < WARM or s is None or p is None or s < SPLIT_WHEN * p:
+        if epoch < 2 or self._dropped or not s or not p or s < SPLIT_WHEN * p:
             return 0.0
         return s / (s + p)

@@ -6,6 +6,7 @@ import datetime
 import os
 import socket
 import threading
+import time
 import warnings
 import weakref
 from pathlib import Path
@@ -73,24 +74,19 @@ class PartitionedCache:
         )
         self._said_gone: set[int] = set()
         self._chooser, self._split = SplitChooser(), Split()
-        self._seen = {"bytes_from_source": 0.0, "source_seconds": 0.0, "bytes_received": 0.0}
-        self._seen["receive_seconds"] = 0.0
+        self._seen = (0, 0)  # bytes read from storage for this node, and received, before this epoch
         weakref.finalize(self, self.inbox.remove)
 
-    def end_epoch(self, stats: LoaderStats, workers: int) -> None:
+    def end_epoch(self, stats: LoaderStats) -> None:
         """The last epoch's exchange is over: call before the next epoch's workers start, with the loader's
-        ``stats`` and ``workers`` now. The next epoch's split is chosen from what the last one measured and
-        published for the workers."""
+        ``stats``. The next epoch's split is chosen from what the last one measured and published for the
+        workers."""
         self.exchange.end_epoch()
-        now = {k: float(getattr(stats, k)) for k in ("bytes_from_source", "source_seconds")}
-        now |= {k: float(self.exchange.counts[k]) for k in ("bytes_received", "receive_seconds")}
-        last, self._seen = self._seen, now
-        delta = {k: now[k] - last[k] for k in now}
-        receivers = max(1, self.layout.nodes - 1)  # one receiving thread per other node, at once
+        with self._lock:
+            read = stats.bytes_from_source + self.read_to_serve
+        seen, self._seen = self._seen, (read, self.exchange.counts["bytes_received"])
         self._split = self._chooser.next_epoch(
-            (delta["bytes_from_source"], delta["source_seconds"]),
-            (delta["bytes_received"], delta["receive_seconds"] / receivers),
-            workers,
+            self._seen[0] - seen[0], self._seen[1] - seen[1], time.monotonic()
         )
         self.inbox.set_split(self._split)
 
