@@ -24,7 +24,7 @@ from dataclasses import dataclass
 __all__ = ["SPLIT_WHEN", "Split", "SplitChooser"]
 
 SPLIT_WHEN = 0.8  # storage at least this fraction of the peers' rate: both paths share the records
-NOISE = 0.05  # a split whose epoch is this much slower than the peers' alone is dropped
+NOISE = 0.15  # a split epoch this much slower than the peers' alone drops it (a job's epochs vary 10%)
 _MIX = 0x9E3779B1  # Knuth's multiplicative hash: consecutive indices spread over the 32-bit range
 _EPOCH_MIX = 0x85EBCA77
 
