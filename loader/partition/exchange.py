@@ -52,6 +52,7 @@ class Exchange:
         self.gone: set[int] = set()  # nodes (receiving side) and ranks (sending side) found gone
         self.counts = {"bytes_received": 0, "records_received": 0, "bytes_sent": 0, "records_sent": 0}
         self._lock = threading.Lock()
+        self._buffers = threading.local()
         self._senders = {q: queue.Queue() for q in self._clients()}
         self._receivers = {n: queue.Queue() for n in range(layout.nodes) if n != layout.node}
         self._current: list[Plan] = []
@@ -100,7 +101,7 @@ class Exchange:
 
     def _send(self, q: int, records: list[bytes]) -> None:
         sizes = torch.tensor([len(r) for r in records], dtype=torch.int64)
-        payload = torch.empty(int(sizes.sum()), dtype=torch.uint8)
+        payload = self._payload(int(sizes.sum()))
         view, at = payload.numpy(), 0
         for record in records:  # one copy into the message
             view[at : at + len(record)] = memoryview(record)
@@ -132,7 +133,7 @@ class Exchange:
     def _receive(self, leader: int, chunk: list[int], plan: Plan) -> None:
         sizes = torch.empty(len(chunk), dtype=torch.int64)
         dist.recv(sizes, src=leader, group=self.group)
-        payload = torch.empty(int(sizes.sum()), dtype=torch.uint8)
+        payload = self._payload(int(sizes.sum()))
         if len(payload):
             dist.recv(payload, src=leader, group=self.group)
         if plan.abandoned:
@@ -142,6 +143,14 @@ class Exchange:
             self.inbox.put(index, view[at : at + size])
             at += size
         self._add(bytes_received=at, records_received=len(chunk))
+
+    def _payload(self, size: int) -> torch.Tensor:
+        """``size`` bytes of this thread's message buffer, kept from message to message: a fresh one costs
+        its page faults on every message (a send or receive is done with it when it returns)."""
+        buffer = getattr(self._buffers, "tensor", None)
+        if buffer is None or len(buffer) < size:
+            buffer = self._buffers.tensor = torch.empty(size, dtype=torch.uint8)
+        return buffer[:size]
 
     def _add(self, **amounts: int) -> None:
         with self._lock:

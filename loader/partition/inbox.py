@@ -55,9 +55,10 @@ class Inbox:
         """Stage ``record`` for a worker (called by the exchange thread)."""
         tmp = self.path / f".t-{index}-{os.getpid()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(_DIGEST.pack(xxhash.xxh3_64_intdigest(record)))
-            f.write(record)
+        try:
+            _write_all(fd, [_DIGEST.pack(xxhash.xxh3_64_intdigest(record)), record])
+        finally:
+            os.close(fd)
         try:
             for k in range(_MAX_COPIES):
                 with contextlib.suppress(FileExistsError):
@@ -89,11 +90,13 @@ class Inbox:
             except FileNotFoundError:
                 continue
             fd = open_private(self.path, mine, os.O_RDONLY)
-            with os.fdopen(fd, "rb") as f:
-                raw = f.read()
+            try:  # the digest, then the record into a bytes object of its own size: no copy after
+                digest, record = os.read(fd, _DIGEST.size), _read_rest(fd)
+            finally:
+                os.close(fd)
             os.unlink(self.path / mine)
-            if len(raw) >= _DIGEST.size and _DIGEST.unpack_from(raw)[0] == xxhash.xxh3_64_intdigest(raw[8:]):
-                return raw[_DIGEST.size :]
+            if len(digest) == _DIGEST.size and _DIGEST.unpack(digest)[0] == xxhash.xxh3_64_intdigest(record):
+                return record
             return _DAMAGED
         return None
 
@@ -141,6 +144,29 @@ class Inbox:
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _write_all(fd: int, parts: list[bytes | memoryview]) -> None:
+    """Write ``parts`` whole, in one call where the kernel takes it all (a tmpfs does)."""
+    left = sum(len(p) for p in parts)
+    done = os.writev(fd, parts)
+    if done < left:
+        joined = b"".join(parts)
+        while done < left:
+            done += os.write(fd, joined[done:])
+
+
+def _read_rest(fd: int) -> bytes:
+    """The rest of the file ``fd`` from its offset, read whole."""
+    size = os.fstat(fd).st_size - os.lseek(fd, 0, os.SEEK_CUR)
+    chunks, got = [], 0
+    while got < size:
+        chunk = os.read(fd, size - got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)  # none: an empty record, or a truncated file
 
 
 def _started(process: psutil.Process) -> int:
