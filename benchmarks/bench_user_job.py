@@ -172,6 +172,7 @@ CACHE_ADVICE_BPS = "50MB"
 
 
 @pytest.mark.benchmark(group="user-job")
+@pytest.mark.timeout(2400)  # 2 GB at 50 MB/s: four runs with a cold first epoch each, and the data made once
 def test_apply_runs_the_cache_advice_under_a_memory_limit(
     benchmark, bench_data_root: Path, tmp_path: Path
 ) -> None:
