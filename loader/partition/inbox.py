@@ -54,11 +54,7 @@ class Inbox:
     def put(self, index: int, record: bytes | memoryview) -> None:
         """Stage ``record`` for a worker (called by the exchange thread)."""
         tmp = self.path / f".t-{index}-{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        try:
-            _write_all(fd, [_DIGEST.pack(xxhash.xxh3_64_intdigest(record)), record])
-        finally:
-            os.close(fd)
+        _write_new(tmp, [_DIGEST.pack(xxhash.xxh3_64_intdigest(record)), record])
         try:
             for k in range(_MAX_COPIES):
                 with contextlib.suppress(FileExistsError):
@@ -117,9 +113,7 @@ class Inbox:
         """Publish the next epoch's split for the workers (before they start it): written whole, then
         renamed into place, so a worker reads the old split or the new one."""
         tmp = self.path / f".t-split-{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(_SPLIT.pack(split.epoch, split.share))
+        _write_new(tmp, [_SPLIT.pack(split.epoch, split.share)])
         os.replace(tmp, self.path / "split")
 
     def split(self, known: tuple[int, Split]) -> tuple[int, Split]:
@@ -146,14 +140,19 @@ class Inbox:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def _write_all(fd: int, parts: list[bytes | memoryview]) -> None:
-    """Write ``parts`` whole, in one call where the kernel takes it all (a tmpfs does)."""
-    left = sum(len(p) for p in parts)
-    done = os.writev(fd, parts)
-    if done < left:
-        joined = b"".join(parts)
-        while done < left:
-            done += os.write(fd, joined[done:])
+def _write_new(path: Path, parts: list[bytes | memoryview]) -> None:
+    """A new private file at ``path`` (none there, no link followed) holding ``parts`` whole: one call where
+    the kernel takes it all (a tmpfs does)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        left = sum(len(p) for p in parts)
+        done = os.writev(fd, parts)
+        if done < left:
+            joined = b"".join(parts)
+            while done < left:
+                done += os.write(fd, joined[done:])
+    finally:
+        os.close(fd)
 
 
 def _read_rest(fd: int) -> bytes:
