@@ -20,7 +20,7 @@ from stallbench.analysis.request import AnalysisRequest, CacheSpec, NamedWorkloa
 from stallbench.analysis.results import LoaderReport
 from stallbench.conditions.cgroup import StorageConditionUnavailable
 from stallbench.conditions.limits import NONE
-from stallbench.jobs.kinds import KINDS, NAMES
+from stallbench.jobs.kinds import DEFAULT, KINDS
 
 __all__ = ["concurrent_hint", "demo_request", "describe", "epoch_table"]
 
@@ -41,7 +41,7 @@ def demo_request(args: argparse.Namespace) -> tuple[AnalysisRequest, tuple[str, 
         data_dir=args.data_dir, workers=args.workers, batch_size=args.batch_size, compute="emulated:10",
         cache=CacheSpec(0.5), limits=limits, epochs=args.epochs,
     )  # fmt: skip
-    return req, NAMES
+    return req, DEFAULT
 
 
 def describe(req: AnalysisRequest, out=sys.stdout) -> None:
@@ -53,7 +53,7 @@ def describe(req: AnalysisRequest, out=sys.stdout) -> None:
     if limits:
         print(f"both loaders run in a cgroup: {', '.join(limits)}", file=out)
     print(
-        f"comparing {' and '.join(k.label for k in KINDS.values())}: {req.epochs} epochs per run ...",
+        f"comparing {' and '.join(KINDS[k].label for k in DEFAULT)}: {req.epochs} epochs per run ...",
         file=out,
         flush=True,
     )

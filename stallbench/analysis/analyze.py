@@ -27,6 +27,7 @@ from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.limits import AUTO
 from stallbench.conditions.storage import DataSize, data_size
 from stallbench.jobs.kinds import KINDS
+from stallbench.jobs.others import convert
 from stallbench.jobs.run import run_workload
 from stallbench.jobs.spec import WorkloadJob
 
@@ -39,12 +40,16 @@ Progress = Callable[[int, int], None]
 def prepare(
     req: AnalysisRequest, kinds: Sequence[str], progress: Progress | None = None, cold: bool = True
 ) -> RunPlan:
-    """Generate a named workload if needed, size the cache, check and size the storage condition.
+    """Generate a named workload if needed, convert it for a loader that reads its own format (untimed, as
+    its users do), size the cache, check and size the storage condition.
 
     ``progress(done, total)`` is told how the generation of a named workload goes. ``cold=False``: no run
     will evict the page cache (``compare --jobs`` runs warm), so data on a memory filesystem will do."""
     data = _materialise(req, progress)
     size, samples, lengths = _opened(data)
+    for kind in kinds:
+        if KINDS[kind].converts:
+            convert(str(data), kind)
     cache = round(req.cache * size.device_bytes) if isinstance(req.cache, CacheSpec) else req.cache
     req.limits.check(data, cold)
     workload = Workload(

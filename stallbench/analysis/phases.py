@@ -19,6 +19,7 @@ from stallbench.analysis.results import EpochRecord, RunRecord, Workload, steady
 from stallbench.analysis.runs import Phase, cold_condition, three_runs
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.load import OtherLoad
+from stallbench.jobs.converted import existing_copy
 from stallbench.jobs.kinds import KINDS
 from stallbench.jobs.run import run_workload, scratch_cache_dir
 from stallbench.jobs.spec import CACHE_FORM_FIELDS, WorkloadJob
@@ -60,7 +61,9 @@ class WorkloadRuns:
     packing: str | None = None
 
     def data(self) -> list[str]:
-        return [self.plan.workload.data]
+        """The files this kind reads: the workload's, or its copy in the kind's own format."""
+        data = self.plan.workload.data
+        return [str(existing_copy(data, self.kind)) if KINDS[self.kind].converts else data]
 
     def run(
         self, phase: Phase, *, cache_bytes: int | None, limits: StorageLimits | None, prep: Any = None

@@ -19,7 +19,7 @@ from stallbench.cli.commands import interrupted, run_analysis, run_demo, run_sim
 from stallbench.cli.user import run_user_analysis, split_command
 from stallbench.conditions.limits import AUTO, NONE, Limits
 from stallbench.conditions.storage import PAGE
-from stallbench.jobs.kinds import CACHED, NAMES
+from stallbench.jobs.kinds import CACHED, DEFAULT, NAMES
 from stallbench.jobs.spec import PACKINGS
 
 __all__ = ["DEMO_LIMITS", "main", "make_parser"]
@@ -129,7 +129,12 @@ def _add_analysis(sub: argparse._SubParsersAction) -> None:
     )
     _workload(compare)
     _own_command(compare)
-    compare.add_argument("--loaders", type=_kinds, default=NAMES, help="comma-separated, baseline first")
+    compare.add_argument(
+        "--loaders",
+        type=_kinds,
+        default=DEFAULT,
+        help=f"comma-separated, baseline first, from: {', '.join(NAMES)} (default: torch,cached)",
+    )
     compare.add_argument(
         "--jobs",
         type=types.positive_int,

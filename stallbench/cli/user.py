@@ -20,6 +20,7 @@ from stallbench.conditions.cgroup import StorageConditionUnavailable
 from stallbench.conditions.limits import AUTO
 from stallbench.conditions.storage import data_size
 from stallbench.jobs.command import CommandFailed
+from stallbench.jobs.kinds import SWAPPABLE
 from stallbench.jobs.spec import AS_IS
 
 __all__ = ["run_user_analysis", "split_command"]
@@ -70,6 +71,7 @@ def run_user_analysis(args: argparse.Namespace, command: list[str]) -> int:
 
     kinds = (AS_IS,) if args.command == "analyze" and args.loader is None else _kinds(args)
     try:
+        _check_swappable(kinds)
         job = _job(args, command)
     except (ValueError, OSError) as exc:
         say_error(args.command, exc)
@@ -125,6 +127,18 @@ def _apply(
             continue
         figures = f"predicted {applied.predicted_seconds:.2f} s, measured {applied.measured_seconds:.2f} s"
         print(f"--apply ({report.loader}): {applied.setting}: steady epoch {figures} ({applied.error:+.0%})")
+
+
+def _check_swappable(kinds: tuple[str, ...]) -> None:
+    """ValueError naming a loader that reads its own format: a command builds its loaders, and only ours and
+    torch's can stand in for them."""
+    other = [k for k in kinds if k not in (AS_IS, *SWAPPABLE)]
+    if other:
+        raise ValueError(
+            f"{', '.join(other)} reads data converted to its own format, so it runs on a generated job "
+            f"(--data FOLDER), not in place of your command's loaders; with a command, choose from "
+            f"{', '.join(SWAPPABLE)}"
+        )
 
 
 def _kinds(args: argparse.Namespace) -> tuple[str, ...]:

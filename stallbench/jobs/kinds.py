@@ -14,7 +14,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from stallbench.jobs.spec import WorkloadJob
 
-__all__ = ["CACHED", "KINDS", "NAMES", "TORCH", "LoaderKind", "check_kind", "kind_of_class"]
+__all__ = [
+    "CACHED",
+    "DEFAULT",
+    "KINDS",
+    "NAMES",
+    "SWAPPABLE",
+    "TORCH",
+    "LoaderKind",
+    "check_kind",
+    "kind_of_class",
+]
 
 Stats = Callable[[], Any]  # the loader's cumulative stats (a loader.LoaderStats) now
 Build = Callable[..., tuple[Any, Stats]]
@@ -29,7 +39,8 @@ class LoaderKind:
     name: str
     label: str  # the class, as a LoaderEpoch's ``loader_class`` names it
     cached: bool  # our minimal-miss cache: takes cache_bytes and cache_dir, counts hits; else the page cache
-    build: Build  # (dataset, collate, job, **DataLoader options) -> (the loader, its stats)
+    build: Build  # (dataset, collate, job, **DataLoader options) -> (the loader, its stats, or None)
+    converts: bool = False  # reads the data converted with its own tool (``others.convert``), not as it is
 
 
 def _torch(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> tuple[Any, Stats]:
@@ -65,14 +76,30 @@ def _cached(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) ->
     return dl, dl.stats
 
 
+def _litdata(*args: Any, **common: Any) -> tuple[Any, None]:
+    from stallbench.jobs.others import build_litdata
+
+    return build_litdata(*args, **common)
+
+
+def _webdataset(*args: Any, **common: Any) -> tuple[Any, None]:
+    from stallbench.jobs.others import build_webdataset
+
+    return build_webdataset(*args, **common)
+
+
 KINDS: dict[str, LoaderKind] = {
     kind.name: kind
     for kind in (
         LoaderKind(TORCH, "torch.utils.data.DataLoader", cached=False, build=_torch),
         LoaderKind(CACHED, "loader.DataLoader", cached=True, build=_cached),
+        LoaderKind("litdata", "litdata.StreamingDataLoader", cached=False, build=_litdata, converts=True),
+        LoaderKind("webdataset", "webdataset.WebDataset", cached=False, build=_webdataset, converts=True),
     )
 }
 NAMES: tuple[str, ...] = tuple(KINDS)  # the baseline first
+DEFAULT: tuple[str, ...] = (TORCH, CACHED)  # what ``compare`` and the demo put side by side unless told
+SWAPPABLE: tuple[str, ...] = tuple(k.name for k in KINDS.values() if not k.converts)  # into a user's command
 
 
 def check_kind(name: str) -> LoaderKind:

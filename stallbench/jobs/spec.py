@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from stallbench.jobs.kinds import NAMES, check_kind
+from stallbench.jobs.kinds import SWAPPABLE, check_kind
 
 __all__ = [
     "AS_IS",
@@ -118,7 +118,7 @@ class JobSpec(_JsonFile):
             )
         object.__setattr__(self, "replay_lengths", lengths)
         _check_choice("mode", self.mode, _MODES)
-        _check_choice("loader", self.loader, (AS_IS, *NAMES))
+        _check_choice("loader", self.loader, (AS_IS, *SWAPPABLE))
         if self.workers is not None and not _is_int(self.workers):
             raise ValueError(f"workers must be an int or None, got {self.workers!r}")
         if self.workers is not None and self.workers < 0:

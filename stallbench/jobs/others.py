@@ -1,0 +1,133 @@
+"""The loaders users would pick instead of ours, each on the data converted with its own tool.
+
+- **LitData** (``litdata.optimize`` writes chunks; ``litdata.StreamingDataset`` with ``shuffle=True`` and
+  ``litdata.StreamingDataLoader`` read them), the loader Lightning's users pick for data in object storage;
+- **WebDataset** (``webdataset.ShardWriter`` writes tar shards; ``webdataset.WebDataset`` shuffles the shard
+  order and, within a buffer, the samples; torch's DataLoader splits the shards between its workers), the
+  format of many public image and text corpora.
+
+Each sample is the job's transform of the image's bytes and its label, as our dataset gives it; neither loader
+has a cache of its own for local data (LitData reads its chunks in place, WebDataset streams its shards), so
+both read through the page cache, as torch's loader does. Their stage times are not timed (they have no
+hook for it). MosaicML Streaming is not among them: its package imports torchvision, which does not import
+beside the torch these jobs run.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torch.utils.data import IterableDataset
+
+from stallbench.jobs.converted import ConversionError, converted_copy, existing_copy
+
+if TYPE_CHECKING:
+    from stallbench.jobs.spec import WorkloadJob
+
+__all__ = ["LITDATA", "WEBDATASET", "build_litdata", "build_webdataset", "convert"]
+
+LITDATA, WEBDATASET = "litdata", "webdataset"
+_CHUNK_BYTES = 64 << 20  # litdata's own default
+_SHARDS = 16  # tar shards a copy is written in: many more than the workers, as WebDataset asks
+_SHUFFLE_BUFFER = 1_000  # samples WebDataset shuffles among (its documentation's example)
+
+
+def convert(data: str, kind: str) -> Path:
+    """The copy of the image folder ``data`` that ``kind`` reads, written with its own tool where there is
+    none yet (untimed: the parent converts before the runs); ConversionError where its library is missing."""
+    try:
+        __import__(kind)
+    except ImportError as err:
+        raise ConversionError(f"--loaders {kind}: {kind} is not installed here (pip install {kind})") from err
+    return converted_copy(data, kind, _WRITERS[kind])
+
+
+def _record(source: Any, index: int) -> dict[str, Any]:
+    return {"image": source.read(index), "label": int(source.label(index))}
+
+
+def write_litdata(source: Any, folder: Path) -> None:
+    import litdata
+
+    litdata.optimize(
+        fn=functools.partial(_record, source), inputs=list(range(len(source))), output_dir=str(folder),
+        chunk_bytes=_CHUNK_BYTES, num_workers=1, verbose=False,
+    )  # fmt: skip
+
+
+def write_webdataset(source: Any, folder: Path) -> None:
+    import webdataset
+
+    per_shard = max(1, math.ceil(len(source) / _SHARDS))
+    with webdataset.ShardWriter(str(folder / "shard-%05d.tar"), maxcount=per_shard, verbose=0) as sink:
+        for index in range(len(source)):
+            label = str(int(source.label(index))).encode()
+            sink.write({"__key__": f"{index:09d}", "jpg": source.read(index), "cls": label})
+
+
+_WRITERS = {LITDATA: write_litdata, WEBDATASET: write_webdataset}
+
+
+class _Sample:
+    """A converted record -> (the job's transform of its image bytes, its label), as our dataset gives."""
+
+    def __init__(self, transform: Callable[[bytes], Any] | None) -> None:
+        self.transform = transform
+
+    def __call__(self, image: bytes, label: Any) -> tuple[Any, int]:
+        return (self.transform(image) if self.transform else image), int(label)
+
+    def of_item(self, item: dict[str, Any]) -> tuple[Any, int]:
+        return self(item["image"], item["label"])
+
+    def of_pair(self, pair: tuple[bytes, bytes]) -> tuple[Any, int]:
+        return self(*pair)
+
+
+def build_litdata(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> tuple[Any, None]:
+    """LitData's loader over its copy of the job's image folder; ``dataset`` (ours) gives the transform."""
+    import litdata
+
+    copy = existing_copy(job.data, LITDATA)
+    sample = _Sample(dataset.transform)
+    streaming = litdata.StreamingDataset(str(copy), shuffle=True, seed=job.seed, transform=sample.of_item)
+    return litdata.StreamingDataLoader(streaming, collate_fn=collate, **_loader_options(common)), None
+
+
+def build_webdataset(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> tuple[Any, None]:
+    """WebDataset's pipeline over its copy of the job's image folder, in torch's DataLoader."""
+    import torch
+    import webdataset
+
+    shards = sorted(str(p) for p in existing_copy(job.data, WEBDATASET).glob("shard-*.tar"))
+    pipeline = (
+        webdataset.WebDataset(shards, shardshuffle=len(shards), seed=job.seed, empty_check=False)
+        .shuffle(_SHUFFLE_BUFFER)
+        .to_tuple("jpg", "cls")
+        .map(_Sample(dataset.transform).of_pair)
+    )
+    pipeline = _Sized(pipeline, len(dataset))
+    return torch.utils.data.DataLoader(pipeline, collate_fn=collate, **_loader_options(common)), None
+
+
+class _Sized(IterableDataset):
+    """WebDataset's pipeline with its epoch's length, so that ``len()`` of its loader says its batches (its
+    own ``with_length`` makes a class that cannot be pickled into a worker)."""
+
+    def __init__(self, pipeline: Any, samples: int) -> None:
+        self.pipeline, self.samples = pipeline, samples
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.pipeline)
+
+    def __len__(self) -> int:
+        return self.samples
+
+
+def _loader_options(common: dict[str, Any]) -> dict[str, Any]:
+    """The job's DataLoader options for a loader that shuffles in its dataset (no sampler, no generator)."""
+    return {k: v for k, v in common.items() if k not in ("shuffle", "generator")}

@@ -1,0 +1,154 @@
+"""LitData and WebDataset beside torch's loader and ours: the data converted with their own tools, every
+sample as our dataset gives it, and ``stallbench compare --loaders`` with all four in one report."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import loader
+from stallbench.jobs.converted import ConversionError, converted_copy, existing_copy
+from stallbench.jobs.kinds import KINDS
+from stallbench.jobs.others import LITDATA, WEBDATASET, convert
+from stallbench.jobs.spec import WorkloadJob
+from stallbench.report import validate_report_json
+from stallbench.workloads import make_jpeg_folder
+
+REPO = Path(__file__).resolve().parents[1]
+OTHERS = (LITDATA, WEBDATASET)
+IMAGES = 40
+
+
+@pytest.fixture
+def images(tmp_path: Path) -> Path:
+    return make_jpeg_folder(tmp_path / "imgs", num_images=IMAGES, record_bytes=6000, width=64, height=48)
+
+
+def _samples(dl) -> list[tuple[int, torch.Tensor]]:
+    return [(int(y), x) for xs, ys in dl for x, y in zip(xs, ys, strict=True)]
+
+
+def _by_content(samples: list[tuple[int, torch.Tensor]]) -> list[tuple[int, torch.Tensor]]:
+    return sorted(samples, key=lambda s: (s[0], s[1].numpy().tobytes()))
+
+
+@pytest.mark.parametrize("kind", OTHERS)
+def test_each_loader_gives_every_sample_ours_gives_once_an_epoch(images, kind):
+    convert(str(images), kind)
+    job = WorkloadJob(kind, str(images), workers=2, batch_size=8, transform="eval")
+    ours = loader.ImageFolder(str(images), transform="eval")
+    options = dict(batch_size=8, shuffle=True, num_workers=2, persistent_workers=True)
+    dl, stats = KINDS[kind].build(ours, torch.utils.data.default_collate, job, **options)
+    expected = _by_content(_samples(torch.utils.data.DataLoader(ours, batch_size=8)))
+    for _ in range(2):  # every epoch, each image once
+        got = _by_content(_samples(dl))
+        assert len(got) == IMAGES and stats is None
+        assert all(a == b and torch.equal(x, y) for (a, x), (b, y) in zip(got, expected, strict=True))
+
+
+@pytest.mark.parametrize("kind", OTHERS)
+def test_a_copy_is_made_once_and_again_when_the_data_changes(images, kind):
+    copy = convert(str(images), kind)
+    assert copy == images.with_name(f"imgs.{kind}") and existing_copy(images, kind) == copy
+    stamp = (copy / "stallbench-source.json").stat()
+    assert convert(str(images), kind) == copy
+    assert (copy / "stallbench-source.json").stat().st_ino == stamp.st_ino  # reused, not written again
+    first = sorted(images.rglob("*.jpg"))[0]
+    first.write_bytes(sorted(images.rglob("*.jpg"))[1].read_bytes())
+    with pytest.raises(ConversionError, match=r"no .* copy of .* that matches it"):
+        existing_copy(images, kind)
+    convert(str(images), kind)
+    assert existing_copy(images, kind) == copy
+    assert sorted(p.name for p in images.parent.iterdir()) == ["imgs", f"imgs.{kind}"]
+
+
+def test_a_folder_we_did_not_write_is_named_and_left_alone(images):
+    theirs = images.with_name("imgs.litdata")
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    with pytest.raises(
+        ConversionError, match=rf"{re.escape(str(theirs))}: the litdata copy of .* something else is there"
+    ):
+        convert(str(images), LITDATA)
+    assert (theirs / "notes.txt").read_text() == "mine"
+
+
+def test_only_an_image_folder_converts(tmp_path):
+    data = tmp_path / "tokens.arrow"
+    data.write_bytes(b"not an image folder")
+    with pytest.raises(
+        ConversionError, match=rf"{re.escape(str(data))}: other loaders are compared on an image folder"
+    ):
+        convert(str(data), WEBDATASET)
+
+
+def test_a_conversion_cut_short_leaves_no_copy(images):
+    def dies(source, folder: Path) -> None:
+        (folder / "half.tar").write_bytes(b"x" * 100)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        converted_copy(images, WEBDATASET, dies)
+    assert sorted(p.name for p in images.parent.iterdir()) == ["imgs"]
+    with pytest.raises(ConversionError, match="no webdataset copy"):
+        existing_copy(images, WEBDATASET)
+
+
+def test_a_library_not_installed_is_named(images, monkeypatch):
+    monkeypatch.setitem(sys.modules, "litdata", None)  # import litdata now raises ImportError
+    with pytest.raises(ConversionError, match=r"--loaders litdata: litdata is not installed here"):
+        convert(str(images), LITDATA)
+
+
+def _stallbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    cmd = [sys.executable, "-m", "stallbench", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, text=True, capture_output=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_compare_puts_all_four_loaders_in_one_report(images, tmp_path):
+    out = tmp_path / "report.json"
+    args = ["--loaders", "torch,cached,litdata,webdataset", "--epochs", "2", "--batch-size", "8"]
+    done = _stallbench(
+        "compare", "--data", str(images), *args, "--no-progress", "--json", str(out), cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    validate_report_json(report)
+    assert [r["loader"] for r in report["loaders"]] == ["torch", "cached", "litdata", "webdataset"]
+    assert set(report["ratios_to_baseline"]) == {"cached", "litdata", "webdataset"}
+    for r in report["loaders"]:
+        pipeline = [e for run in r["runs"] if run["phase"] != "ingestion" for e in run["epochs"]]
+        assert [e["samples"] for e in pipeline] == [IMAGES] * 4, r["loader"]
+    cold = {r["loader"]: next(run for run in r["runs"] if run["phase"] == "cold") for r in report["loaders"]}
+    assert all(run["epochs"][0]["storage_bytes"] > 0 for run in cold.values())  # each read its own files
+    assert "litdata vs torch" in done.stdout and "webdataset vs torch" in done.stdout
+
+
+def test_a_command_cannot_be_compared_with_a_loader_of_another_format(images, tmp_path):
+    argv = [
+        "compare",
+        "--data",
+        str(images),
+        "--loaders",
+        "torch,litdata",
+        "--",
+        sys.executable,
+        "-c",
+        "pass",
+    ]
+    done = _stallbench(*argv, cwd=tmp_path)
+    assert done.returncode == 2
+    assert "litdata reads data converted to its own format" in done.stderr
+    assert "choose from torch, cached" in done.stderr and "Traceback" not in done.stderr
