@@ -36,7 +36,7 @@ from stallbench.analysis.memory import measure_overhead, memory_limit, probe_cac
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.limits import probe_storage_conditions
 from stallbench.conditions.storage import data_size, evict_page_cache
-from stallbench.jobs.kinds import KINDS, NAMES
+from stallbench.jobs.kinds import DEFAULT, KINDS
 from stallbench.jobs.run import run_workload, scratch_cache_dir
 from stallbench.jobs.spec import WorkloadJob
 from stallbench.report import plain_table
@@ -57,7 +57,7 @@ CASES = {  # name: (dataset, memory for data as a fraction of D (None: no limit)
     "unlimited": ("large", None, 0.5, 10, 5),
     "small_files": ("small", 0.25, "auto", 4, 1),
 }
-JOBS = [(case, pair, kind) for case, c in CASES.items() for pair in range(c[4]) for kind in NAMES]
+JOBS = [(case, pair, kind) for case, c in CASES.items() for pair in range(c[4]) for kind in DEFAULT]
 NO_SLOWER = 0.97  # torch / ours, time of epochs 2-10 together, median of the case's pairs of jobs, where
 # memory holds the dataset (half-second epochs: one pair alone swung from 0.88 to 1.05 on this machine, and
 # 4 pairs of the unlimited case gave 0.986-1.023 one hour and 0.952-0.976 another: 5 pairs for it)
@@ -94,7 +94,7 @@ def _data(name: str, root: Path, made: dict[str, Data]) -> Data:
     d = Data(path, records, sizes.device_bytes, sizes.record_bytes)
     probe = dict(epochs=1, max_batches=2, cache_bytes=probe_cache_bytes(records))
     d.overheads = measure_overhead(
-        lambda kind, c, limits: run_workload(_job(d, kind, c, probe), limits, script=SCRIPT), NAMES, path
+        lambda kind, c, limits: run_workload(_job(d, kind, c, probe), limits, script=SCRIPT), DEFAULT, path
     )
     made[name] = d
     return d

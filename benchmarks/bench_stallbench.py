@@ -34,7 +34,7 @@ from stallbench.analysis.analyze import prepare
 from stallbench.analysis.phases import RunPlan
 from stallbench.analysis.request import AnalysisRequest
 from stallbench.analysis.results import LoaderReport
-from stallbench.jobs.kinds import NAMES as KINDS
+from stallbench.jobs.kinds import DEFAULT as KINDS
 
 MAX_FETCH_RATIO = 0.5  # ours' steady fetch stall / torch's
 BASE = Config(cache=0.5, workers=2)
