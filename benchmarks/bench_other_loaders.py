@@ -61,9 +61,8 @@ def test_ours_is_the_fastest_after_the_first_epoch(benchmark, request_: Analysis
     ]
     header = ["loader", *(f"epoch {i} s" for i in range(1, EPOCHS + 1))]
     header += [f"epoch {i} MB read" for i in range(1, EPOCHS + 1)]
-    print(
-        f"\nD {w.dataset_bytes / MB:.0f} MB, cache {w.cache_bytes / MB:.0f} MB, memory {w.memory_limit / MB:.0f} MB"
-    )
+    sizes = f"D {w.dataset_bytes / MB:.0f} MB, cache {w.cache_bytes / MB:.0f} MB"
+    print(f"\n{sizes}, memory {w.memory_limit / MB:.0f} MB")
     print(plain_table(header, rows))
     ratios = {k: [o.seconds / c.seconds for o, c in zip(cold[k], cold["cached"], strict=True)] for k in KINDS}
     print("other / ours, epoch by epoch:", {k: [round(x, 2) for x in v] for k, v in ratios.items()})
