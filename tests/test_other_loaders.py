@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -116,21 +117,25 @@ def _stallbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=env, text=True, capture_output=True, timeout=600)
 
 
+def _documented_compare() -> list[str]:
+    """The reference's command comparing the four loaders, as written (the arguments of ``stallbench``)."""
+    text = (REPO / "docs" / "stallbench.md").read_text()
+    line = next(x for x in text.splitlines() if x.startswith("stallbench compare") and "litdata" in x)
+    return shlex.split(line)[1:]
+
+
 @pytest.mark.slow
-def test_compare_puts_all_four_loaders_in_one_report(images, tmp_path):
-    out = tmp_path / "report.json"
-    args = ["--loaders", "torch,cached,litdata,webdataset", "--epochs", "2", "--batch-size", "8"]
-    done = _stallbench(
-        "compare", "--data", str(images), *args, "--no-progress", "--json", str(out), cwd=tmp_path
-    )
+def test_compare_puts_all_four_loaders_in_one_report_as_documented(tmp_path):
+    done = _stallbench(*_documented_compare(), cwd=tmp_path)  # in a fresh folder: its data generated there
     assert done.returncode == 0, done.stderr
-    report = json.loads(out.read_text())
+    report = json.loads((tmp_path / "report.json").read_text())
     validate_report_json(report)
     assert [r["loader"] for r in report["loaders"]] == ["torch", "cached", "litdata", "webdataset"]
     assert set(report["ratios_to_baseline"]) == {"cached", "litdata", "webdataset"}
+    images = report["workload"]["samples"]
     for r in report["loaders"]:
         pipeline = [e for run in r["runs"] if run["phase"] != "ingestion" for e in run["epochs"]]
-        assert [e["samples"] for e in pipeline] == [IMAGES] * 4, r["loader"]
+        assert [e["samples"] for e in pipeline] == [images] * 4, r["loader"]
     cold = {r["loader"]: next(run for run in r["runs"] if run["phase"] == "cold") for r in report["loaders"]}
     assert all(run["epochs"][0]["storage_bytes"] > 0 for run in cold.values())  # each read its own files
     assert "litdata vs torch" in done.stdout and "webdataset vs torch" in done.stdout
