@@ -1,10 +1,16 @@
-"""Shared fixtures: a private cache folder in /dev/shm, and a check that tests leave nothing in /dev/shm."""
+"""Shared fixtures: a private cache folder in /dev/shm, a check that tests leave nothing in /dev/shm, and an
+S3-compatible server (moto's) started and stopped on loopback."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
+import subprocess
+import sys
+import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,3 +42,45 @@ def no_shm_leak(request):
     yield
     leaked = {n for n in _shm_entries() - before if not n.startswith("sbtest-")}
     assert not leaked, f"left in /dev/shm: {sorted(leaked)}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_moto(port: int) -> subprocess.Popen:
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return server
+        time.sleep(0.05)
+    server.kill()
+    raise RuntimeError("moto's S3 server did not start within 30 s")
+
+
+@pytest.fixture
+def s3_server(monkeypatch) -> Iterator[subprocess.Popen]:
+    """A fresh S3 server on loopback, boto3 (and the processes a test starts) pointed at it through its own
+    environment variables."""
+    port = _free_port()
+    for name, value in {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    proc = _start_moto(port)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()

@@ -65,3 +65,12 @@ def make_jpeg_folder(root: Path, per_class: int = 4, classes: int = 2, size=(64,
             Image.fromarray(pixels).save(buf, format="JPEG", quality=90)
             (root / f"class{c}" / f"img{k:03d}.jpg").write_bytes(buf.getvalue())
     return root
+
+
+def documented_command(doc: Path, starts: str) -> list[str]:
+    """The arguments of the first command in ``doc`` whose line starts with ``starts``, as written there
+    (``stallbench compare ...`` -> ``["compare", ...]``)."""
+    import shlex
+
+    line = next(x for x in doc.read_text().splitlines() if x.startswith(starts))
+    return shlex.split(line)[1:]

@@ -47,7 +47,10 @@ def test_help(tmp_path, command):
     [
         (["analyze", "--data", "/no/such/folder"], "no such data: '/no/such/folder'"),
         (["analyze", "--data", "videos:3"], "no such data: 'videos:3'"),
-        (["analyze", "--data", "s3://bucket/train"], "'s3://bucket/train': data in object storage is not"),
+        (
+            ["analyze", "--data", "s3:///train"],
+            "an object storage location is s3://bucket/prefix, got 's3:///train'",
+        ),
         (["analyze", "--data", "images:8", "--compute", "tpu"], "unknown compute model 'tpu'"),
         (["analyze", "--data", "images:8", "--cache", "12QB"], "'12QB'"),
         (["analyze", "--data", "images:8", "--cache=-3G"], "-3G"),

@@ -4,11 +4,9 @@ here on loopback) serves the records to our loader as a local folder would; erro
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
@@ -34,45 +32,9 @@ from loader.sources import ArrowSource, S3ImageFolderSource, _object_files, imag
 pytestmark = pytest.mark.multiproc
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(port: int) -> subprocess.Popen:
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return server
-        time.sleep(0.05)
-    server.kill()
-    raise RuntimeError("moto's S3 server did not start within 30 s")
-
-
 @pytest.fixture
-def server(monkeypatch) -> Iterator[subprocess.Popen]:
-    """A fresh S3 server on loopback, boto3 pointed at it through its own environment variables."""
-    port = free_port()
-    for name, value in {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    proc = start_server(port)
-    try:
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
+def server(s3_server) -> subprocess.Popen:
+    return s3_server
 
 
 @pytest.fixture
@@ -300,3 +262,9 @@ def test_tar_shards_in_object_storage_gone_or_missing_are_named(shards, server, 
         TarShardsSource("s3://data/shards/x.tar")
     named = r"s3://data/shards/shard-000000.tar\[00000000\].*cannot read"
     gone_mid_epoch(server, TarShards(url), shm_dir, 0, named)  # listed, nothing read yet
+
+
+def test_without_boto3_the_location_and_the_missing_library_are_named(monkeypatch):
+    monkeypatch.setitem(sys.modules, "boto3", None)  # import boto3 now raises ImportError
+    with pytest.raises(SourceError, match=r"'s3://data/train': object storage is read with boto3"):
+        S3ImageFolderSource("s3://data/train")

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import documented_command
 
 import loader
 from stallbench.jobs.converted import ConversionError, converted_copy, existing_copy
@@ -23,6 +23,7 @@ from stallbench.report import validate_report_json
 from stallbench.workloads import make_jpeg_folder
 
 REPO = Path(__file__).resolve().parents[1]
+REFERENCE = REPO / "docs" / "stallbench.md"
 OTHERS = (LITDATA, WEBDATASET)
 IMAGES = 40
 
@@ -117,16 +118,11 @@ def _stallbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=env, text=True, capture_output=True, timeout=600)
 
 
-def _documented_compare() -> list[str]:
-    """The reference's command comparing the four loaders, as written (the arguments of ``stallbench``)."""
-    text = (REPO / "docs" / "stallbench.md").read_text()
-    line = next(x for x in text.splitlines() if x.startswith("stallbench compare") and "litdata" in x)
-    return shlex.split(line)[1:]
-
-
 @pytest.mark.slow
 def test_compare_puts_all_four_loaders_in_one_report_as_documented(tmp_path):
-    done = _stallbench(*_documented_compare(), cwd=tmp_path)  # in a fresh folder: its data generated there
+    done = _stallbench(
+        *documented_command(REFERENCE, "stallbench compare --data images:100 --loaders"), cwd=tmp_path
+    )  # in a fresh folder: its data generated there
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     validate_report_json(report)

@@ -82,8 +82,11 @@ class S3ImageFolderSource(Source):
             return self._client
         with _MAKING:
             if self._client is None or self._pid != os.getpid():
-                import boto3  # imported where object storage is used: boto3 is not needed otherwise
-                from botocore.config import Config
+                try:  # imported where object storage is used: boto3 is not needed otherwise
+                    import boto3
+                    from botocore.config import Config
+                except ImportError as e:
+                    raise SourceError(f"{self.url!r}: object storage is read with boto3: {e}") from e
 
                 retries = {"max_attempts": self.attempts, "mode": "standard"}
                 limits = dict(connect_timeout=self.timeout, read_timeout=self.timeout)

@@ -7,6 +7,7 @@ hit rate of the page cache and the roofline's fetch time are ratios of like to l
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -16,10 +17,11 @@ from typing import Any
 import numpy as np
 
 from stallbench.analysis.loader_report import Measurement, loader_report
-from stallbench.analysis.measure import measure_bandwidths
+from stallbench.analysis.measure import measure_bandwidths, measure_memory_bandwidth
 from stallbench.analysis.memory import measure_overhead, memory_limit, probe_cache_bytes
+from stallbench.analysis.object_data import in_memory_copy, network_bandwidth
 from stallbench.analysis.phases import RunPlan, run_phases
-from stallbench.analysis.request import AnalysisRequest, CacheSpec, NamedWorkload
+from stallbench.analysis.request import AnalysisRequest, CacheSpec, NamedWorkload, ObjectData, local_files
 from stallbench.analysis.results import LoaderReport, RunRecord, Workload, steady
 from stallbench.analysis.runs import collected
 from stallbench.analysis.work import useful_work
@@ -51,7 +53,7 @@ def prepare(
         if KINDS[kind].converts:
             convert(str(data), kind)
     cache = round(req.cache * size.device_bytes) if isinstance(req.cache, CacheSpec) else req.cache
-    req.limits.check(data, cold)
+    req.limits.check(data, cold, over_network=isinstance(data, ObjectData))
     workload = Workload(
         data=str(data),
         dataset_bytes=size.device_bytes,
@@ -78,13 +80,34 @@ def analyze(
     an interrupted compare keeps the finished ones."""
     w = plan.workload
     step = on_step or (lambda label: None)
-    bandwidths = measure_bandwidths([w.data], limits=w.limits.cgroup(w.data), readers=max(1, w.workers))
-    step("machine measured")
-    batching = [(None, None), (plan.packing, plan.max_len)] if plan.packing else [(None, None)]
-    for kind, packing in itertools.product(kinds, batching):
-        label = f"{kind}{'+' if packing[0] else ''}{packing[0] or ''}"
-        runs = collected(run_phases(plan, kind, packed=packing[0] is not None), step, label)
-        yield _report(kind, w, runs, bandwidths, packing)
+    with _prepared_data(plan) as plan:
+        bandwidths = _bandwidths(w)
+        step("machine measured")
+        batching = [(None, None), (plan.packing, plan.max_len)] if plan.packing else [(None, None)]
+        for kind, packing in itertools.product(kinds, batching):
+            label = f"{kind}{'+' if packing[0] else ''}{packing[0] or ''}"
+            runs = collected(run_phases(plan, kind, packed=packing[0] is not None), step, label)
+            yield _report(kind, w, runs, bandwidths, packing)
+
+
+@contextlib.contextmanager
+def _prepared_data(plan: RunPlan) -> Iterator[RunPlan]:
+    """The plan, with data in object storage copied to memory for the runs that read no storage
+    (``object_data``)."""
+    if local_files(plan.workload.data):
+        yield plan
+        return
+    with in_memory_copy(plan.workload.data) as copy:
+        yield replace(plan, in_memory_data=str(copy))
+
+
+def _bandwidths(w: Workload) -> tuple[float, float]:
+    """(storage, memory) bytes/s: storage read by as many readers as the job has workers; in object
+    storage, the network's."""
+    readers = max(1, w.workers)
+    if not local_files(w.data):
+        return network_bandwidth(w.data, readers), measure_memory_bandwidth()
+    return measure_bandwidths([w.data], limits=w.limits.cgroup(w.data), readers=readers)
 
 
 def _report(
@@ -110,11 +133,11 @@ def _packing(req: AnalysisRequest, data: Path, lengths: np.ndarray | None) -> di
     return {"packing": req.packing, "max_len": max_len}
 
 
-def _materialise(req: AnalysisRequest, progress: Progress | None) -> Path:
+def _materialise(req: AnalysisRequest, progress: Progress | None) -> Path | ObjectData:
     from stallbench import workloads
 
     if not isinstance(req.data, NamedWorkload):
-        return Path(req.data)
+        return req.data
     kind, count = req.data.kind, req.data.count
     if kind == "images":
         count = workloads.DEFAULT_IMAGE_COUNT if count is None else count
@@ -124,16 +147,19 @@ def _materialise(req: AnalysisRequest, progress: Progress | None) -> Path:
     return workloads.make_token_arrow(path, num_sequences=count, min_len=16, max_len=2048)
 
 
-def _opened(data: Path) -> tuple[DataSize, int, np.ndarray | None]:
-    """The data opened once: the size of its files (device and record bytes), its number of samples and,
-    for token sequences, each one's length.
+def _opened(data: Path | ObjectData) -> tuple[DataSize, int, np.ndarray | None]:
+    """The data opened once: the size of its files (device and record bytes; in object storage, the objects'
+    bytes, which is what the network carries), its number of samples and, for token sequences, each one's
+    length.
 
     Hidden files are left out: no source reads them (a generated workload keeps its manifest in one)."""
     from stallbench.jobs.data import make_dataset
 
-    files = [data] if data.is_file() else [p for p in data.rglob("*") if p.is_file() and not _hidden(p, data)]
-    dataset = make_dataset(data, None)
+    dataset = make_dataset(str(data), None)
     source = dataset.source
+    if isinstance(data, ObjectData):
+        return DataSize(device_bytes=source.nbytes, record_bytes=source.nbytes), len(dataset), None
+    files = [data] if data.is_file() else [p for p in data.rglob("*") if p.is_file() and not _hidden(p, data)]
     lengths = source.token_lengths() if getattr(source, "kind", None) == "tokens" else None
     return data_size(files), len(dataset), lengths
 
@@ -157,4 +183,4 @@ def _auto_memory(plan: RunPlan, kinds: Sequence[str]) -> int:
         )  # fmt: skip
         run_workload(job, limits, script=plan.job_script)
 
-    return memory_limit(w.cache_bytes, measure_overhead(probe, list(kinds), w.data), w.workers)
+    return memory_limit(w.cache_bytes, measure_overhead(probe, list(kinds), local_files(w.data)), w.workers)

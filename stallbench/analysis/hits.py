@@ -56,15 +56,19 @@ def hit_rate(
     samples: int,
     cache_bytes: int | None,
     record_bytes: int | None = None,
+    over_network: bool = False,
 ) -> float:
     """Fraction of a steady epoch's reads served from memory (see the module docstring).
 
     ``dataset_bytes`` are device bytes (whole pages: what the page cache holds); ``record_bytes`` the
-    records' own bytes (what the cached loader holds), ``dataset_bytes`` when not given."""
+    records' own bytes (what the cached loader holds), ``dataset_bytes`` when not given. ``over_network``:
+    the data is fetched over the network (object storage), where no page cache holds it."""
     kind = check_kind(loader)
     if cache_bytes is not None and cache_bytes < 0:
         raise ValueError(f"cache_bytes must not be negative, got {cache_bytes!r}")
     if kind.cached and cache_bytes is not None:
         return min(1.0, cache_bytes / (record_bytes or dataset_bytes))
+    if over_network:
+        return 0.0
     budget = cache_budget(cache_bytes)
     return 1.0 if budget >= dataset_bytes else _lru_hit_rate(dataset_bytes, samples, budget)

@@ -15,6 +15,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
+from stallbench.analysis.request import local_files
 from stallbench.analysis.results import EpochRecord, RunRecord, Workload, steady
 from stallbench.analysis.runs import Phase, cold_condition, three_runs
 from stallbench.conditions.cgroup import StorageLimits
@@ -42,6 +43,7 @@ class RunPlan:
     job_script: str | None = None  # a script that calls ``stallbench.jobs.workload.main`` with its transform
     packing: str | None = None  # token data: each loader also runs packed with this algorithm
     max_len: int | None = None  # with packing: tokens per pack at most
+    in_memory_data: str | None = None  # data in object storage copied to memory, for every run but the cold
 
 
 def run_phases(plan: RunPlan, kind: str, packed: bool = False) -> Iterator[tuple[Phase, RunRecord]]:
@@ -61,9 +63,10 @@ class WorkloadRuns:
     packing: str | None = None
 
     def data(self) -> list[str]:
-        """The files this kind reads: the workload's, or its copy in the kind's own format."""
+        """The local files this kind reads: the workload's (none in object storage), or its copy in the
+        kind's own format."""
         data = self.plan.workload.data
-        return [str(existing_copy(data, self.kind)) if KINDS[self.kind].converts else data]
+        return [str(existing_copy(data, self.kind))] if KINDS[self.kind].converts else local_files(data)
 
     def run(
         self, phase: Phase, *, cache_bytes: int | None, limits: StorageLimits | None, prep: Any = None
@@ -73,8 +76,9 @@ class WorkloadRuns:
         cached = KINDS[self.kind].cached
         ours = dict(cache_bytes=cache_bytes or w.dataset_bytes, cache_dir=cache_dir) if cached else {}
         mode = "ingestion" if phase == "ingestion" else "pipeline"
+        data = plan.in_memory_data if plan.in_memory_data and phase != "cold" else w.data
         job = WorkloadJob(
-            self.kind, w.data, epochs=w.epochs, workers=w.workers, batch_size=w.batch_size,
+            self.kind, data, epochs=w.epochs, workers=w.workers, batch_size=w.batch_size,
             transform=plan.transform, compute=w.compute, mode=mode, seed=plan.seed,
             max_batches=plan.max_batches, packing=packing, max_len=plan.max_len if packing else None, **ours,
         )  # fmt: skip

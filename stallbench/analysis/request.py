@@ -9,7 +9,7 @@ from pathlib import Path
 
 from stallbench.conditions.limits import NONE, Limits
 
-__all__ = ["HALF", "AnalysisRequest", "CacheSpec", "NamedWorkload", "parse_data"]
+__all__ = ["HALF", "AnalysisRequest", "CacheSpec", "NamedWorkload", "ObjectData", "local_files", "parse_data"]
 
 _NAMED = re.compile(r"^(images|tokens)(?::(.*))?$")
 
@@ -29,11 +29,29 @@ class NamedWorkload:
         return self.kind if self.count is None else f"{self.kind}:{self.count}"
 
 
-def parse_data(text: str) -> Path | NamedWorkload:
-    """``--data``, parsed once: a :class:`NamedWorkload` for ``"images:48"``, ``"tokens"``...; else the path.
+@dataclass(frozen=True)
+class ObjectData:
+    """An image folder in object storage, ``s3://bucket/prefix``: read over the network, no local file."""
 
-    A count that is not a positive integer (``"images:0"``, ``"tokens:-5"``, ``"images:many"``) raises
-    ``ValueError`` naming it."""
+    url: str
+
+    def __str__(self) -> str:
+        return self.url
+
+
+Data = Path | NamedWorkload | ObjectData
+
+
+def parse_data(text: str) -> Data:
+    """``--data``, parsed once: a :class:`NamedWorkload` for ``"images:48"``, ``"tokens"``...; an
+    :class:`ObjectData` for ``s3://bucket/prefix``; else the path.
+
+    A count that is not a positive integer (``"images:0"``, ``"tokens:-5"``, ``"images:many"``) or an
+    object storage location without a bucket raises ``ValueError`` naming it."""
+    if text.startswith("s3://"):
+        if not text[5:].split("/", 1)[0]:
+            raise ValueError(f"an object storage location is s3://bucket/prefix, got {text!r}")
+        return ObjectData(text)
     match = _NAMED.match(text)
     if match is None:
         return Path(text)
@@ -48,11 +66,17 @@ def parse_data(text: str) -> Path | NamedWorkload:
 HALF = CacheSpec(0.5)
 
 
+def local_files(data: str | Path | ObjectData) -> list[str]:
+    """The local files of ``data`` the page cache may hold (warmed, evicted, throttled): the path itself, or
+    none for data in object storage, which comes over the network."""
+    return [] if isinstance(data, ObjectData) or str(data).startswith("s3://") else [str(data)]
+
+
 @dataclass(frozen=True)
 class AnalysisRequest:
     """What the command line asked for, before the dataset is known."""
 
-    data: Path | NamedWorkload
+    data: Data
     data_dir: Path = Path("stallbench-data")
     workers: int = 2
     batch_size: int = 64

@@ -12,8 +12,9 @@ The model of a steady epoch has three terms, each the time one stage alone would
   device bytes throughout (whole pages, what the kernel reads and counts). The hit rate of a steady epoch is
   ``min(1, C / record_bytes)`` for the cached loader (MinIO, the optimum under random order; it stores the
   records packed) and the simulated LRU rate (``simulate("lru")``, epoch 2) of ``C / dataset_bytes`` for the
-  OS page cache of the torch loader (it holds whole pages). A budget of None means the page cache of the
-  memory available now: all hits when the dataset fits.
+  OS page cache of the torch loader (it holds whole pages; none for data fetched over the network, from
+  object storage). A budget of None means the page cache of the memory available now: all hits when the
+  dataset fits.
 
 The stages overlap, so the model epoch is the largest term, and that term names the bound (the data
 roofline; its efficiency is model / measured epoch, at most 1: a model above the measured epoch, which
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 from stallbench.analysis.hits import Loader, cache_budget, hit_rate
 from stallbench.analysis.prep_term import prep_seconds
+from stallbench.analysis.request import local_files
 from stallbench.analysis.results import (
     Breakdown,
     FormPrediction,
@@ -97,14 +99,8 @@ def epoch_terms(
 
 def _model_miss(m: Measured, cache_bytes: int | None, loader: Loader) -> float:
     w = m.workload
-    hits = hit_rate(
-        loader,
-        dataset_bytes=w.dataset_bytes,
-        samples=w.samples,
-        cache_bytes=cache_bytes,
-        record_bytes=w.record_bytes,
-    )
-    return 1.0 - hits
+    sizes = dict(dataset_bytes=w.dataset_bytes, samples=w.samples, record_bytes=w.record_bytes)
+    return 1.0 - hit_rate(loader, cache_bytes=cache_bytes, over_network=not local_files(w.data), **sizes)
 
 
 def _miss_fraction(m: Measured, cache_bytes: int | None, loader: Loader) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from stallbench.analysis.request import CacheSpec, NamedWorkload, parse_data
+from stallbench.analysis.request import CacheSpec, Data, NamedWorkload, ObjectData, parse_data
 from stallbench.conditions.sizes import parse_size
 
 __all__ = [
@@ -89,19 +89,14 @@ def memory_spec(text: str) -> int | str:
     return value
 
 
-def data_spec(text: str) -> Path | NamedWorkload:
-    """An existing path (image folder, LMDB folder, Arrow/Parquet file) or a named generated workload."""
-    if text.startswith("s3://"):
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: data in object storage is not measured yet (the fetch stall is read from the "
-            "kernel's count of what a disk served, and a network read is not one); loader.DataLoader reads "
-            "it (docs/sources.md): measure a local copy"
-        )
+def data_spec(text: str) -> Data:
+    """An existing path (image folder, LMDB folder, Arrow/Parquet file), an image folder in object storage
+    (``s3://bucket/prefix``, listed when the analysis starts) or a named generated workload."""
     try:
         data = parse_data(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if isinstance(data, NamedWorkload) or data.exists():
+    if isinstance(data, NamedWorkload | ObjectData) or data.exists():
         return data
     raise argparse.ArgumentTypeError(
         f"no such data: {text!r} (give an image folder, an LMDB folder, an Arrow/Parquet file, "

@@ -37,11 +37,16 @@ def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def _job(args: argparse.Namespace, command: list[str]) -> UserJob:
     """The job from the options; ValueError (a usage error) for what a user command cannot take."""
-    from stallbench.analysis.request import CacheSpec, NamedWorkload
+    from stallbench.analysis.request import CacheSpec, NamedWorkload, ObjectData
 
     if isinstance(args.data, NamedWorkload):
         raise ValueError(
             f"--data must name the files your command reads, not a generated workload ({args.data})"
+        )
+    if isinstance(args.data, ObjectData):
+        raise ValueError(
+            f"--data {args.data}: with a command, --data names the local files it reads (what your script "
+            "fetches over the network is not counted yet); object storage is measured on a generated job"
         )
     data = args.data.resolve()
     files = [data] if data.is_file() else [p for p in data.rglob("*") if p.is_file()]

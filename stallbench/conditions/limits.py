@@ -61,9 +61,17 @@ class Limits:
         ]
         return words if unset else [w for w in words if " not " not in w]
 
-    def check(self, data: PathArg, cold: bool) -> None:
+    def check(self, data: PathArg, cold: bool, over_network: bool = False) -> None:
         """Raise ``StorageConditionUnavailable`` naming the option this machine cannot enforce for ``data``
-        (and the page cache eviction a ``cold`` run needs)."""
+        (and the page cache eviction a ``cold`` run needs). ``over_network``: ``data`` is fetched over the
+        network (object storage), which neither a disk's throttle nor the page cache sees."""
+        if over_network and self.storage_bandwidth is not None:
+            raise StorageConditionUnavailable(
+                f"--storage-bandwidth throttles a disk, and {data} comes over the network: measure it at the "
+                "network's own rate (or throttle the link itself, e.g. tc on its interface)"
+            )
+        if over_network:
+            data, cold = ".", False  # a memory limit alone: no file of the data to probe or evict
         problems = probe_storage_conditions(data)
         for name, asked in self._asked().items():
             if asked is not None and problems[name] is not None:

@@ -33,6 +33,10 @@ class ConversionError(ValueError):
 def _image_folder(data: str | os.PathLike) -> object:
     import loader
 
+    if str(data).startswith("s3://"):
+        raise ConversionError(
+            f"{data}: other loaders are compared on a local image folder, not in object storage"
+        )
     path = Path(data)
     if not path.is_dir() or (path / "data.mdb").exists() or (path / "state.json").exists():
         raise ConversionError(f"{path}: other loaders are compared on an image folder (class/image.jpg)")

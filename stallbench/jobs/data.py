@@ -13,19 +13,30 @@ import torch
 from torch.utils.data import default_collate
 
 from stallbench.jobs.batching import LengthsOnly, token_batching
+from stallbench.jobs.counters import storage_read_bytes
 from stallbench.jobs.kinds import KINDS
 from stallbench.jobs.spec import WorkloadJob
 
-__all__ = ["make_dataset", "make_loader", "shapes_loader", "token_lengths"]
+__all__ = [
+    "in_object_storage",
+    "make_dataset",
+    "make_loader",
+    "read_bytes_counter",
+    "shapes_loader",
+    "token_lengths",
+]
 
 ARROW_SUFFIXES = (".arrow", ".feather", ".ipc", ".parquet")
 
 
 def make_dataset(data: str | Path, transform: Any) -> Any:
-    """An image folder, an LMDB folder (has data.mdb), tar shards (a .tar file or a folder of them), an
-    Arrow/Parquet file or a Hugging Face dataset saved to disk, as a SourceDataset."""
+    """An image folder (local, or in object storage: ``s3://bucket/prefix``), an LMDB folder (has data.mdb),
+    tar shards (a .tar file or a folder of them), an Arrow/Parquet file or a Hugging Face dataset saved to
+    disk, as a SourceDataset."""
     import loader
 
+    if in_object_storage(data):
+        return loader.ImageFolder(str(data), transform=transform)
     path = Path(data)
     if path.is_dir() and (path / "data.mdb").exists():
         return loader.LMDBDataset(str(path), transform=transform)
@@ -39,13 +50,26 @@ def make_dataset(data: str | Path, transform: Any) -> Any:
     return loader.ImageFolder(str(path), transform=transform)
 
 
+def in_object_storage(data: str | Path) -> bool:
+    return str(data).startswith("s3://")
+
+
+def read_bytes_counter(data: str | Path, stats: Callable[[], Any] | None) -> Callable[[], int]:
+    """A job's count of the bytes it read from storage so far: the kernel's, of its process tree; for data
+    in object storage, which comes over the network unseen by that count, what its source fetched (every
+    worker's, summed in the loader's stats)."""
+    if stats is not None and in_object_storage(data):
+        return lambda: stats().bytes_from_source
+    return storage_read_bytes
+
+
 def token_lengths(data: str | Path) -> np.ndarray | None:
     """Each example's token count where ``data`` is Arrow data (a file, a saved Hugging Face dataset) of
     token sequences, else None."""
     import loader
 
     path = Path(data)
-    if not _arrow(path):
+    if in_object_storage(data) or not _arrow(path):
         return None
     source = loader.ArrowDataset(str(path)).source
     return source.token_lengths() if source.kind == "tokens" else None

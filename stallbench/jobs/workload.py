@@ -6,11 +6,12 @@ transform of its own; ``JOB.json`` holds a :class:`~stallbench.jobs.spec.Workloa
 through the compute model (``compute``); ``mode="ingestion"`` takes one batch and then only runs the step,
 the differential method's first run (token data: every batch in its real shape, made of zeros, so that a
 step whose cost follows the tokens costs what it does on the real ones). Storage bytes and CPU seconds are
-the process tree's (``loader.system.counters``: the job and its workers); every loader kind is
-instrumented the same way (stage times come from the dataset and a timed collate in either loader). Each
-epoch's ``start_time`` and ``end_time`` are read from ``time.monotonic()``, one clock for every process of
-the machine, so jobs run at once can be lined up (``compare --jobs``); a loader in a group adds its
-``coordination`` figures.
+the process tree's (``loader.system.counters``: the job and its workers; for data in object storage,
+which the kernel's count does not see, the bytes its source fetched: ``data.read_bytes_counter``); every
+loader kind is instrumented the same way (stage times come from the dataset and a timed collate in either
+loader). Each epoch's ``start_time`` and ``end_time`` are read from ``time.monotonic()``, one clock for every
+process of the machine, so jobs run at once can be lined up (``compare --jobs``); a loader in a group adds
+its ``coordination`` figures.
 
 The step is measured the same way in every run: it runs from a batch's arrival to the next ``__next__``, and
 that includes freeing the previous batch (the loop variable lets go of it), which for a batch a worker sent
@@ -36,7 +37,7 @@ from stallbench.energy import open_meter
 from stallbench.jobs._fresh import fresh_copy
 from stallbench.jobs.batching import SeenIndices
 from stallbench.jobs.counters import cpu_seconds, storage_read_bytes
-from stallbench.jobs.data import make_loader, shapes_loader, token_lengths
+from stallbench.jobs.data import make_loader, read_bytes_counter, shapes_loader, token_lengths
 from stallbench.jobs.spec import CACHE_FORM_FIELDS, WorkloadJob
 from stallbench.profile import profile
 
@@ -98,19 +99,20 @@ def run_epochs(
     max_batches: int | None = None,
     step: ComputeStep | None = None,
     stats: Callable[[], Any] | None = None,
+    read_bytes: Callable[[], int] = storage_read_bytes,
 ) -> Iterator[dict[str, Any]]:
     """Iterate ``dl`` for ``epochs`` epochs, ``step`` on each batch; per epoch: times, bytes, stats deltas,
     the useful work (``stallbench.batches``; unique examples where the loader counts them) and the energy
-    where a counter is readable (``stallbench.energy``)."""
+    where a counter is readable (``stallbench.energy``); storage bytes as ``read_bytes`` counts them."""
     prof, meter = profile(dl), open_meter()
     for epoch in range(1, epochs + 1):
-        before = (_stat_values(stats), storage_read_bytes(), cpu_seconds(), meter.joules() if meter else None)
+        before = (_stat_values(stats), read_bytes(), cpu_seconds(), meter.joules() if meter else None)
         start_time, start = time.monotonic(), time.perf_counter()
         counts, end = _loop(prof, step, max_batches, _pack_room(dl))
         record = {"epoch": epoch, "seconds": end - start, **counts}
         record.update(start_time=start_time, end_time=time.monotonic())
         record.update(_profile_fields(prof, last=epoch == epochs))
-        record["storage_bytes"] = storage_read_bytes() - before[1]
+        record["storage_bytes"] = read_bytes() - before[1]
         record["cpu_seconds"] = cpu_seconds() - before[2]
         seen = getattr(dl, "batch_sampler", None)
         record["unique_samples"] = seen.unique if isinstance(seen, SeenIndices) else None
@@ -183,7 +185,9 @@ def main(
     if step is None and job.compute:
         step = parse_compute(job.compute)
     dl, stats = _loader(job, transform)
-    for record in run_epochs(dl, job.epochs, job.max_batches, step, stats):
+    for record in run_epochs(
+        dl, job.epochs, job.max_batches, step, stats, read_bytes_counter(job.data, stats)
+    ):
         print(json.dumps({"loader": job.loader, **record}), flush=True)
     return 0
 

@@ -10,6 +10,7 @@ import textwrap
 from collections.abc import Sequence
 
 from stallbench._grid import Row, grid
+from stallbench.analysis.request import local_files
 from stallbench.analysis.results import LoaderReport, Workload
 from stallbench.conditions.load import is_busy
 from stallbench.conditions.sizes import format_bytes
@@ -153,8 +154,9 @@ def _nodes_lines(r: LoaderReport, label: str) -> list[str]:
 
 
 def _workload_lines(w: Workload) -> list[str]:
+    where = "on the device" if local_files(w.data) else "in object storage (storage = the network below)"
     parts = [
-        f"{format_bytes(w.dataset_bytes)} on the device ({format_bytes(w.record_bytes)} of records)",
+        f"{format_bytes(w.dataset_bytes)} {where} ({format_bytes(w.record_bytes)} of records)",
         f"{w.samples:,} samples",
         f"batch {w.batch_size}",
         f"{w.workers} workers",

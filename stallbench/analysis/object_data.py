@@ -1,0 +1,83 @@
+"""Data in object storage (``--data s3://bucket/prefix``): what an analysis does differently for it.
+
+Its reads come over the network, which the kernel's count of a disk's reads does not see: a job counts what
+its source fetched instead (``bytes_from_source``: the objects' bytes, as the network carried them), the
+dataset's size is the objects' sizes from the listing, and the storage bandwidth of the model is the
+network's, measured here by GETs of a random sample of objects with as many requests in flight as the job
+has workers (as the disk's probe reads with as many readers). There is no page cache to warm or evict: the
+prep run, whose records must all be in memory, reads a copy of the objects made in a private folder in
+``/dev/shm`` before the runs (the memory a warm page cache would take) and removed after; the cold run
+reads the bucket itself, with our cache empty. Objects are read through our loader's own source
+(``loader.ImageFolder``), so the listing, the records and their errors are the ones the job sees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import shutil
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from stallbench.jobs.run import scratch_cache_dir
+
+__all__ = ["in_memory_copy", "network_bandwidth"]
+
+_PROBE_BYTES, _PROBE_SECONDS = 128 << 20, 4.0  # the network probe reads at most this, or about this long
+_COPY_REQUESTS = 16  # GETs in flight while the copy is made (untimed)
+
+
+def _source(url: str) -> Any:
+    import loader
+
+    return loader.ImageFolder(url, transform=None).source
+
+
+def network_bandwidth(url: str, readers: int = 1, seed: int = 0) -> float:
+    """Bytes/s of whole-object GETs of a random sample of the objects under ``url``, ``readers`` at once:
+    128 MB at most, or about 4 seconds' worth."""
+    source = _source(url)
+    order = list(range(len(source)))
+    random.Random(seed).shuffle(order)
+    deadline = time.perf_counter() + _PROBE_SECONDS
+    total, start = 0, time.perf_counter()
+
+    def read(index: int) -> int:
+        if time.perf_counter() > deadline:
+            return 0
+        return len(source.read(index))
+
+    with ThreadPoolExecutor(max(1, readers)) as pool:
+        for got in pool.map(read, order):
+            total += got
+            if total >= _PROBE_BYTES:
+                break
+    return total / (time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def in_memory_copy(url: str) -> Iterator[Path]:
+    """The image folder under ``url`` copied, in its layout (``<class>/<key>``), to a private folder in
+    ``/dev/shm``; removed when done, or by a later run if this one is killed (``scratch_cache_dir``)."""
+    source = _source(url)
+    root = scratch_cache_dir()
+    folder = root / "data"
+    under = f"s3://{source.bucket}/{source.prefix}"
+
+    def copy(index: int) -> None:
+        target = folder / source.describe(index)[len(under) :]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(source.read(index))
+
+    try:
+        with ThreadPoolExecutor(_COPY_REQUESTS) as pool:
+            list(pool.map(copy, range(len(source))))
+        yield folder
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

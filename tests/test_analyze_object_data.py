@@ -1,0 +1,87 @@
+"""``stallbench analyze|compare --data s3://bucket/prefix``: data in object storage measured, against a real
+S3-compatible server (moto's, on loopback): the bytes fetched over the network counted per epoch, the prep
+run from a copy in memory, the limits that cannot hold named."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+from helpers import documented_command
+
+from stallbench.report import validate_report_json
+from stallbench.workloads import make_jpeg_folder
+
+REPO = Path(__file__).resolve().parents[1]
+URL = "s3://data/train"
+pytestmark = pytest.mark.multiproc
+
+
+@pytest.fixture
+def bucket(s3_server, tmp_path) -> int:
+    """``s3://data/train`` holding 48 small JPEGs in class folders; the objects' bytes."""
+    local = make_jpeg_folder(tmp_path / "imgs", num_images=48, record_bytes=6000, width=64, height=48)
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="data")
+    total = 0
+    for path in sorted(local.rglob("*.jpg")):
+        body = path.read_bytes()
+        s3.put_object(Bucket="data", Key=f"train/{path.relative_to(local)}", Body=body)
+        total += len(body)
+    return total
+
+
+def stallbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    argv = [sys.executable, "-m", "stallbench", *args, "--no-progress"]
+    return subprocess.run(argv, cwd=cwd, env=env, text=True, capture_output=True, timeout=600)
+
+
+def _runs(loader: dict) -> dict[str, list[dict]]:
+    return {run["phase"]: run["epochs"] for run in loader["runs"]}
+
+
+@pytest.mark.slow
+def test_compare_counts_what_each_loader_fetched_over_the_network(bucket, tmp_path):
+    done = stallbench(
+        *documented_command(REPO / "docs" / "stallbench.md", f"stallbench compare --data {URL}"), cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    validate_report_json(report)
+    assert report["workload"]["dataset_bytes"] == bucket  # the objects' bytes, from the listing
+    torch, ours = (_runs(loader) for loader in report["loaders"])
+    assert [e["storage_bytes"] for e in torch["cold"]] == [bucket] * 3  # no page cache for the network
+    fetched = [e["storage_bytes"] for e in ours["cold"]]  # a cache of half: the same misses every epoch
+    assert fetched[0] == bucket and fetched[1] == fetched[2] and 0 < fetched[1] <= bucket // 2 + 2 * 6000
+    for runs in (torch, ours):  # the prep run read the copy in memory: nothing from the bucket
+        assert [e["samples"] for e in runs["prep"]] == [48] * 3
+        assert all(e["storage_bytes"] == 0 for e in runs["prep"])
+    assert all(loader["machine"]["storage_bytes_per_s"] > 0 for loader in report["loaders"])
+
+
+def test_a_disk_throttle_on_data_in_object_storage_is_named(bucket, tmp_path):
+    done = stallbench("analyze", "--data", URL, "--storage-bandwidth", "10MB", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "--storage-bandwidth throttles a disk, and s3://data/train comes over the network" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_missing_bucket_is_named(bucket, tmp_path):
+    done = stallbench("analyze", "--data", "s3://nothing/here", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "'s3://nothing/here' cannot be listed" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_command_s_data_must_be_local(tmp_path):
+    done = stallbench("analyze", "--data", URL, "--", sys.executable, "-c", "pass", cwd=tmp_path)
+    assert done.returncode == 2
+    assert f"--data {URL}: with a command, --data names the local files it reads" in done.stderr
