@@ -3,6 +3,7 @@ here on loopback) serves the records to our loader as a local folder would; erro
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 import torch
 import torch.utils.data
 from helpers import make_jpeg_folder
+from shaped_s3 import shaped_s3_server
 
 from loader import (
     ArrowDataset,
@@ -268,3 +270,27 @@ def test_without_boto3_the_location_and_the_missing_library_are_named(monkeypatc
     monkeypatch.setitem(sys.modules, "boto3", None)  # import boto3 now raises ImportError
     with pytest.raises(SourceError, match=r"'s3://data/train': object storage is read with boto3"):
         S3ImageFolderSource("s3://data/train")
+
+
+@pytest.mark.slow
+def test_a_link_the_kernel_shapes_carries_the_records_at_its_rate(tmp_path, monkeypatch):
+    """moto's server behind a veth pair with a token bucket (``shaped_s3``): our loader's epoch waits for the
+    link, and the namespace and the pair are gone after."""
+    local = make_jpeg_folder(tmp_path / "imgs", per_class=20, classes=2, size=(256, 256))
+    with shaped_s3_server(rate_bits=8_000_000) as server:  # 1 MB/s
+        monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            monkeypatch.setenv(name, "testing")
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket="data")
+        for path in local.rglob("*.jpg"):
+            s3.put_object(Bucket="data", Key=f"train/{path.relative_to(local)}", Body=path.read_bytes())
+        dataset = ImageFolder("s3://data/train", transform=None)
+        start = time.perf_counter()
+        got = sum(len(raw) for raw, _ in DataLoader(dataset, batch_size=None, num_workers=2))
+        seconds = time.perf_counter() - start
+    assert got == dataset.source.nbytes
+    assert seconds >= 0.9 * got / 1e6  # no faster than the link
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert f"sb-s3-{os.getpid() % 100_000}" not in listed
