@@ -4,12 +4,14 @@ sends waits for the link as it would on a real network. Needs root (CI runs as r
 
 Latency is not imposed: ``tc netem``, the kernel's delay, is not built into this machine's kernel
 (``qdisc kind is unknown``); the token bucket is. The namespace, the pair and the server are removed on exit,
-whatever happened; names carry this process's id, so runs side by side do not meet.
+whatever happened (only what this run made); names and addresses carry this process's id, so runs side
+by side do not meet.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import socket
 import subprocess
@@ -42,16 +44,25 @@ def _wait_for(address: str, port: int, server: subprocess.Popen) -> None:
     raise RuntimeError(f"moto's S3 server in its namespace did not answer on {address}:{port} within 30 s")
 
 
+def _pair_addresses(pid: int) -> tuple[str, str]:
+    """A /30 of 10.0.0.0/8 that only this process id uses: (this side, the server's side)."""
+    base = (10 << 24) + 4 * pid  # pid < 2**22
+    return tuple(str(ipaddress.IPv4Address(base + k)) for k in (1, 2))  # type: ignore[return-value]
+
+
 @contextlib.contextmanager
-def shaped_s3_server(rate_bits: int, subnet: int = 213) -> Iterator[ShapedServer]:
+def shaped_s3_server(rate_bits: int) -> Iterator[ShapedServer]:
     """moto's server in a namespace of its own, sending at most ``rate_bits`` per second to this one."""
-    tag = f"{os.getpid() % 100_000}"
-    ns, host, inside = f"sb-s3-{tag}", f"sbh{tag}", f"sbn{tag}"
-    near, far = f"10.{subnet}.{os.getpid() % 250}.1", f"10.{subnet}.{os.getpid() % 250}.2"
+    pid = os.getpid()
+    ns, host, inside = f"sb-s3-{pid}", f"sbh{pid}", f"sbn{pid}"
+    near, far = _pair_addresses(pid)
+    made: list[tuple[str, ...]] = []  # what to delete, last made first
     server = None
     try:
         _ip("netns", "add", ns)
+        made.append(("netns", "del", ns))  # the pair goes with it once moved in
         _ip("link", "add", host, "type", "veth", "peer", "name", inside)
+        made.append(("link", "del", host))
         _ip("link", "set", inside, "netns", ns)
         _ip("addr", "add", f"{near}/30", "dev", host)
         _ip("link", "set", host, "up")
@@ -72,7 +83,6 @@ def shaped_s3_server(rate_bits: int, subnet: int = 213) -> Iterator[ShapedServer
         if server is not None:
             server.kill()
             server.wait()
-        with contextlib.suppress(subprocess.CalledProcessError):
-            _ip("netns", "del", ns)  # the pair goes with it
-        with contextlib.suppress(subprocess.CalledProcessError):
-            _ip("link", "del", host)
+        for undo in reversed(made):
+            with contextlib.suppress(subprocess.CalledProcessError):
+                _ip(*undo)

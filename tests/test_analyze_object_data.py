@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import boto3
 import pytest
 from helpers import documented_command
 
+from stallbench.analysis.object_data import _local_path
 from stallbench.report import validate_report_json
 from stallbench.workloads import make_jpeg_folder
 
@@ -85,3 +87,12 @@ def test_a_command_s_data_must_be_local(tmp_path):
     done = stallbench("analyze", "--data", URL, "--", sys.executable, "-c", "pass", cwd=tmp_path)
     assert done.returncode == 2
     assert f"--data {URL}: with a command, --data names the local files it reads" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "key", ["cat//x.jpg", "cat/../../x.jpg", "./cat/x.jpg", "cat/.hidden.jpg", "/cat/x.jpg"]
+)
+def test_a_key_no_local_folder_can_hold_is_named_not_written_outside(tmp_path, key):
+    with pytest.raises(ValueError, match=re.escape(repr(key))):
+        _local_path(tmp_path / "copy", key)
+    assert _local_path(tmp_path / "copy", "cat/x.jpg") == tmp_path / "copy" / "cat" / "x.jpg"

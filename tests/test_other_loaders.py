@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -82,6 +83,32 @@ def test_a_folder_we_did_not_write_is_named_and_left_alone(images):
     assert (theirs / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("planted", ["link", "group-writable"])
+def test_a_copy_we_cannot_trust_is_never_read_or_removed(images, tmp_path, planted):
+    convert(str(images), WEBDATASET)
+    copy = images.with_name("imgs.webdataset")
+    if planted == "link":  # someone's copy elsewhere, linked in place of ours
+        theirs = copy.rename(tmp_path / "elsewhere")
+        copy.symlink_to(theirs)
+    else:
+        copy.chmod(0o775)
+    with pytest.raises(ConversionError, match="no webdataset copy"):
+        existing_copy(images, WEBDATASET)
+    with pytest.raises(ConversionError, match="something else is there"):
+        convert(str(images), WEBDATASET)
+    assert (copy / "stallbench-source.json").exists()  # left as it was
+
+
+def test_litdata_s_tool_leaves_this_process_s_ctrl_c_and_tmp_alone(images):
+    before = signal.getsignal(signal.SIGINT)
+    chunks = Path("/tmp/chunks")
+    existed = chunks.exists() and chunks.stat().st_mtime_ns
+    convert(str(images), LITDATA)
+    assert signal.getsignal(signal.SIGINT) is before
+    assert (chunks.exists() and chunks.stat().st_mtime_ns) == existed
+    assert (images.with_name("imgs.litdata") / "index.json").is_file()
+
+
 def test_only_an_image_folder_converts(tmp_path):
     data = tmp_path / "tokens.arrow"
     data.write_bytes(b"not an image folder")
@@ -92,7 +119,7 @@ def test_only_an_image_folder_converts(tmp_path):
 
 
 def test_a_conversion_cut_short_leaves_no_copy(images):
-    def dies(source, folder: Path) -> None:
+    def dies(data: str, folder: Path) -> None:
         (folder / "half.tar").write_bytes(b"x" * 100)
         raise KeyboardInterrupt
 

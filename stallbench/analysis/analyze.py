@@ -20,7 +20,7 @@ from stallbench.analysis.loader_report import Measurement, loader_report
 from stallbench.analysis.measure import measure_bandwidths, measure_memory_bandwidth
 from stallbench.analysis.memory import measure_overhead, memory_limit, probe_cache_bytes
 from stallbench.analysis.object_data import in_memory_copy, network_bandwidth
-from stallbench.analysis.phases import RunPlan, run_phases
+from stallbench.analysis.phases import RunPlan, files_read, run_phases
 from stallbench.analysis.request import AnalysisRequest, CacheSpec, NamedWorkload, ObjectData, local_files
 from stallbench.analysis.results import LoaderReport, RunRecord, Workload, steady
 from stallbench.analysis.runs import collected
@@ -29,7 +29,6 @@ from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.limits import AUTO
 from stallbench.conditions.storage import DataSize, data_size
 from stallbench.jobs.kinds import KINDS
-from stallbench.jobs.others import convert
 from stallbench.jobs.run import run_workload
 from stallbench.jobs.spec import WorkloadJob
 
@@ -51,6 +50,8 @@ def prepare(
     size, samples, lengths = _opened(data)
     for kind in kinds:
         if KINDS[kind].converts:
+            from stallbench.jobs.others import convert  # here: it loads torch, and --help does not
+
             convert(str(data), kind)
     cache = round(req.cache * size.device_bytes) if isinstance(req.cache, CacheSpec) else req.cache
     req.limits.check(data, cold, over_network=isinstance(data, ObjectData))
@@ -183,4 +184,5 @@ def _auto_memory(plan: RunPlan, kinds: Sequence[str]) -> int:
         )  # fmt: skip
         run_workload(job, limits, script=plan.job_script)
 
-    return memory_limit(w.cache_bytes, measure_overhead(probe, list(kinds), local_files(w.data)), w.workers)
+    read = [path for kind in kinds for path in files_read(w.data, kind)]
+    return memory_limit(w.cache_bytes, measure_overhead(probe, list(kinds), read), w.workers)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from statistics import fmean
 from typing import Any
 
-from stallbench.analysis.phases import RunPlan
+from stallbench.analysis.phases import RunPlan, files_read
 from stallbench.conditions.storage import warm_page_cache
 from stallbench.jobs.kinds import KINDS
 from stallbench.jobs.run import JobFailed, StartedJob, scratch_cache_dir
@@ -115,7 +115,7 @@ def run_concurrent(
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs!r}")
     for kind in kinds:
-        warm_page_cache(plan.workload.data)
+        warm_page_cache(files_read(plan.workload.data, kind))
         cache_dir = scratch_cache_dir()
         try:
             records = _run_together(_job(plan, kind, jobs, str(cache_dir)), jobs, timeout)

@@ -39,24 +39,28 @@ def _source(url: str) -> Any:
 
 def network_bandwidth(url: str, readers: int = 1, seed: int = 0) -> float:
     """Bytes/s of whole-object GETs of a random sample of the objects under ``url``, ``readers`` at once:
-    128 MB at most, or about 4 seconds' worth."""
+    128 MB at most, or about 4 seconds' worth (reads are handed out a few at a time, so none starts past
+    the deadline)."""
     source = _source(url)
     order = list(range(len(source)))
     random.Random(seed).shuffle(order)
-    deadline = time.perf_counter() + _PROBE_SECONDS
+    readers = max(1, readers)
     total, start = 0, time.perf_counter()
-
-    def read(index: int) -> int:
-        if time.perf_counter() > deadline:
-            return 0
-        return len(source.read(index))
-
-    with ThreadPoolExecutor(max(1, readers)) as pool:
-        for got in pool.map(read, order):
-            total += got
-            if total >= _PROBE_BYTES:
+    with ThreadPoolExecutor(readers) as pool:
+        for first in range(0, len(order), readers):
+            total += sum(pool.map(lambda i: len(source.read(i)), order[first : first + readers]))
+            if total >= _PROBE_BYTES or time.perf_counter() - start >= _PROBE_SECONDS:
                 break
     return total / (time.perf_counter() - start)
+
+
+def _local_path(folder: Path, key: str) -> Path:
+    """Where the object ``key`` (under the prefix) goes in the copy; ValueError for a key no local image
+    folder could hold as the same record (an empty, ``.`` or ``..`` part, or one a local folder hides)."""
+    parts = key.split("/")
+    if any(part in ("", ".", "..") or part.startswith(".") for part in parts):
+        raise ValueError(f"the object key {key!r} has no place in a local copy of the image folder")
+    return folder.joinpath(*parts)
 
 
 @contextlib.contextmanager
@@ -69,7 +73,7 @@ def in_memory_copy(url: str) -> Iterator[Path]:
     under = f"s3://{source.bucket}/{source.prefix}"
 
     def copy(index: int) -> None:
-        target = folder / source.describe(index)[len(under) :]
+        target = _local_path(folder, source.describe(index)[len(under) :])
         target.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as f:

@@ -25,7 +25,7 @@ from stallbench.jobs.kinds import KINDS
 from stallbench.jobs.run import run_workload, scratch_cache_dir
 from stallbench.jobs.spec import CACHE_FORM_FIELDS, WorkloadJob
 
-__all__ = ["RunPlan", "WorkloadRuns", "run_phases"]
+__all__ = ["RunPlan", "WorkloadRuns", "files_read", "run_phases"]
 
 _STAGES = ("fetch_seconds", "decode_seconds", "collate_seconds")
 _CONDITIONS = {"prep": "every record in memory (warm)", "ingestion": "batches in memory, only the step"}
@@ -46,6 +46,12 @@ class RunPlan:
     in_memory_data: str | None = None  # data in object storage copied to memory, for every run but the cold
 
 
+def files_read(data: str, kind: str) -> list[str]:
+    """The local files ``kind`` reads of the workload's ``data``: its copy in the kind's own format, the data
+    itself, or none for data in object storage (fetched over the network)."""
+    return [str(existing_copy(data, kind))] if KINDS[kind].converts else local_files(data)
+
+
 def run_phases(plan: RunPlan, kind: str, packed: bool = False) -> Iterator[tuple[Phase, RunRecord]]:
     """The three runs of ``kind`` ("torch" or "cached"), in order; each yielded as soon as it is done.
     ``packed``: its token batches packed with ``plan.packing`` (else padded)."""
@@ -63,10 +69,7 @@ class WorkloadRuns:
     packing: str | None = None
 
     def data(self) -> list[str]:
-        """The local files this kind reads: the workload's (none in object storage), or its copy in the
-        kind's own format."""
-        data = self.plan.workload.data
-        return [str(existing_copy(data, self.kind))] if KINDS[self.kind].converts else local_files(data)
+        return files_read(self.plan.workload.data, self.kind)
 
     def run(
         self, phase: Phase, *, cache_bytes: int | None, limits: StorageLimits | None, prep: Any = None

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stallbench.conditions.limits import NONE, Limits
+from stallbench.conditions.storage import in_object_storage
 
 __all__ = ["HALF", "AnalysisRequest", "CacheSpec", "NamedWorkload", "ObjectData", "local_files", "parse_data"]
 
@@ -48,7 +49,7 @@ def parse_data(text: str) -> Data:
 
     A count that is not a positive integer (``"images:0"``, ``"tokens:-5"``, ``"images:many"``) or an
     object storage location without a bucket raises ``ValueError`` naming it."""
-    if text.startswith("s3://"):
+    if in_object_storage(text):
         if not text[5:].split("/", 1)[0]:
             raise ValueError(f"an object storage location is s3://bucket/prefix, got {text!r}")
         return ObjectData(text)
@@ -69,7 +70,7 @@ HALF = CacheSpec(0.5)
 def local_files(data: str | Path | ObjectData) -> list[str]:
     """The local files of ``data`` the page cache may hold (warmed, evicted, throttled): the path itself, or
     none for data in object storage, which comes over the network."""
-    return [] if isinstance(data, ObjectData) or str(data).startswith("s3://") else [str(data)]
+    return [] if in_object_storage(data) else [str(data)]
 
 
 @dataclass(frozen=True)

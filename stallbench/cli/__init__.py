@@ -120,7 +120,7 @@ def _add_analysis(sub: argparse._SubParsersAction) -> None:
         "--loader",
         choices=NAMES,
         default=None,
-        help="torch or cached (loader.DataLoader); default: cached, or with a command the loader it uses",
+        help=f"one of {', '.join(NAMES)}; default: cached, or with a command the loader it uses",
     )
     compare = sub.add_parser(
         "compare",

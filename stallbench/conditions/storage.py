@@ -21,6 +21,7 @@ __all__ = [
     "device_bytes",
     "evict_page_cache",
     "files_in",
+    "in_object_storage",
     "resident_bytes",
     "warm_page_cache",
 ]
@@ -44,6 +45,12 @@ def files_in(paths: PathArg | Iterable[PathArg]) -> Iterator[str]:
 def device_bytes(size: int) -> int:
     """Bytes the kernel reads from the device for a file of ``size`` bytes read whole: whole pages."""
     return -(-size // PAGE) * PAGE
+
+
+def in_object_storage(data: object) -> bool:
+    """Whether ``data`` names objects in an S3-compatible store (``s3://bucket/prefix``), read over the
+    network: no local file, no page cache, no disk throttle."""
+    return str(data).startswith("s3://")
 
 
 @dataclass(frozen=True)

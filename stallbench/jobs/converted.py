@@ -2,12 +2,13 @@
 
 LitData and WebDataset (``stallbench.jobs.others``) read their own formats, written by their own tools, so
 ``compare --loaders litdata,webdataset`` converts the data first, untimed, as their users do. The copy goes
-beside the data, ``<data>.<kind>``: on the same device, so the storage condition (the page cache evicted,
-the kernel's read throttle on that device) holds for it as for the data. A copy made from the same records
-is reused: ``stallbench-source.json`` in it holds the image folder's fingerprint (every image's relative
-path, size and mtime). A copy is written under a temporary name and renamed when whole, so a killed
-conversion leaves nothing that passes for one; a folder at that name that we did not write is an error
-naming it, never removed.
+beside the data, ``<data>.<kind>``, and must be on the data's filesystem, so the storage condition (the page
+cache evicted, the kernel's read throttle on that device) holds for it as for the data. A copy made from the
+same records is reused: ``stallbench-source.json`` in it holds the image folder's fingerprint (every image's
+relative path, size and mtime). Only a copy this user owns, a real folder that no one else may write, is
+trusted: a fingerprint is no secret, and a planted copy could hold anything. A copy is written under a
+temporary name and renamed when whole; a stale one is renamed aside before the new one takes its name, and
+removed after. A folder at that name that we did not write is an error naming it, never removed.
 """
 
 from __future__ import annotations
@@ -16,24 +17,27 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from stallbench.conditions.storage import in_object_storage
+
 __all__ = ["ConversionError", "converted_copy", "existing_copy"]
 
 STAMP = "stallbench-source.json"
-Write = Callable[[object, Path], None]  # (the image folder's Source, an empty folder) -> the copy written
+Write = Callable[[str, Path], None]  # (the image folder, an empty folder) -> the copy written in it
 
 
 class ConversionError(ValueError):
     """The data cannot be converted for a loader, or its copy cannot be read: the message names both."""
 
 
-def _image_folder(data: str | os.PathLike) -> object:
+def _fingerprint(data: str | os.PathLike) -> str:
     import loader
 
-    if str(data).startswith("s3://"):
+    if in_object_storage(data):
         raise ConversionError(
             f"{data}: other loaders are compared on a local image folder, not in object storage"
         )
@@ -41,7 +45,7 @@ def _image_folder(data: str | os.PathLike) -> object:
     if not path.is_dir() or (path / "data.mdb").exists() or (path / "state.json").exists():
         raise ConversionError(f"{path}: other loaders are compared on an image folder (class/image.jpg)")
     try:
-        return loader.ImageFolderSource(path)
+        return loader.ImageFolderSource(path).fingerprint
     except (loader.SourceError, OSError) as err:
         raise ConversionError(f"{path}: {err}") from err
 
@@ -52,39 +56,63 @@ def _copy_path(data: str | os.PathLike, kind: str) -> Path:
 
 
 def _stamp(copy: Path) -> str | None:
-    with contextlib.suppress(OSError, ValueError, TypeError):
-        return json.loads((copy / STAMP).read_text())["fingerprint"]
+    """The fingerprint a copy of ours holds; None for anything else at that name (or nothing)."""
+    try:
+        st = copy.lstat()
+    except OSError:
+        return None
+    ours = stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        return json.loads((copy / STAMP).read_text())["fingerprint"] if ours else None
     return None
 
 
 def converted_copy(data: str | os.PathLike, kind: str, write: Write) -> Path:
     """The copy of the image folder ``data`` for ``kind``: reused where its stamp matches the data, else
-    written again by ``write``; ConversionError for data that is not an image folder, or a folder at the
-    copy's name that holds no stamp of ours."""
-    source = _image_folder(data)
+    written again by ``write``; ConversionError for data that is not an image folder, a folder at the
+    copy's name that is not a copy of ours, a copy that would not be on the data's filesystem, or a
+    conversion that fails (a folder that cannot be written, the tool's own error)."""
+    fingerprint = _fingerprint(data)
     copy = _copy_path(data, kind)
-    found = _stamp(copy) if copy.is_dir() else None
-    if found == source.fingerprint:
+    found = _stamp(copy)
+    if found == fingerprint:
         return copy
-    if copy.exists() and (copy.is_symlink() or found is None):
+    if found is None and (copy.exists() or copy.is_symlink()):
         raise ConversionError(f"{copy}: the {kind} copy of {data} goes here, and something else is there")
+    if Path(data).resolve().stat().st_dev != copy.parent.stat().st_dev:
+        raise ConversionError(
+            f"{copy}: not on the filesystem of {data} (a mount point?): its reads would not be throttled"
+        )
+    try:
+        _write_whole(data, copy, fingerprint, lambda folder: write(str(data), folder))
+    except OSError as err:
+        raise ConversionError(f"{copy}: the {kind} copy of {data} cannot be written: {err}") from err
+    return copy
+
+
+def _write_whole(
+    data: str | os.PathLike, copy: Path, fingerprint: str, write: Callable[[Path], None]
+) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{copy.name}-", dir=copy.parent))
     try:
-        write(source, staging)
-        (staging / STAMP).write_text(json.dumps({"fingerprint": source.fingerprint, "data": str(data)}))
-        if found is not None:
-            shutil.rmtree(copy)  # a stale copy of ours: the data changed since
+        write(staging)
+        (staging / STAMP).write_text(json.dumps({"fingerprint": fingerprint, "data": str(data)}))
+        old = None
+        if copy.exists():  # a stale copy of ours (the data changed since): aside first, removed after
+            old = Path(tempfile.mkdtemp(prefix=f".{copy.name}-old-", dir=copy.parent))
+            copy.rename(old / "copy")
         staging.rename(copy)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return copy
 
 
 def existing_copy(data: str | os.PathLike, kind: str) -> Path:
     """The ``kind`` copy of ``data`` a parent made before the job started; ConversionError where there is
     none (the data was not converted, or changed since)."""
     copy = _copy_path(data, kind)
-    if _stamp(copy) != _image_folder(data).fingerprint:
+    if _stamp(copy) != _fingerprint(data):
         raise ConversionError(f"{copy}: no {kind} copy of {data} that matches it (convert it first)")
     return copy

@@ -12,13 +12,13 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
+from stallbench.conditions.storage import in_object_storage
 from stallbench.jobs.batching import LengthsOnly, token_batching
 from stallbench.jobs.counters import storage_read_bytes
 from stallbench.jobs.kinds import KINDS
 from stallbench.jobs.spec import WorkloadJob
 
 __all__ = [
-    "in_object_storage",
     "make_dataset",
     "make_loader",
     "read_bytes_counter",
@@ -48,10 +48,6 @@ def make_dataset(data: str | Path, transform: Any) -> Any:
         transform = transform if source.kind == "binary" else None  # image transforms do not apply to tokens
         return loader.ArrowDataset(str(path), column=source.column, label_column=labels, transform=transform)
     return loader.ImageFolder(str(path), transform=transform)
-
-
-def in_object_storage(data: str | Path) -> bool:
-    return str(data).startswith("s3://")
 
 
 def read_bytes_counter(data: str | Path, stats: Callable[[], Any] | None) -> Callable[[], int]:

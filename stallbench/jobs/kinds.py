@@ -30,6 +30,7 @@ Stats = Callable[[], Any]  # the loader's cumulative stats (a loader.LoaderStats
 Build = Callable[..., tuple[Any, Stats]]
 
 TORCH, CACHED = "torch", "cached"
+LITDATA, WEBDATASET = "litdata", "webdataset"  # the other loaders (``stallbench.jobs.others``)
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,8 @@ KINDS: dict[str, LoaderKind] = {
     for kind in (
         LoaderKind(TORCH, "torch.utils.data.DataLoader", cached=False, build=_torch),
         LoaderKind(CACHED, "loader.DataLoader", cached=True, build=_cached),
-        LoaderKind("litdata", "litdata.StreamingDataLoader", cached=False, build=_litdata, converts=True),
-        LoaderKind("webdataset", "webdataset.WebDataset", cached=False, build=_webdataset, converts=True),
+        LoaderKind(LITDATA, "litdata.StreamingDataLoader", cached=False, build=_litdata, converts=True),
+        LoaderKind(WEBDATASET, "webdataset.WebDataset", cached=False, build=_webdataset, converts=True),
     )
 }
 NAMES: tuple[str, ...] = tuple(KINDS)  # the baseline first

@@ -1,5 +1,7 @@
 """The loaders users would pick instead of ours, each on the data converted with its own tool.
 
+The copies are written by their tools (``writers``), once (``converted``).
+
 - **LitData** (``litdata.optimize`` writes chunks; ``litdata.StreamingDataset`` with ``shuffle=True`` and
   ``litdata.StreamingDataLoader`` read them), the loader Lightning's users pick for data in object storage;
 - **WebDataset** (``webdataset.ShardWriter`` writes tar shards; ``webdataset.WebDataset`` shuffles the shard
@@ -15,8 +17,6 @@ beside the torch these jobs run.
 
 from __future__ import annotations
 
-import functools
-import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,15 +24,14 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import IterableDataset
 
 from stallbench.jobs.converted import ConversionError, converted_copy, existing_copy
+from stallbench.jobs.kinds import LITDATA, WEBDATASET
+from stallbench.jobs.writers import WRITERS
 
 if TYPE_CHECKING:
     from stallbench.jobs.spec import WorkloadJob
 
-__all__ = ["LITDATA", "WEBDATASET", "build_litdata", "build_webdataset", "convert"]
+__all__ = ["build_litdata", "build_webdataset", "convert"]
 
-LITDATA, WEBDATASET = "litdata", "webdataset"
-_CHUNK_BYTES = 64 << 20  # litdata's own default
-_SHARDS = 16  # tar shards a copy is written in: many more than the workers, as WebDataset asks
 _SHUFFLE_BUFFER = 1_000  # samples WebDataset shuffles among (its documentation's example)
 
 
@@ -43,33 +42,7 @@ def convert(data: str, kind: str) -> Path:
         __import__(kind)
     except ImportError as err:
         raise ConversionError(f"--loaders {kind}: {kind} is not installed here (pip install {kind})") from err
-    return converted_copy(data, kind, _WRITERS[kind])
-
-
-def _record(source: Any, index: int) -> dict[str, Any]:
-    return {"image": source.read(index), "label": int(source.label(index))}
-
-
-def write_litdata(source: Any, folder: Path) -> None:
-    import litdata
-
-    litdata.optimize(
-        fn=functools.partial(_record, source), inputs=list(range(len(source))), output_dir=str(folder),
-        chunk_bytes=_CHUNK_BYTES, num_workers=1, verbose=False,
-    )  # fmt: skip
-
-
-def write_webdataset(source: Any, folder: Path) -> None:
-    import webdataset
-
-    per_shard = max(1, math.ceil(len(source) / _SHARDS))
-    with webdataset.ShardWriter(str(folder / "shard-%05d.tar"), maxcount=per_shard, verbose=0) as sink:
-        for index in range(len(source)):
-            label = str(int(source.label(index))).encode()
-            sink.write({"__key__": f"{index:09d}", "jpg": source.read(index), "cls": label})
-
-
-_WRITERS = {LITDATA: write_litdata, WEBDATASET: write_webdataset}
+    return converted_copy(data, kind, WRITERS[kind])
 
 
 class _Sample:
@@ -105,7 +78,7 @@ def build_webdataset(dataset: Any, collate: Callable, job: WorkloadJob, **common
 
     shards = sorted(str(p) for p in existing_copy(job.data, WEBDATASET).glob("shard-*.tar"))
     pipeline = (
-        webdataset.WebDataset(shards, shardshuffle=len(shards), seed=job.seed, empty_check=False)
+        webdataset.WebDataset(shards, shardshuffle=len(shards), empty_check=False)  # a new order each epoch
         .shuffle(_SHUFFLE_BUFFER)
         .to_tuple("jpg", "cls")
         .map(_Sample(dataset.transform).of_pair)
