@@ -21,12 +21,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _jpegs import throttleable_jpegs
 
 from stallbench.analysis.analyze import analyze, prepare
 from stallbench.analysis.request import AnalysisRequest, CacheSpec
-from stallbench.conditions.limits import AUTO, Limits, probe_storage_conditions
+from stallbench.conditions.limits import AUTO, Limits
 from stallbench.report import plain_table
-from stallbench.workloads import make_jpeg_folder
 
 RECORDS, RECORD_BYTES = 18_000, 114_688
 KINDS = ("torch", "cached", "litdata", "webdataset")
@@ -37,11 +37,7 @@ MB = 1e6
 
 @pytest.fixture(scope="module")
 def request_(bench_data_root: Path) -> AnalysisRequest:
-    path = make_jpeg_folder(bench_data_root / f"jpeg-{RECORDS}x{RECORD_BYTES}", num_images=RECORDS,
-                            record_bytes=RECORD_BYTES)  # fmt: skip
-    problems = {k: v for k, v in probe_storage_conditions(path).items() if v is not None}
-    if problems:
-        pytest.fail(f"the storage conditions cannot be set up here: {problems}", pytrace=False)
+    path = throttleable_jpegs(bench_data_root, RECORDS, RECORD_BYTES)
     return AnalysisRequest(
         data=path, workers=2, batch_size=64, compute="emulated:10", cache=CacheSpec(0.5),
         limits=Limits(storage_bandwidth=STORAGE_BPS, memory_limit=AUTO), epochs=EPOCHS, transform="train",

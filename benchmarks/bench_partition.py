@@ -25,14 +25,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from _jpegs import throttleable_jpegs
 
 from loader.cache._layout import index_bytes
 from stallbench.conditions.cgroup import StorageLimits
-from stallbench.conditions.limits import probe_storage_conditions
 from stallbench.conditions.storage import data_size
 from stallbench.jobs.run import child_env, job_tmpdir, scratch_cache_dir
 from stallbench.report import plain_table
-from stallbench.workloads import make_jpeg_folder
 
 SCRIPT = Path(__file__).with_name("_partition_job.py")
 RECORDS, RECORD_BYTES, EPOCHS, ROUNDS = 3000, 114688, 4, 3
@@ -42,12 +41,7 @@ MAX_STORAGE_SHARE = 0.02
 
 @pytest.fixture(scope="module")
 def data(bench_data_root: Path) -> Path:
-    path = make_jpeg_folder(bench_data_root / f"jpeg-{RECORDS}x{RECORD_BYTES}", num_images=RECORDS,
-                            record_bytes=RECORD_BYTES)  # fmt: skip
-    problems = {k: v for k, v in probe_storage_conditions(path).items() if v is not None}
-    if problems:
-        pytest.fail(f"the storage conditions cannot be set up here: {problems}", pytrace=False)
-    return path
+    return throttleable_jpegs(bench_data_root, RECORDS, RECORD_BYTES)
 
 
 def run(data: Path, partition: bool, read_bps: int) -> list[dict]:
