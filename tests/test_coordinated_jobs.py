@@ -139,10 +139,12 @@ def test_a_stopped_job_holds_the_others_no_longer_than_its_patience(tmp_path, sh
         os.killpg(victim.pid, signal.SIGCONT)
     results = [finish(job) for job in others]
     victim_epochs, victim_stats, victim_err = finish(victim)
-    assert results[0][0] == results[1][0] and len(results[0][0]) == 3
+    assert all(len(r[0]) == 3 for r in results)
     assert all(every_sample_once(e) for r in (*results, (victim_epochs,)) for e in r[0])
-    locked_out = any("held the lock" in r[2] for r in results)  # stopped inside the lock: each went alone
-    assert locked_out or all(r[1]["batches_consumed"] == 36 and r[1]["status"] == "member" for r in results)
+    locked_out = any("held the lock" in r[2] for r in results)  # stopped inside the lock: each went alone,
+    if not locked_out:  # from where it was, so their later orders are their own; else they stay one group
+        assert results[0][0] == results[1][0]
+        assert all(r[1]["batches_consumed"] == 36 and r[1]["status"] == "member" for r in results)
     assert "goes on alone" in victim_err and victim_stats["status"].startswith("alone")
     assert not list(shm_dir.iterdir())
 
