@@ -19,7 +19,7 @@ import numpy as np
 from stallbench.analysis.loader_report import Measurement, loader_report
 from stallbench.analysis.measure import measure_bandwidths, measure_memory_bandwidth
 from stallbench.analysis.memory import measure_overhead, memory_limit, probe_cache_bytes
-from stallbench.analysis.object_data import in_memory_copy, network_bandwidth
+from stallbench.analysis.object_data import in_memory_copy, network_bandwidth, object_source
 from stallbench.analysis.phases import RunPlan, files_read, run_phases
 from stallbench.analysis.request import AnalysisRequest, CacheSpec, NamedWorkload, ObjectData, local_files
 from stallbench.analysis.results import LoaderReport, RunRecord, Workload, steady
@@ -81,8 +81,7 @@ def analyze(
     an interrupted compare keeps the finished ones."""
     w = plan.workload
     step = on_step or (lambda label: None)
-    with _prepared_data(plan) as plan:
-        bandwidths = _bandwidths(w)
+    with _measured_data(plan) as (plan, bandwidths):
         step("machine measured")
         batching = [(None, None), (plan.packing, plan.max_len)] if plan.packing else [(None, None)]
         for kind, packing in itertools.product(kinds, batching):
@@ -92,23 +91,19 @@ def analyze(
 
 
 @contextlib.contextmanager
-def _prepared_data(plan: RunPlan) -> Iterator[RunPlan]:
-    """The plan, with data in object storage copied to memory for the runs that read no storage
-    (``object_data``)."""
-    if local_files(plan.workload.data):
-        yield plan
-        return
-    with in_memory_copy(plan.workload.data) as copy:
-        yield replace(plan, in_memory_data=str(copy))
-
-
-def _bandwidths(w: Workload) -> tuple[float, float]:
-    """(storage, memory) bytes/s: storage read by as many readers as the job has workers; in object
-    storage, the network's."""
+def _measured_data(plan: RunPlan) -> Iterator[tuple[RunPlan, tuple[float, float]]]:
+    """The plan and the (storage, memory) bytes/s of its data, storage read by as many readers as the job has
+    workers. Data in object storage: the network's rate, and the plan with the objects copied to memory for
+    the runs that read no storage (``object_data``); its bucket listed once for both."""
+    w = plan.workload
     readers = max(1, w.workers)
-    if not local_files(w.data):
-        return network_bandwidth(w.data, readers), measure_memory_bandwidth()
-    return measure_bandwidths([w.data], limits=w.limits.cgroup(w.data), readers=readers)
+    if local_files(w.data):
+        yield plan, measure_bandwidths([w.data], limits=w.limits.cgroup(w.data), readers=readers)
+        return
+    source = object_source(w.data)
+    network = network_bandwidth(source, readers)
+    with in_memory_copy(source) as copy:
+        yield replace(plan, in_memory_data=str(copy)), (network, measure_memory_bandwidth())
 
 
 def _report(

@@ -25,23 +25,23 @@ from typing import Any
 
 from stallbench.jobs.run import scratch_cache_dir
 
-__all__ = ["in_memory_copy", "network_bandwidth"]
+__all__ = ["in_memory_copy", "network_bandwidth", "object_source"]
 
 _PROBE_BYTES, _PROBE_SECONDS = 128 << 20, 4.0  # the network probe reads at most this, or about this long
 _COPY_REQUESTS = 16  # GETs in flight while the copy is made (untimed)
 
 
-def _source(url: str) -> Any:
+def object_source(url: str) -> Any:
+    """The image folder under ``url`` as the job's source opens it: listed once, here."""
     import loader
 
     return loader.ImageFolder(url, transform=None).source
 
 
-def network_bandwidth(url: str, readers: int = 1, seed: int = 0) -> float:
-    """Bytes/s of whole-object GETs of a random sample of the objects under ``url``, ``readers`` at once:
+def network_bandwidth(source: Any, readers: int = 1, seed: int = 0) -> float:
+    """Bytes/s of whole-object GETs of a random sample of ``source``'s objects, ``readers`` at once:
     128 MB at most, or about 4 seconds' worth (reads are handed out a few at a time, so none starts past
     the deadline)."""
-    source = _source(url)
     order = list(range(len(source)))
     random.Random(seed).shuffle(order)
     readers = max(1, readers)
@@ -64,10 +64,9 @@ def _local_path(folder: Path, key: str) -> Path:
 
 
 @contextlib.contextmanager
-def in_memory_copy(url: str) -> Iterator[Path]:
-    """The image folder under ``url`` copied, in its layout (``<class>/<key>``), to a private folder in
+def in_memory_copy(source: Any) -> Iterator[Path]:
+    """The objects of ``source`` copied, in their layout (``<class>/<key>``), to a private folder in
     ``/dev/shm``; removed when done, or by a later run if this one is killed (``scratch_cache_dir``)."""
-    source = _source(url)
     root = scratch_cache_dir()
     folder = root / "data"
     under = f"s3://{source.bucket}/{source.prefix}"
