@@ -1,7 +1,7 @@
 """The fetch-bound job of bench_fetch_bound.py: epochs of one loader over an image folder, no decode.
 
 The transform returns the record's length, so the epoch time is the time to fetch the bytes. Run inside a
-cgroup by the benchmark; prints one JSON object per epoch (see ``stallbench.jobs.workload``).
+cgroup by the benchmark; measured by the bootstrap as any generated job is (see ``stallbench.jobs.workload``).
 """
 
 from __future__ import annotations

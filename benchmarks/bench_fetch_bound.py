@@ -24,8 +24,10 @@ Cases (``D`` = the dataset's bytes):
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import statistics
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,12 +35,14 @@ import pytest
 
 from loader.cache import index_bytes
 from stallbench.analysis.memory import measure_overhead, memory_limit, probe_cache_bytes
+from stallbench.analysis.training import train_epochs
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.limits import probe_storage_conditions
 from stallbench.conditions.storage import data_size, evict_page_cache
+from stallbench.jobs.command import run_command
 from stallbench.jobs.kinds import DEFAULT, KINDS
-from stallbench.jobs.run import run_workload, scratch_cache_dir
-from stallbench.jobs.spec import WorkloadJob
+from stallbench.jobs.run import scratch_cache_dir
+from stallbench.jobs.spec import JobSpec, WorkloadJob
 from stallbench.report import plain_table
 from stallbench.workloads import make_jpeg_folder
 
@@ -92,17 +96,26 @@ def _data(name: str, root: Path, made: dict[str, Data]) -> Data:
         pytest.fail(f"the fetch-bound conditions cannot be set up here: {problems}", pytrace=False)
     sizes = data_size(path.glob("*/*.jpg"))  # the records: not the hidden manifest beside them
     d = Data(path, records, sizes.device_bytes, sizes.record_bytes)
-    probe = dict(epochs=1, max_batches=2, cache_bytes=probe_cache_bytes(records))
+    probe = dict(epochs=1, persistent_workers=False, cache_bytes=probe_cache_bytes(records))
     d.overheads = measure_overhead(
-        lambda kind, c, limits: run_workload(_job(d, kind, c, probe), limits, script=SCRIPT), DEFAULT, path
+        lambda kind, c, limits: run_workload(_job(d, kind, c, probe), limits, steps=2), DEFAULT, path
     )
     made[name] = d
     return d
 
 
+def run_workload(job: WorkloadJob, limits: StorageLimits, steps: int | None = None) -> list[dict]:
+    """The job's epochs as the bootstrap measured them, our loader's stats beside each epoch's figures."""
+    spec = JobSpec(out_dir="", steps=steps, epochs=job.epochs, data=(str(job.data),))
+    run = run_command([sys.executable, str(SCRIPT)], spec, limits=limits, job=job, log=sys.stderr)
+    epochs = [{**e.stats, **dataclasses.asdict(e)} for e in train_epochs(run.records)[0]]
+    reads = [e["hits"] + e["misses"] for e in epochs]
+    return [{**e, "hit_rate": e["hits"] / n if n else 0.0} for e, n in zip(epochs, reads, strict=True)]
+
+
 def _job(d: Data, kind: str, cache_dir: Path, options: dict, epochs: int = 1) -> WorkloadJob:
     """The job; ``cache_bytes`` (in ``options``) and the cache folder go to ours alone."""
-    ours = dict(cache_dir=cache_dir) if KINDS[kind].cached else {"cache_bytes": None}
+    ours = dict(cache_dir=str(cache_dir)) if KINDS[kind].cached else {"cache_bytes": None}
     return WorkloadJob(kind, d.path, **{**JOB, "epochs": epochs, **options, **ours})
 
 
@@ -112,7 +125,7 @@ def _run(d: Data, kind: str, limit: int | None, cache_bytes: int | str, epochs: 
         evict_page_cache(d.path)
         with StorageLimits(memory_limit=limit, storage_bandwidth=READ_BPS, device_path=d.path) as limits:
             job = _job(d, kind, cache_dir, dict(cache_bytes=cache_bytes), epochs)
-            records = run_workload(job, limits, script=SCRIPT)
+            records = run_workload(job, limits)
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
     return {"epochs": records, "memory_peak": limits.memory_max_usage(), "failcnt": limits.memory_failcnt()}
@@ -234,4 +247,4 @@ def test_a_fresh_job_reads_exactly_its_floor_in_device_bytes(bench_data_root, da
 def _fresh_job(d: Data, kind: str, limit: int, cache: str, cache_dir: Path) -> dict:
     evict_page_cache(d.path)
     with StorageLimits(memory_limit=limit, storage_bandwidth=READ_BPS, device_path=d.path) as limits:
-        return run_workload(_job(d, kind, cache_dir, dict(cache_bytes=cache)), limits, script=SCRIPT)[0]
+        return run_workload(_job(d, kind, cache_dir, dict(cache_bytes=cache)), limits)[0]

@@ -1,4 +1,4 @@
-"""What a batch holds, counted the same way by the compute model, the generated job and the reports.
+"""What a batch holds, counted one way by the compute model, the measuring of every job and the reports.
 
 Two shapes of token batch are known, so their useful work can be told from their padding:
 
@@ -14,6 +14,7 @@ Any other batch has samples but no token counts: its useful work is not guessed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -54,9 +55,29 @@ def batch_tokens(batch: Any, room: int | None = None) -> TokenCount | None:
 
 
 def batch_samples(batch: Any) -> int:
-    """Examples in the batch: a pack's examples, the labels of an ``(inputs, labels)`` pair, else 1."""
+    """Examples in the batch: a pack's examples, else the first dimension of the first tensor found
+    depth-first (an ``(inputs, labels)`` pair's, a mapping's first field's), else 1."""
     if _packed(batch):
         return len(batch["cu_seqlens"]) - 1
-    if isinstance(batch, (list, tuple)) and len(batch) == 2 and hasattr(batch[1], "__len__"):
-        return len(batch[1])
-    return 1
+    found = _first_tensor(batch, depth=0)
+    return int(found.shape[0]) if found is not None and found.dim() > 0 else 1
+
+
+def _first_tensor(value: Any, depth: int) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if depth > 16 or isinstance(value, (str, bytes)):
+        return None
+    if isinstance(value, Mapping):
+        children: Any = value.values()
+    elif isinstance(value, (list, tuple)):
+        children = value
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        children = (getattr(value, f.name) for f in dataclasses.fields(value))
+    else:
+        return None
+    for child in children:
+        found = _first_tensor(child, depth + 1)
+        if found is not None:
+            return found
+    return None

@@ -102,12 +102,10 @@ def test_a_key_no_local_folder_can_hold_is_named_not_written_outside(tmp_path, k
 def test_every_run_but_the_cold_one_reads_the_copy_in_memory(monkeypatch, tmp_path):
     read = []
 
-    def record(job, limits, script=None):
-        read.append(job.data)
-        epoch = dict(epoch=1, seconds=1.0, wait_seconds=0.5, step_seconds=0.5, first_batch_seconds=0.1)
-        return [{**epoch, "batches": 1, "samples": 1, "storage_bytes": 0}]
+    def record(argv, spec, *, limits, log, job):
+        read.append((job.data, spec.data))
 
-    monkeypatch.setattr(phases, "run_workload", record)
+    monkeypatch.setattr(phases, "run_command", record)
     workload = Workload(
         data=URL, dataset_bytes=1000, record_bytes=1000, samples=10, batch_size=2, workers=1,
         compute="emulated:0", epochs=1, cache_bytes=500, storage_bandwidth=None, memory_limit=None,
@@ -117,4 +115,4 @@ def test_every_run_but_the_cold_one_reads_the_copy_in_memory(monkeypatch, tmp_pa
     assert target.data() == []  # nothing local to warm or evict
     for phase in ("prep", "ingestion", "cold"):
         target.run(phase, cache_bytes=None, limits=None)
-    assert read == [copy, copy, URL]
+    assert read == [(copy, (copy,)), (copy, (copy,)), (URL, (URL,))]

@@ -17,8 +17,9 @@ import psutil
 import pytest
 import torch
 
+from stallbench.batches import batch_samples
 from stallbench.jobs._fresh import fresh_copy
-from stallbench.jobs._timed import Counters, EpochMeter, TimedIterator, batch_samples
+from stallbench.jobs._timed import Counters, EpochMeter, TimedIterator
 from stallbench.jobs.spec import JOB_ENV, JobSpec, LoaderEpoch, read_records
 from tests.helpers import make_jpeg_folder
 
@@ -362,6 +363,9 @@ def test_batch_samples_and_fresh_copies():
     assert (
         batch_samples(batch) == 5 and batch_samples(["text", 3]) == 1 and batch_samples(torch.tensor(1)) == 1
     )
+    shared = fresh_copy(batch, shared=True)  # as a worker's batch arrives: in shared memory
+    assert shared["a"].x.is_shared() and not copied["a"].x.is_shared()
+    assert torch.equal(shared["b"]["c"].pixels, batch["b"]["c"].pixels)
 
 
 def test_cached_mode_says_when_a_dataset_reads_nothing_it_can_serve(tmp_path):

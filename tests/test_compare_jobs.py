@@ -24,7 +24,7 @@ from stallbench.analysis.results import Workload
 from stallbench.cli import main, make_parser
 from stallbench.demo import concurrent_hint
 from stallbench.jobs.run import JobFailed
-from stallbench.jobs.spec import WorkloadJob
+from stallbench.jobs.spec import LoaderEpoch, WorkloadJob
 from stallbench.report.concurrent import concurrent_to_json, format_concurrent, validate_concurrent_json
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,10 +35,13 @@ JOB_ROW = r"^\s*({loader})\s+{job}\s+\d+\.\d\d\s"  # a job's row: loader, job, s
 TINY = ["--data", "images:48", "--epochs", "1", "--batch-size", "8", "--workers", "1", "--no-progress"]
 
 
-def _epoch(epoch: int, start: float, seconds: float, cpu: float, coordination=None) -> dict:
-    record = {"epoch": epoch, "seconds": seconds, "batches": 6, "samples": 48, "cpu_seconds": cpu}
-    record.update(start_time=start, end_time=start + seconds, storage_bytes=0, wait_seconds=0.1)
-    return {**record, "coordination": coordination} if coordination else record
+def _epoch(epoch: int, start: float, seconds: float, cpu: float, coordination=None) -> LoaderEpoch:
+    return LoaderEpoch(
+        loader="0:ImageFolder", rank=0, pid=1, epoch=epoch, seconds=seconds, wait_seconds=0.1,
+        step_seconds=seconds - 0.1, first_batch_seconds=0.05, batches=6, samples=48, storage_bytes=0,
+        cpu_seconds=cpu, complete=True, loader_class="loader.DataLoader", start_time=start,
+        end_time=start + seconds, stats={"coordination": coordination} if coordination else {},
+    )  # fmt: skip
 
 
 def _shared(prepared: int, consumed: int = 12, saved: float = 0.5, status: str = "member") -> dict:
@@ -303,7 +306,8 @@ def test_a_failing_job_exits_1_and_leaves_nothing(tmp_path):
     )  # fmt: skip
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, err
-    assert "stallbench compare: error: a torch job exited 1" in err and "zz_broken.jpg" in err  # where
+    assert "stallbench compare: error: the command" in err and "exited with code 1" in err
+    assert "zz_broken.jpg" in err  # where
     assert not _leftovers(proc.pid)
 
 

@@ -1,102 +1,91 @@
-"""The generated jobs' loop (``stallbench.jobs.workload``): the ingestion run's batches travel and are
-freed as real ones are.
-
-Every run measures its step from a batch's arrival to the next ``__next__``, which includes freeing the
-previous batch; for a batch a worker sent through shared memory that is real work. The ingestion run must
-pay it too, or it moves from compute to stall.
+"""The generated job (``stallbench.jobs.workload``) is a command like the user's: run under a JobSpec and
+measured by the bootstrap, its epochs cut to ``steps`` as a script's ``break`` cuts them, its ingestion run
+the first batches replayed, and everything it measures in the one record (``LoaderEpoch``).
 """
 
 from __future__ import annotations
 
-import time
+import sys
 from pathlib import Path
 
 import pytest
-import torch
-from torch.utils.data import DataLoader, Dataset
+from helpers import make_jpeg_folder
 
+from stallbench.analysis.training import run_record, train_epochs
+from stallbench.jobs.command import run_command
 from stallbench.jobs.data import make_loader
-from stallbench.jobs.spec import WorkloadJob
-from stallbench.jobs.workload import ingestion_loader, run_epochs
-from tests.helpers import make_jpeg_folder
+from stallbench.jobs.spec import JobSpec, WorkloadJob
 
 pytestmark = pytest.mark.multiproc
 
-
-class _Images(Dataset):
-    """``n`` uint8 images of ``side`` x ``side``, image i filled with i % 250, label i."""
-
-    def __init__(self, n: int, side: int) -> None:
-        self.n, self.side = n, side
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        return torch.full((3, self.side, self.side), i % 250, dtype=torch.uint8), i
+_WORKLOAD = [sys.executable, "-m", "stallbench.jobs.workload"]
 
 
-def _real(n: int = 40, side: int = 32, batch: int = 8) -> DataLoader:
-    return DataLoader(_Images(n, side), batch_size=batch, num_workers=2, persistent_workers=True)
+def _epochs(job: WorkloadJob, **spec: object) -> list:
+    run = run_command(_WORKLOAD, JobSpec(out_dir="", data=(job.data,), **spec), job=job)
+    return train_epochs(run.records)[0]
 
 
-class _SlowToClose:
-    """Batches 0, 1, ... from an iterator that takes ``close_s`` to close, as a loader's iterator takes to
-    shut its workers down."""
-
-    def __init__(self, close_s: float) -> None:
-        self.close_s = close_s
-
-    def __iter__(self):
-        try:
-            yield from range(100)
-        finally:
-            time.sleep(self.close_s)
-
-
-def test_an_epoch_cut_at_max_batches_ends_before_its_loader_shuts_down():
-    """A script's ``--steps`` epoch ends at its last step; the workers' shutdown after it is no one's."""
-    records = list(run_epochs(_SlowToClose(0.5), epochs=2, max_batches=3))
-    assert [r["batches"] for r in records] == [3, 3]
-    assert [r["seconds"] < 0.25 for r in records] == [True, True], records
-
-
-def test_max_batches_takes_the_head_of_the_whole_order_with_workers_that_end_with_the_epoch(tmp_path: Path):
+def test_a_generated_job_cut_to_steps_takes_the_head_of_the_order_with_workers_that_end_with_it(
+    tmp_path: Path,
+) -> None:
     """As a script's ``break`` after N steps: the workers are busy to the last step (an order of exactly N
     batches would leave them idle through the last ones) and shut down at the epoch's end."""
-    data = make_jpeg_folder(tmp_path / "jpegs", per_class=8, classes=2)  # 16 images
+    data = str(make_jpeg_folder(tmp_path / "jpegs", per_class=8, classes=2))  # 16 images
     whole, _ = make_loader(WorkloadJob("torch", data, workers=2, batch_size=4), None)
-    cut, _ = make_loader(WorkloadJob("torch", data, workers=2, batch_size=4, max_batches=2), None)
+    cut, _ = make_loader(WorkloadJob("torch", data, workers=2, batch_size=4, persistent_workers=False), None)
     assert (len(whole), whole.persistent_workers) == (4, True)
     assert (len(cut), cut.persistent_workers) == (4, False)
-    records = list(run_epochs(cut, epochs=2, max_batches=2))
-    assert [(r["batches"], r["samples"]) for r in records] == [(2, 8), (2, 8)]
+    job = WorkloadJob("torch", data, epochs=2, workers=2, batch_size=4, persistent_workers=False)
+    epochs = _epochs(job, steps=2, epochs=2)
+    assert [(e.batches, e.samples, e.complete) for e in epochs] == [(2, 8, True), (2, 8, True)]
 
 
-def test_ingestion_batches_are_fresh_shared_memory_copies_of_the_first():
-    real = _real()
-    batches = list(ingestion_loader(real, workers=2))  # all held at once: each must have its own memory
-    first = next(iter(real))
-    assert len(batches) == len(real) == 5
-    for images, labels in batches:
-        assert torch.equal(images, first[0]) and torch.equal(labels, first[1])
-        assert images.is_shared()
-    assert len({images.untyped_storage().data_ptr() for images, _ in batches}) == 5
+def test_a_generated_jobs_record_holds_what_it_measured(tmp_path: Path, shm_dir: Path) -> None:
+    """Times on the machine's one clock, the last epoch's timeline per batch, our cache's counts and the
+    forms it weighed, its stage times: the record a user's command gets, from the same bootstrap."""
+    data = str(make_jpeg_folder(tmp_path / "imgs", per_class=8, classes=2))
+    job = WorkloadJob(
+        "cached", data, epochs=2, workers=0, batch_size=8, cache_bytes=1 << 26, cache_dir=str(shm_dir)
+    )
+    epochs = _epochs(job, epochs=2)
+    assert [e.batches for e in epochs] == [2, 2]
+    assert epochs[0].start_time < epochs[0].end_time <= epochs[1].start_time < epochs[1].end_time
+    assert (epochs[0].misses, epochs[1].hits) == (16, 16)
+    run = run_record("cold", "", epochs)
+    assert len(run.timeline) == 2 and all(wait >= 0 and step >= 0 for wait, step in run.timeline)
+    assert run.cache_form == epochs[-1].stats["cache_form"] in ("raw", "prepared", "mixed")
+    assert {"raw", "prepared"} <= set(run.cache_form_epochs) and run.cache_form in run.cache_form_epochs
+    assert run.stage_seconds["decode"] > 0
 
 
-def test_ingestion_without_workers_hands_out_the_batch_itself():
-    batches = list(ingestion_loader(_real(), workers=0, max_batches=3))
-    assert len(batches) == 3
-    assert len({images.untyped_storage().data_ptr() for images, _ in batches}) == 1
+def test_the_torch_kind_of_a_generated_job_times_its_stages_as_ours_does(tmp_path: Path) -> None:
+    data = str(make_jpeg_folder(tmp_path / "imgs", per_class=8, classes=2))
+    epochs = _epochs(WorkloadJob("torch", data, epochs=2, workers=2, batch_size=8), epochs=2)
+    assert epochs[-1].loader_class == "torch.utils.data.DataLoader"
+    assert epochs[-1].stats["fetch_seconds"] > 0 and epochs[-1].stats["decode_seconds"] > 0
+
+
+def test_the_ingestion_run_of_a_generated_job_replays_as_many_batches_as_the_prep_run_made(
+    tmp_path: Path,
+) -> None:
+    data = str(make_jpeg_folder(tmp_path / "imgs", per_class=10, classes=2))  # 20 images: 3 batches of 8
+    job = WorkloadJob("torch", data, epochs=2, workers=2, batch_size=8)
+    prep = _epochs(job, epochs=2)
+    replayed = _epochs(job, epochs=2, mode="ingestion", replay_batches=1)
+    assert [e.batches for e in prep] == [e.batches for e in replayed] == [3, 3]
+    assert all(e.mode == "ingestion" and e.storage_bytes == 0 for e in replayed)
+    assert [e.samples for e in replayed] == [24, 24]  # the first batch of 8, three times an epoch
 
 
 @pytest.mark.slow
-def test_the_ingestion_runs_step_frees_a_batch_as_the_real_runs_step_does():
-    """No compute: a step is only the loop, and freeing the previous 9.6 MB batch (~1 ms where it is a
-    worker's shared memory, microseconds where the same batch comes back)."""
-    real = _real(n=64 * 20, side=224, batch=64)
+def test_the_ingestion_runs_step_frees_a_batch_as_the_real_runs_step_does(tmp_path: Path) -> None:
+    """No compute: a step is only the loop, and freeing the previous 19 MB batch (a worker's shared memory
+    in the real run, a fresh copy in the ingestion run)."""
+    data = str(make_jpeg_folder(tmp_path / "imgs", per_class=160, classes=2, size=(256, 256)))
+    job = WorkloadJob("torch", data, epochs=3, workers=2, batch_size=32, transform="eval")
     steps = {}
-    for name, dl in (("real", real), ("ingestion", ingestion_loader(real, workers=2))):
-        epochs = list(run_epochs(dl, 3))[1:]
-        steps[name] = sum(e["step_seconds"] for e in epochs) / sum(e["batches"] for e in epochs)
-    assert steps["ingestion"] > 0.4 * steps["real"] > 0, steps
+    for mode in ("pipeline", "ingestion"):
+        epochs = _epochs(job, epochs=3, mode=mode)[1:]
+        steps[mode] = sum(e.step_seconds for e in epochs) / sum(e.batches for e in epochs)
+    assert steps["ingestion"] > 0.4 * steps["pipeline"] > 0, steps

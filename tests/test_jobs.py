@@ -1,5 +1,6 @@
 """``stallbench.jobs.run``: a job runs with its own TMPDIR, removed whatever the job leaves in it; a generated
-job's WorkloadJob goes to it as JSON; the counters keep what exited children used."""
+job's WorkloadJob goes to it as JSON, and one that fails is named; the counters keep what exited children
+used."""
 
 from __future__ import annotations
 
@@ -15,13 +16,12 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import make_jpeg_folder
 
 from loader.system.counters import cpu_seconds
 from stallbench.analysis.memory import OVERHEAD_MARGIN, memory_limit
-from stallbench.analysis.phases import _record
-from stallbench.jobs.run import JobFailed, run_job, run_workload, scratch_cache_dir
-from stallbench.jobs.spec import WorkloadJob
+from stallbench.jobs.command import CommandFailed, run_command
+from stallbench.jobs.run import run_job, scratch_cache_dir
+from stallbench.jobs.spec import JobSpec, WorkloadJob
 
 # A DataLoader worker shares a tensor through a listener socket in multiprocessing's temp dir
 # (pymp-*/listener-*), which it removes only when it exits normally: this job makes one and dies as a
@@ -116,7 +116,6 @@ def test_a_workload_job_goes_to_the_child_as_json_and_back():
     ("option", "message"),
     [
         ({"loader": "tf"}, "unknown loader 'tf'; choose one of: torch, cached"),
-        ({"mode": "warm"}, "mode must be 'pipeline' or 'ingestion', got 'warm'"),
         ({"transform": "crop"}, "transform must be 'train', 'eval' or 'none', got 'crop'"),
         ({"cache_bytes": "1G"}, "cache_bytes must be bytes, 'auto' or None, got '1G'"),
     ],
@@ -126,23 +125,11 @@ def test_a_workload_job_refuses_what_the_child_cannot_run(option, message):
         WorkloadJob(**{"loader": "torch", "data": "d", **option})
 
 
-@pytest.mark.multiproc
-def test_a_generated_job_of_ours_hands_back_the_forms_its_cache_weighed(
-    tmp_path: Path, shm_dir: Path
-) -> None:
-    data = make_jpeg_folder(tmp_path / "imgs", per_class=8, classes=2)
-    job = WorkloadJob(
-        "cached", data, epochs=2, workers=0, batch_size=8, cache_bytes=1 << 26, cache_dir=shm_dir
-    )
-    records = run_workload(job)
-    run = _record("cold", "", records, 0.0)
-    assert run.cache_form == records[-1]["cache_form"] in ("raw", "prepared", "mixed")
-    assert {"raw", "prepared"} <= set(run.cache_form_epochs) and run.cache_form in run.cache_form_epochs
-
-
-def test_a_failed_workload_job_names_its_loader_and_run(tmp_path: Path) -> None:
-    with pytest.raises(JobFailed, match=r"stallbench.jobs.workload \(torch, ingestion\) exited 1"):
-        run_workload(WorkloadJob("torch", tmp_path / "nowhere", mode="ingestion"))
+def test_a_failed_generated_job_names_its_command_and_what_it_said(tmp_path: Path) -> None:
+    spec = JobSpec(out_dir="", mode="ingestion")
+    job = WorkloadJob("torch", tmp_path / "nowhere")
+    with pytest.raises(CommandFailed, match=r"stallbench.jobs.workload .*workload.json` exited with code 1"):
+        run_command([sys.executable, "-m", "stallbench.jobs.workload"], spec, job=job)
 
 
 def test_the_cpu_counter_keeps_a_child_that_has_exited():

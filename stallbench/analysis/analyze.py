@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -22,15 +23,16 @@ from stallbench.analysis.memory import measure_overhead, memory_limit, probe_cac
 from stallbench.analysis.object_data import in_memory_copy, network_bandwidth, object_source
 from stallbench.analysis.phases import RunPlan, files_read, run_phases
 from stallbench.analysis.request import AnalysisRequest, CacheSpec, NamedWorkload, ObjectData, local_files
-from stallbench.analysis.results import LoaderReport, RunRecord, Workload, steady
-from stallbench.analysis.runs import collected
+from stallbench.analysis.results import LoaderReport, Workload, steady
+from stallbench.analysis.runs import cold_condition, collected
+from stallbench.analysis.training import rank_runs
 from stallbench.analysis.work import useful_work
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.limits import AUTO
 from stallbench.conditions.storage import DataSize, data_size
+from stallbench.jobs.command import CommandRun, run_command
 from stallbench.jobs.kinds import KINDS
-from stallbench.jobs.run import run_workload
-from stallbench.jobs.spec import WorkloadJob
+from stallbench.jobs.spec import JobSpec
 
 __all__ = ["analyze", "prepare"]
 
@@ -107,10 +109,12 @@ def _measured_data(plan: RunPlan) -> Iterator[tuple[RunPlan, tuple[float, float]
 
 
 def _report(
-    kind: str, w: Workload, runs: dict[str, RunRecord], bandwidths: tuple[float, float], packing: tuple
+    kind: str, w: Workload, runs: dict[str, CommandRun], bandwidths: tuple[float, float], packing: tuple
 ) -> LoaderReport:
-    useful = useful_work(steady(list(runs["cold"].epochs)), *packing)
-    return loader_report(Measurement(kind, kind, w, runs, *bandwidths, extra={"useful": useful}))
+    """The report of the generated job's runs: its one process's training loader, as a command's rank 0."""
+    phases = rank_runs(runs, cold_condition(w.limits))[0]
+    useful = useful_work(steady(list(phases["cold"].epochs)), *packing)
+    return loader_report(Measurement(kind, kind, w, phases, *bandwidths, extra={"useful": useful}))
 
 
 def _packing(req: AnalysisRequest, data: Path, lengths: np.ndarray | None) -> dict[str, Any]:
@@ -168,16 +172,15 @@ def _auto_memory(plan: RunPlan, kinds: Sequence[str]) -> int:
     """The same limit for every loader: the cache budget plus the largest measured job memory (+ margin)."""
     w = plan.workload
 
+    steps = _PREFETCH * w.workers + 2  # every worker's prefetch queue full, as in a real run
+    probe_plan = replace(plan, workload=replace(w, epochs=1, compute=None), max_batches=steps)
+
     def probe(kind: str, cache_dir: Path, limits: StorageLimits) -> None:
-        ours = (
-            dict(cache_bytes=probe_cache_bytes(w.samples), cache_dir=cache_dir) if KINDS[kind].cached else {}
-        )
-        job = WorkloadJob(
-            kind, w.data, epochs=1, workers=w.workers, batch_size=w.batch_size, transform=plan.transform,
-            max_batches=_PREFETCH * w.workers + 2,  # every worker's prefetch queue full, as in a real run
-            **ours,
-        )  # fmt: skip
-        run_workload(job, limits, script=plan.job_script)
+        ours = dict(cache_bytes=probe_cache_bytes(w.samples), cache_dir=str(cache_dir))
+        job = probe_plan.job(kind, w.data, **(ours if KINDS[kind].cached else {}))
+        spec = JobSpec(out_dir="", steps=steps, epochs=1, data=(w.data,))
+        with open(os.devnull, "w") as quiet:
+            run_command(probe_plan.argv(), spec, limits=limits, log=quiet, job=job)
 
     read = [path for kind in kinds for path in files_read(w.data, kind)]
     return memory_limit(w.cache_bytes, measure_overhead(probe, list(kinds), read), w.workers)

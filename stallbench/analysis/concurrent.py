@@ -13,6 +13,7 @@ start-up, imports and the dataset's listing are left out; a coordinated job's wa
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -24,10 +25,12 @@ from statistics import fmean
 from typing import Any
 
 from stallbench.analysis.phases import RunPlan, files_read
+from stallbench.analysis.training import train_epochs
 from stallbench.conditions.storage import warm_page_cache
+from stallbench.jobs.command import StartedCommand
 from stallbench.jobs.kinds import KINDS
-from stallbench.jobs.run import JobFailed, StartedJob, scratch_cache_dir
-from stallbench.jobs.spec import WorkloadJob
+from stallbench.jobs.run import JobFailed, scratch_cache_dir
+from stallbench.jobs.spec import JobSpec, LoaderEpoch, WorkloadJob
 
 __all__ = ["ConcurrentRun", "JobRun", "group_name", "job_run", "run_concurrent"]
 
@@ -37,7 +40,7 @@ _groups = itertools.count(1)
 
 @dataclass(frozen=True)
 class JobRun:
-    """One of a loader's N jobs, as it measured itself (``stallbench.jobs.workload``'s epoch records)."""
+    """One of a loader's N jobs, as the bootstrap measured it (its training loader's epoch records)."""
 
     job: int  # 1..N
     epoch_seconds: tuple[float, ...]
@@ -80,19 +83,19 @@ class ConcurrentRun:
         return self.samples / wall if wall > 0 else math.nan
 
 
-def job_run(job: int, records: Sequence[dict[str, Any]]) -> JobRun:
-    """Job number ``job``'s epoch records (one dict per epoch, in order) as a JobRun."""
+def job_run(job: int, records: Sequence[LoaderEpoch]) -> JobRun:
+    """Job number ``job``'s training loader's epochs (in order) as a JobRun."""
     if not records:
         raise JobFailed(f"job {job} finished no epoch")
     return JobRun(
         job=job,
-        epoch_seconds=tuple(r["seconds"] for r in records),
-        cpu_seconds=tuple(r["cpu_seconds"] for r in records),
-        samples=sum(r["samples"] for r in records),
-        batches=sum(r["batches"] for r in records),
-        start_time=records[0]["start_time"],
-        end_time=records[-1]["end_time"],
-        coordination=records[-1].get("coordination"),
+        epoch_seconds=tuple(r.seconds for r in records),
+        cpu_seconds=tuple(r.cpu_seconds for r in records),
+        samples=sum(r.samples for r in records),
+        batches=sum(r.batches for r in records),
+        start_time=records[0].start_time,
+        end_time=records[-1].end_time,
+        coordination=records[-1].stats.get("coordination"),
     )
 
 
@@ -118,7 +121,7 @@ def run_concurrent(
         warm_page_cache(files_read(plan.workload.data, kind))
         cache_dir = scratch_cache_dir()
         try:
-            records = _run_together(_job(plan, kind, jobs, str(cache_dir)), jobs, timeout)
+            records = _run_together(plan, _job(plan, kind, jobs, str(cache_dir)), jobs, timeout)
         finally:
             shutil.rmtree(cache_dir, ignore_errors=True)
         yield ConcurrentRun(kind, tuple(job_run(i, r) for i, r in enumerate(records, 1)))
@@ -131,34 +134,28 @@ def _job(plan: RunPlan, kind: str, jobs: int, cache_dir: str) -> WorkloadJob:
     ours: dict[str, Any] = {}
     if KINDS[kind].cached:  # loader.DataLoader: its cache, and a group of its own
         ours = dict(cache_bytes=w.cache_bytes, cache_dir=cache_dir, coordinate=group_name(), group_size=jobs)
-    return WorkloadJob(
-        kind, w.data, epochs=w.epochs, workers=w.workers, batch_size=w.batch_size, transform=plan.transform,
-        compute=w.compute, seed=plan.seed, **ours,
-    )  # fmt: skip
+    return plan.job(kind, w.data, **ours)
 
 
-def _run_together(job: WorkloadJob, jobs: int, timeout: float) -> list[list[dict[str, Any]]]:
-    """Start ``jobs`` copies of ``job``, wait for all of them, and return each one's epoch records."""
-    started: list[StartedJob] = []
-    try:
-        for _ in range(jobs):
-            started.append(StartedJob(job))
-        _wait_all(started, timeout)
-        return [s.records() for s in started]
-    finally:
-        for s in started:
-            s.stop()
+def _run_together(plan: RunPlan, job: WorkloadJob, jobs: int, timeout: float) -> list[list[LoaderEpoch]]:
+    """Start ``jobs`` copies of ``job``, wait for all of them, and return each one's training epochs."""
+    spec = JobSpec(out_dir="", epochs=job.epochs, data=(job.data,))
+    with contextlib.ExitStack() as stack:
+        quiet = stack.enter_context(open(os.devnull, "w"))
+        started = [
+            stack.enter_context(StartedCommand(plan.argv(), spec, log=quiet, job=job)) for _ in range(jobs)
+        ]
+        _wait_all(started, job.loader, timeout)
+        return [train_epochs(s.wait().records)[0] for s in started]
 
 
-def _wait_all(started: Sequence[StartedJob], timeout: float) -> None:
-    """Until every job has exited; the first to fail raises at once (JobFailed), as does the timeout."""
+def _wait_all(started: Sequence[StartedCommand], loader: str, timeout: float) -> None:
+    """Until every job has exited; the first to fail raises at once (CommandFailed), as does the timeout."""
     deadline = time.monotonic() + timeout
     while any(s.poll() is None for s in started):
         failed = next((s for s in started if s.poll() not in (None, 0)), None)
         if failed is not None:
-            failed.records()
+            failed.wait()
         if time.monotonic() > deadline:
-            raise JobFailed(
-                f"{len(started)} {started[0].job.loader} jobs still running after {timeout:.0f} s"
-            )
+            raise JobFailed(f"{len(started)} {loader} jobs still running after {timeout:.0f} s")
         time.sleep(_POLL)

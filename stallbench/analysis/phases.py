@@ -1,35 +1,30 @@
-"""A generated workload as a target of the three differential runs (``runs.three_runs``), each run a job
-in its own process (``stallbench.jobs.workload``).
-
-Its ingestion run hands one batch already made to the step again and again through the loader's workers (a
-fresh shared-memory copy each time, freed by the step as a real batch is): T1 is its steps per epoch,
-measured as every run measures its steps, without the waits for the copies. Steady figures are the mean
-over epochs 2.. (epoch 1 fills caches); the first epoch's excess is warm-up, reported apart.
+"""A generated workload as a target of the three differential runs (``runs.three_runs``): each run is the
+generated job (``stallbench.jobs.workload``) run as a command under the bootstrap (``jobs.command``), as the
+user's own command is, so both kinds of job are measured, replayed and recorded one way. Its ingestion run
+replays the first batches the prep run's loader makes, as many an epoch as that run handed out.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from collections.abc import Iterator
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 from stallbench.analysis.request import local_files
-from stallbench.analysis.results import EpochRecord, RunRecord, Workload, steady
-from stallbench.analysis.runs import Phase, cold_condition, three_runs
+from stallbench.analysis.results import Workload
+from stallbench.analysis.runs import Phase, three_runs
+from stallbench.analysis.training import replay_lengths
 from stallbench.conditions.cgroup import StorageLimits
-from stallbench.conditions.load import OtherLoad
+from stallbench.jobs.command import CommandRun, run_command
 from stallbench.jobs.converted import existing_copy
 from stallbench.jobs.kinds import KINDS
-from stallbench.jobs.run import run_workload, scratch_cache_dir
-from stallbench.jobs.spec import CACHE_FORM_FIELDS, WorkloadJob
+from stallbench.jobs.run import scratch_cache_dir
+from stallbench.jobs.spec import JobSpec, WorkloadJob
 
 __all__ = ["RunPlan", "WorkloadRuns", "files_read", "run_phases"]
-
-_STAGES = ("fetch_seconds", "decode_seconds", "collate_seconds")
-_CONDITIONS = {"prep": "every record in memory (warm)", "ingestion": "batches in memory, only the step"}
-_EPOCH_FIELDS = set(EpochRecord.__dataclass_fields__)
 
 
 @dataclass(frozen=True)
@@ -45,6 +40,21 @@ class RunPlan:
     max_len: int | None = None  # with packing: tokens per pack at most
     in_memory_data: str | None = None  # data in object storage copied to memory, for every run but the cold
 
+    def job(self, kind: str, data: str, packing: str | None = None, **options: Any) -> WorkloadJob:
+        """What the generated job trains on with loader ``kind`` over ``data``; ``options``: the rest of the
+        WorkloadJob (our cache's, a group's)."""
+        w = self.workload
+        return WorkloadJob(
+            kind, data, epochs=w.epochs, workers=w.workers, batch_size=w.batch_size, transform=self.transform,
+            compute=w.compute, seed=self.seed, packing=packing, max_len=self.max_len if packing else None,
+            persistent_workers=self.max_batches is None, **options,
+        )  # fmt: skip
+
+    def argv(self) -> list[str]:
+        """The generated job's command, less its WorkloadJob file (``run_command`` adds it)."""
+        script = [self.job_script] if self.job_script else ["-m", "stallbench.jobs.workload"]
+        return [sys.executable, *script]
+
 
 def files_read(data: str, kind: str) -> list[str]:
     """The local files ``kind`` reads of the workload's ``data``: its copy in the kind's own format, the data
@@ -52,7 +62,7 @@ def files_read(data: str, kind: str) -> list[str]:
     return [str(existing_copy(data, kind))] if KINDS[kind].converts else local_files(data)
 
 
-def run_phases(plan: RunPlan, kind: str, packed: bool = False) -> Iterator[tuple[Phase, RunRecord]]:
+def run_phases(plan: RunPlan, kind: str, packed: bool = False) -> Iterator[tuple[Phase, CommandRun]]:
     """The three runs of ``kind`` ("torch" or "cached"), in order; each yielded as soon as it is done.
     ``packed``: its token batches packed with ``plan.packing`` (else padded)."""
     w = plan.workload
@@ -73,34 +83,18 @@ class WorkloadRuns:
 
     def run(
         self, phase: Phase, *, cache_bytes: int | None, limits: StorageLimits | None, prep: Any = None
-    ) -> RunRecord:
-        plan, w, packing = self.plan, self.plan.workload, self.packing
+    ) -> CommandRun:
+        plan, w = self.plan, self.plan.workload
         cache_dir = scratch_cache_dir()
-        cached = KINDS[self.kind].cached
-        ours = dict(cache_bytes=cache_bytes or w.dataset_bytes, cache_dir=cache_dir) if cached else {}
-        mode = "ingestion" if phase == "ingestion" else "pipeline"
+        ours = dict(cache_bytes=cache_bytes or w.dataset_bytes, cache_dir=str(cache_dir))
         data = plan.in_memory_data if plan.in_memory_data and phase != "cold" else w.data
-        job = WorkloadJob(
-            self.kind, data, epochs=w.epochs, workers=w.workers, batch_size=w.batch_size,
-            transform=plan.transform, compute=w.compute, mode=mode, seed=plan.seed,
-            max_batches=plan.max_batches, packing=packing, max_len=plan.max_len if packing else None, **ours,
+        job = plan.job(self.kind, data, self.packing, **(ours if KINDS[self.kind].cached else {}))
+        spec = JobSpec(
+            out_dir="", mode="ingestion" if phase == "ingestion" else "pipeline", steps=plan.max_batches,
+            epochs=w.epochs, data=(data,), replay_lengths=replay_lengths(prep.records) if prep else {},
         )  # fmt: skip
         try:
-            with limits if limits is not None else nullcontext(), OtherLoad() as load:
-                records = run_workload(job, limits, script=plan.job_script)
+            with open(os.devnull, "w") as quiet:  # the job's own lines: in the error, should it fail
+                return run_command(plan.argv(), spec, limits=limits, log=quiet, job=job)
         finally:
             shutil.rmtree(cache_dir, ignore_errors=True)
-        return _record(phase, _CONDITIONS.get(phase) or cold_condition(w.limits), records, load.cores)
-
-
-def _record(phase: str, condition: str, records: list[dict], other_load_cores: float) -> RunRecord:
-    epochs = tuple(EpochRecord(**{k: v for k, v in r.items() if k in _EPOCH_FIELDS}) for r in records)
-    stages = {
-        k.removesuffix("_seconds"): sum(r.get(k, 0.0) for r in steady(records))
-        for k in _STAGES
-        if k in records[-1]
-    }
-    last = records[-1]
-    timeline = tuple((float(w), float(s)) for w, s in last.get("timeline", []))
-    forms = {k: last[k] for k in CACHE_FORM_FIELDS if k in last}
-    return RunRecord(phase, epochs, condition, stages, timeline, other_load_cores, **forms)

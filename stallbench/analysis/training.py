@@ -1,17 +1,35 @@
 """Which of a run's records are the training loader's: per rank, the process with the most batches; in it, the
 loader with the most batches (ties: the one iterated first). Every other loader (evaluation) is kept apart.
+Its epochs make the run's record (``run_record``), one way for a generated job and the user's command.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from statistics import fmean
 
-from stallbench.analysis.results import OtherLoader
-from stallbench.jobs.spec import LoaderEpoch
+from stallbench.analysis.results import EpochRecord, OtherLoader, RunRecord, steady
+from stallbench.jobs.command import CommandRun
+from stallbench.jobs.spec import CACHE_FORM_FIELDS, LoaderEpoch
 
-__all__ = ["NoTrainingLoader", "by_rank", "other_loaders", "train_epochs", "train_id"]
+__all__ = [
+    "NoTrainingLoader",
+    "by_rank",
+    "other_loaders",
+    "rank_runs",
+    "replay_lengths",
+    "run_record",
+    "train_epochs",
+    "train_id",
+]
+
+_STAGES = ("fetch_seconds", "decode_seconds", "collate_seconds")  # the loader's stats() that time its stages
+_EPOCH_FIELDS = tuple(EpochRecord.__dataclass_fields__)  # each one a LoaderEpoch field of the same name
+_CONDITIONS = {
+    "ingestion": "the first batches replayed, no worker started: only the step",
+    "prep": "every file of the data in memory (warm)",
+}
 
 
 class NoTrainingLoader(RuntimeError):
@@ -65,3 +83,56 @@ def other_loaders(records: Sequence[LoaderEpoch], rank: int) -> tuple[OtherLoade
         OtherLoader(name, len(es), fmean(e.seconds for e in es), fmean(e.batches for e in es))
         for name, es in sorted(grouped.items())
     )
+
+
+def run_record(
+    phase: str, condition: str, epochs: Sequence[LoaderEpoch], other_load_cores: float = 0.0
+) -> RunRecord:
+    """One run of the training loader from its complete ``epochs`` (in order): each epoch's figures, the
+    stage times of the steady epochs where the loader times them, the last epoch's timeline and the form of
+    record our cache held."""
+    records = tuple(EpochRecord(**{k: getattr(r, k) for k in _EPOCH_FIELDS}) for r in epochs)
+    last = epochs[-1].stats
+    stages = {
+        k.removesuffix("_seconds"): sum(r.stats.get(k, 0.0) for r in steady(list(epochs)))
+        for k in _STAGES
+        if k in last
+    }
+    timeline = tuple((float(w), float(s)) for w, s in epochs[-1].timeline)
+    forms = {k: last[k] for k in CACHE_FORM_FIELDS if k in last}
+    return RunRecord(phase, records, condition, stages, timeline, other_load_cores, **forms)
+
+
+def rank_runs(runs: Mapping[str, CommandRun], cold: str) -> dict[int, dict[str, RunRecord]]:
+    """Per rank, its runs of the training loader (``runs``: each phase's run of the command, a generated job's
+    too); ``cold``: the cold run's condition in words."""
+    per_phase = {phase: train_epochs(run.records, phase) for phase, run in runs.items()}
+    ranks = sorted(set.intersection(*(set(p) for p in per_phase.values())))
+    out: dict[int, dict[str, RunRecord]] = {}
+    for rank in ranks:
+        out[rank] = {}
+        for phase, epochs in per_phase.items():
+            if not epochs[rank]:
+                raise NoTrainingLoader(
+                    f"the {phase} run of rank {rank} finished no epoch of its training loader"
+                )
+            condition = _CONDITIONS.get(phase, cold)
+            out[rank][phase] = run_record(phase, condition, epochs[rank], runs[phase].other_load_cores)
+    return out
+
+
+def replay_lengths(records: Sequence[LoaderEpoch]) -> dict[str, tuple[int, ...]]:
+    """Per loader id, the batches of each complete epoch of a run, as rank 0's main process handed them out
+    (its process with the most batches)."""
+    batches: dict[int, int] = {}
+    for r in records:
+        if r.rank == 0:
+            batches[r.pid] = batches.get(r.pid, 0) + r.batches
+    if not batches:
+        return {}
+    main = max(batches, key=batches.__getitem__)
+    lengths: dict[str, list[int]] = {}
+    for r in sorted(records, key=lambda r: r.epoch):
+        if r.pid == main and r.complete:
+            lengths.setdefault(r.loader, []).append(r.batches)
+    return {loader: tuple(counts) for loader, counts in lengths.items()}

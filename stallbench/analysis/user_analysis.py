@@ -18,19 +18,19 @@ from typing import IO, Any
 from stallbench.analysis.memory import measure_overhead, memory_limit, probe_cache_bytes
 from stallbench.analysis.results import LoaderReport
 from stallbench.analysis.runs import Phase, collected, three_runs
+from stallbench.analysis.training import replay_lengths
 from stallbench.analysis.user_report import user_report
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.limits import NONE, Limits
 from stallbench.conditions.storage import files_in
 from stallbench.jobs.command import CommandRun, run_command
 from stallbench.jobs.run import scratch_cache_dir
-from stallbench.jobs.spec import JobSpec, LoaderEpoch
+from stallbench.jobs.spec import JobSpec
 
 __all__ = [
     "CommandRuns",
     "UserJob",
     "analyze_command",
-    "replay_lengths",
     "run_once",
     "run_user_phases",
     "sized_memory",
@@ -88,23 +88,6 @@ class CommandRuns:
             return run_once(self.job, self.kind, cache_bytes, limits, self.log)
         lengths = replay_lengths(prep.records)
         return run_once(self.job, self.kind, None, None, self.log, mode="ingestion", replay_lengths=lengths)
-
-
-def replay_lengths(records: Sequence[LoaderEpoch]) -> dict[str, tuple[int, ...]]:
-    """Per loader id, the batches of each complete epoch of a run, as rank 0's main process handed them out
-    (its process with the most batches)."""
-    batches: dict[int, int] = {}
-    for r in records:
-        if r.rank == 0:
-            batches[r.pid] = batches.get(r.pid, 0) + r.batches
-    if not batches:
-        return {}
-    main = max(batches, key=batches.__getitem__)
-    lengths: dict[str, list[int]] = {}
-    for r in sorted(records, key=lambda r: r.epoch):
-        if r.pid == main and r.complete:
-            lengths.setdefault(r.loader, []).append(r.batches)
-    return {loader: tuple(counts) for loader, counts in lengths.items()}
 
 
 def run_once(

@@ -19,57 +19,21 @@ from stallbench.analysis import work
 from stallbench.analysis.breakdown import breakdown
 from stallbench.analysis.loader_report import Measurement, loader_report
 from stallbench.analysis.results import (
-    EpochRecord,
     LoaderReport,
     RankBreakdown,
-    RunRecord,
     Workload,
     steady,
 )
 from stallbench.analysis.runs import cold_condition
-from stallbench.analysis.training import NoTrainingLoader, other_loaders, train_epochs
+from stallbench.analysis.training import NoTrainingLoader, other_loaders, rank_runs, train_epochs
 from stallbench.jobs.kinds import KINDS, kind_of_class
-from stallbench.jobs.spec import AS_IS, CACHE_FORM_FIELDS, LoaderEpoch
+from stallbench.jobs.spec import AS_IS, LoaderEpoch
 
 if TYPE_CHECKING:
     from stallbench.analysis.user_analysis import UserJob
     from stallbench.jobs.command import CommandRun
 
 __all__ = ["NoTrainingLoader", "train_epochs", "user_report"]  # the first two from ._training
-
-_CONDITIONS = {
-    "ingestion": "the first batches replayed, no worker started: only the step",
-    "prep": "every file of --data in memory (warm)",
-}
-
-
-def _epoch(r: LoaderEpoch) -> EpochRecord:
-    return EpochRecord(
-        epoch=r.epoch, seconds=r.seconds, wait_seconds=r.wait_seconds, step_seconds=r.step_seconds,
-        first_batch_seconds=r.first_batch_seconds, batches=r.batches, samples=r.samples,
-        storage_bytes=r.storage_bytes, hits=r.hits, misses=r.misses, cpu_seconds=r.cpu_seconds,
-        cuda_sync_seconds=r.cuda_sync_seconds,
-    )  # fmt: skip
-
-
-def _rank_runs(runs: Mapping[str, CommandRun], cold: str) -> dict[int, dict[str, RunRecord]]:
-    """Per rank, its runs of the training loader; ``cold``: the cold run's condition in words."""
-    per_phase = {phase: train_epochs(run.records, phase) for phase, run in runs.items()}
-    ranks = sorted(set.intersection(*(set(p) for p in per_phase.values())))
-    out = {}
-    for rank in ranks:
-        out[rank] = {}
-        for phase, epochs in per_phase.items():
-            if not epochs[rank]:
-                raise NoTrainingLoader(
-                    f"the {phase} run of rank {rank} finished no epoch of its training loader"
-                )
-            records = tuple(_epoch(r) for r in epochs[rank])
-            load, stats = runs[phase].other_load_cores, epochs[rank][-1].stats
-            forms = {k: stats[k] for k in CACHE_FORM_FIELDS if k in stats}
-            condition = _CONDITIONS.get(phase, cold)
-            out[rank][phase] = RunRecord(phase, records, condition, other_load_cores=load, **forms)
-    return out
 
 
 def user_report(
@@ -82,7 +46,7 @@ def user_report(
 ) -> LoaderReport:
     """The report of the three runs (``ingestion``, ``prep``, ``cold``) of loader ``kind``: its column is
     named so; where the batches came from another class, the advice says so first."""
-    per_rank = _rank_runs(runs, cold_condition(job.limits))
+    per_rank = rank_runs(runs, cold_condition(job.limits))
     ranks = tuple(RankBreakdown(rank, breakdown(p, job.dataset_bytes)) for rank, p in per_rank.items())
     slowest = max(ranks, key=lambda r: r.breakdown.epoch_seconds)
     phases = per_rank[slowest.rank]

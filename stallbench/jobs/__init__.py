@@ -1,9 +1,11 @@
 """Jobs stallbench runs, and the contracts between the parent and each job's processes (``spec``).
 
-- a generated job: one loader kind (``kinds``) over a dataset, run by ``run`` as ``python -m
-  stallbench.jobs.workload`` (``workload``, ``data``);
-- the user's own command: ``command`` runs it with a bootstrap in each of its Python processes (``child``
-  and its helpers), ``user_analysis`` and ``user_report`` make the three runs and their report.
+Every job is a command, run one way (``command``) under a :class:`~stallbench.jobs.spec.JobSpec`, with the
+bootstrap in each of its Python processes (``child`` and its helpers) writing one ``LoaderEpoch`` per epoch:
+
+- the user's own command (``stallbench analyze -- python train.py``);
+- a generated job: a training script stallbench writes itself (``workload``: one loader kind over a dataset,
+  ``kinds``, ``data``), what it trains on in a :class:`~stallbench.jobs.spec.WorkloadJob`.
 
 Both count storage bytes and CPU seconds the one way (``counters``).
 """

@@ -14,11 +14,13 @@ from stallbench.jobs.spec import LoaderEpoch, records_path
 
 __all__ = [
     "LoaderState",
+    "counting_sampler",
     "derives_from",
     "epoch_length",
     "epoch_record",
     "loader_settings",
     "loader_shape",
+    "pack_room",
     "write_record",
 ]
 
@@ -32,8 +34,11 @@ class LoaderState:
     loader_class: str
     mode: str
     settings: dict[str, Any]  # the records' workers, batch_size, prefetch_factor and dataset_len
-    stats: Callable[[], Any] | None  # loader.DataLoader.stats
+    stats: Callable[[], Any] | None  # loader.DataLoader.stats, or a generated job's ``stallbench_stats``
     serves_files: bool  # a loader.DataLoader with cache_files: its Dataset's own reads go through the cache
+    room: int | None = None  # a packing collator's max_len: the tokens each pack was packed into
+    seen: Any = None  # a batch sampler that counts the distinct indices of its latest pass (``unique``)
+    over_network: bool = False  # its data is fetched over the network: storage bytes are what it fetched
     batches: int = 0  # over the epochs closed
     epochs: int = 0  # records written
     complete: int = 0  # epochs that ran to their end
@@ -53,6 +58,11 @@ def epoch_record(
     before = meter.before
     stats = after.stats_since(before) if state.stats is not None else {}
     hits, misses = int(stats.get("hits", 0)), int(stats.get("misses", 0))
+    storage = after.storage_bytes - before.storage_bytes
+    if state.over_network:  # the kernel's count does not see sockets: what the source fetched
+        storage = int(stats.get("bytes_from_source", 0))
+    joules = None if before.joules is None or after.joules is None else after.joules - before.joules
+    tokens = meter.token_slots > 0
     return LoaderEpoch(
         loader=state.id,
         rank=_rank(),
@@ -64,7 +74,7 @@ def epoch_record(
         first_batch_seconds=meter.first_batch,
         batches=meter.batches,
         samples=meter.samples,
-        storage_bytes=max(0, after.storage_bytes - before.storage_bytes),
+        storage_bytes=max(0, storage),
         cpu_seconds=max(0.0, after.cpu_seconds - before.cpu_seconds),
         complete=complete,
         loader_class=state.loader_class,
@@ -74,7 +84,38 @@ def epoch_record(
         misses=misses,
         cuda_sync_seconds=meter.cuda_sync,
         stats=stats,
+        start_time=meter.start_time,
+        end_time=meter.start_time + (end - meter.start),
+        valid_tokens=meter.valid_tokens if tokens else None,
+        token_slots=meter.token_slots if tokens else None,
+        unique_samples=_unique(state.seen),
+        energy_joules=joules,
+        energy_source=after.energy_source if joules is not None else None,
+        timeline=meter.timeline(),
     )
+
+
+def _unique(seen: Any) -> int | None:
+    try:
+        return int(seen.unique) if seen is not None else None
+    except Exception:
+        return None
+
+
+def pack_room(dl: Any) -> int | None:
+    """The tokens a packed batch was packed into: the ``max_len`` of a ``loader.packing.PackingCollator``
+    (inside a timing wrapper's ``collate_fn`` where there is one); None for any other collate."""
+    collate = getattr(dl, "collate_fn", None)
+    collate = getattr(collate, "collate_fn", collate)
+    room = getattr(collate, "max_len", None)
+    return room if type(collate).__name__ == "PackingCollator" and isinstance(room, int) else None
+
+
+def counting_sampler(dl: Any) -> Any:
+    """The loader's batch sampler where it counts the distinct indices of its latest pass (the generated
+    job's ``SeenIndices``); else None."""
+    sampler = getattr(dl, "batch_sampler", None)
+    return sampler if derives_from(sampler, "stallbench.jobs.batching", "SeenIndices") else None
 
 
 def derives_from(obj: Any, module: str, name: str) -> bool:

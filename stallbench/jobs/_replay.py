@@ -1,7 +1,7 @@
 """Ingestion's batches: a loader's first batches, made in the script's own process with no worker started,
-handed out again as a fresh copy for every later batch, so the script's step runs on real batches while
-loading costs next to nothing, which is the step alone. The copies matter: a script that edits its batch in
-place would otherwise change the batches it is handed later.
+handed out again as a fresh copy for every later batch (in shared memory where the loader has workers), so
+the script's step runs on real batches while loading costs next to nothing, which is the step alone. The
+copies matter: a script that edits its batch in place would otherwise change the batches it is handed later.
 """
 
 from __future__ import annotations
@@ -63,10 +63,12 @@ def _length(sized: Any) -> int | None:
 
 
 class ReplayIterator:
-    """``length`` batches (None: no end) cycling over ``batches``, each a fresh copy."""
+    """``length`` batches (None: no end) cycling over ``batches``, each a fresh copy (in shared memory with
+    ``shared``: where the loader's batches come from workers, as ``_fresh`` says why)."""
 
-    def __init__(self, batches: list[Any], length: int | None) -> None:
+    def __init__(self, batches: list[Any], length: int | None, shared: bool = False) -> None:
         self._batches, self._length, self._next = batches, length if batches else 0, 0
+        self._shared = shared
 
     def __iter__(self) -> ReplayIterator:
         return self
@@ -81,4 +83,4 @@ class ReplayIterator:
             raise StopIteration
         batch = self._batches[self._next % len(self._batches)]
         self._next += 1
-        return fresh_copy(batch)
+        return fresh_copy(batch, self._shared)

@@ -11,16 +11,29 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from stallbench.jobs.counters import cpu_seconds, storage_read_bytes
 
-__all__ = ["Counters", "EpochMeter", "TimedIterator", "batch_samples", "handing_out", "read_counters", "say"]
+__all__ = [
+    "LEVELS",
+    "TIMELINE_BATCHES",
+    "Counters",
+    "EpochMeter",
+    "TimedIterator",
+    "handing_out",
+    "read_counters",
+    "say",
+]
 
+TIMELINE_BATCHES = 100_000  # batches of an epoch whose wait and step are kept one by one
+# loader.LoaderStats fields that say where the cache stands, not what an epoch did: kept as at its end
+LEVELS = frozenset({"cache_bytes_used", "cache_capacity", "records_cached", "memory_pauses"})
 _said: set[str] = set()
 _handing = threading.local()  # ``depth``: timed iterators of this thread inside their loader's __next__
 
@@ -42,34 +55,6 @@ def say(message: str, key: str | None = None) -> None:
         print(f"stallbench: {message}", file=sys.stderr, flush=True)
 
 
-def batch_samples(batch: Any) -> int:
-    """The first dimension of the first tensor found depth-first in ``batch``; 1 when there is none."""
-    import torch
-
-    found = _first_tensor(batch, torch.Tensor, depth=0)
-    return int(found.shape[0]) if found is not None and found.dim() > 0 else 1
-
-
-def _first_tensor(value: Any, tensor: type, depth: int) -> Any:
-    if isinstance(value, tensor):
-        return value
-    if depth > 16 or isinstance(value, (str, bytes)):
-        return None
-    if isinstance(value, Mapping):
-        children: Any = value.values()
-    elif isinstance(value, (list, tuple)):
-        children = value
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        children = (getattr(value, f.name) for f in dataclasses.fields(value))
-    else:
-        return None
-    for child in children:
-        found = _first_tensor(child, tensor, depth + 1)
-        if found is not None:
-            return found
-    return None
-
-
 @dataclasses.dataclass(frozen=True)
 class Counters:
     """Cumulative counts at one moment: an epoch's figures are two of these subtracted."""
@@ -77,20 +62,22 @@ class Counters:
     storage_bytes: int = 0
     cpu_seconds: float = 0.0
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)  # loader.DataLoader.stats(), asdict
+    joules: float | None = None  # the machine's energy counter (``stallbench.energy``); None: none readable
+    energy_source: str | None = None
 
     def stats_since(self, before: Counters) -> dict[str, Any]:
-        """Numbers as deltas; anything else (the cache's sizing note) as it is now."""
+        """Counts as deltas; levels (``LEVELS``) and anything else (the cache's sizing note) as now."""
         numeric = (int, float)
         return {
             key: value - before.stats.get(key, 0)
-            if isinstance(value, numeric) and not isinstance(value, bool)
+            if isinstance(value, numeric) and not isinstance(value, bool) and key not in LEVELS
             else value
             for key, value in self.stats.items()
         }
 
 
 def read_counters(stats: Callable[[], Any] | None) -> Counters:
-    """This process tree's storage bytes and CPU seconds, and the loader's counts."""
+    """This process tree's storage bytes and CPU seconds, the loader's counts and the energy counter."""
     storage, cpu = _process_tree()
     values: dict[str, Any] = {}
     if stats is not None:
@@ -98,7 +85,24 @@ def read_counters(stats: Callable[[], Any] | None) -> Counters:
             values = dataclasses.asdict(stats())
         except Exception as exc:
             say(f"cannot read the loader's stats() ({exc!r}); its records leave them out", key="stats")
-    return Counters(storage, cpu, values)
+    meter = _energy_meter()
+    try:
+        joules = meter.joules() if meter is not None else None
+    except Exception as exc:
+        say(f"cannot read the energy counter ({exc!r}); records leave energy out", key="energy")
+        joules = None
+    return Counters(storage, cpu, values, joules, meter.source if joules is not None else None)
+
+
+@functools.cache
+def _energy_meter() -> Any:
+    """The machine's energy counters, opened once per process (``stallbench.energy``); None where none is."""
+    from stallbench.energy import open_meter
+
+    try:
+        return open_meter()
+    except Exception:
+        return None
 
 
 def _process_tree() -> tuple[int, float]:
@@ -112,13 +116,25 @@ def _process_tree() -> tuple[int, float]:
 
 
 class EpochMeter:
-    """One epoch's running totals, from ``iter()`` (``start``) to its end."""
+    """One epoch's running totals, from ``iter()`` (``start``) to its end. ``room``: the tokens a packed
+    batch was packed into (``stallbench.batches``)."""
 
-    def __init__(self, start: float, before: Counters, cuda: Any = None, expected: int | None = None) -> None:
-        self.start, self.before, self.cuda = start, before, cuda
+    def __init__(
+        self,
+        start: float,
+        before: Counters,
+        cuda: Any = None,
+        expected: int | None = None,
+        room: int | None = None,
+    ) -> None:
+        self.start, self.before, self.cuda, self.room = start, before, cuda, room
+        self.start_time = time.monotonic()  # the machine's one clock, for lining jobs up
         self.expected = expected  # the batches the epoch hands out when it runs to its end; None: unknown
         self.wait = self.step = self.first_batch = self.cuda_sync = 0.0
         self.batches = self.samples = 0
+        self.valid_tokens = self.token_slots = 0  # 0 and 0 at the end: no token batch
+        self.batch_waits: list[float] = []  # per batch, the first TIMELINE_BATCHES
+        self.batch_steps: list[float] = []
         self.last_return: float | None = None  # when the latest batch was handed to the script
         self.closed = False
 
@@ -132,7 +148,7 @@ class EpochMeter:
         """Where an epoch seen to end at ``now`` (the script's next ``iter()``, its exit) ends: the steps
         after its last batch count as steps."""
         if self.last_return is not None and now > self.last_return:
-            self.step += now - self.last_return
+            self._add_step(now - self.last_return)
             self.last_return = now
         return now
 
@@ -154,8 +170,16 @@ class EpochMeter:
             synced = time.perf_counter()
             self.cuda_sync += synced - now
             now = synced
-        self.step += now - self.last_return  # type: ignore[operator]
+        self._add_step(now - self.last_return)  # type: ignore[operator]
         return now
+
+    def _add_step(self, seconds: float) -> None:
+        """A step, or more of the last one (the time after an epoch's last batch, ``end_at``)."""
+        self.step += seconds
+        if len(self.batch_steps) < len(self.batch_waits):
+            self.batch_steps.append(seconds)
+        elif self.batch_steps and len(self.batch_steps) == self.batches:
+            self.batch_steps[-1] += seconds
 
     def add_batch(self, asked: float, returned: float, batch: Any) -> None:
         if self.batches == 0:  # the first batch's wait runs from iter(): worker start-up is waiting too
@@ -163,11 +187,24 @@ class EpochMeter:
             asked = self.start
         self.wait += returned - asked
         self.batches += 1
+        if len(self.batch_waits) < TIMELINE_BATCHES:
+            self.batch_waits.append(returned - asked)
         try:
-            self.samples += batch_samples(batch)
+            from stallbench import batches  # torch is loaded: a loader has handed out a batch
+
+            self.samples += batches.batch_samples(batch)
+            tokens = batches.batch_tokens(batch, self.room)
         except Exception:
-            self.samples += 1
+            self.samples, tokens = self.samples + 1, None
+        if tokens is not None:
+            self.valid_tokens += tokens.valid
+            self.token_slots += tokens.slots
         self.last_return = returned
+
+    def timeline(self) -> list[list[float]]:
+        """[wait, step] per batch (a batch whose step has not ended: 0)."""
+        steps = self.batch_steps + [0.0] * (len(self.batch_waits) - len(self.batch_steps))
+        return [[wait, step] for wait, step in zip(self.batch_waits, steps, strict=True)]
 
 
 class TimedIterator:

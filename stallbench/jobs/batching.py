@@ -21,7 +21,7 @@ import torch
 
 from stallbench.jobs.spec import WorkloadJob
 
-__all__ = ["LengthsOnly", "SeenIndices", "packs_per_step", "pad_tokens", "token_batching"]
+__all__ = ["SeenIndices", "packs_per_step", "pad_tokens", "token_batching"]
 
 
 class SeenIndices:
@@ -47,20 +47,6 @@ class SeenIndices:
         return len(self._seen)
 
 
-class LengthsOnly(torch.utils.data.Dataset):
-    """Examples of the given lengths, all zeros, read from nowhere: batches of the real ones' shapes, for the
-    ingestion run, whose step cost follows the shapes (``emulated-tokens``) but must not wait on data."""
-
-    def __init__(self, lengths: np.ndarray) -> None:
-        self.lengths = lengths
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, None]:
-        return torch.zeros(int(self.lengths[index]), dtype=torch.int64), None
-
-
 def pad_tokens(batch: list[tuple[torch.Tensor, Any]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Token sequences of different lengths -> (right-padded int64 [B, longest], lengths)."""
     lengths = torch.tensor([len(t) for t, _ in batch])
@@ -72,9 +58,7 @@ def pad_tokens(batch: list[tuple[torch.Tensor, Any]]) -> tuple[torch.Tensor, tor
 
 def token_batching(lengths: np.ndarray, job: WorkloadJob, generator: torch.Generator) -> dict[str, Any]:
     """DataLoader options for the job's token batches: ``collate_fn`` and a ``batch_sampler`` that counts
-    the indices it hands out (a :class:`SeenIndices`, except in a group). With ``max_batches`` an epoch is
-    that many batches, drawn by the sampler, never cut by a ``break`` (persistent workers would read on into
-    the next epoch's count)."""
+    the indices it hands out (a :class:`SeenIndices`, except in a group)."""
     if job.packing is not None:
         from loader.packing import PackedBatchSampler, PackingCollator
 
@@ -82,11 +66,10 @@ def token_batching(lengths: np.ndarray, job: WorkloadJob, generator: torch.Gener
         packs = _Grouped(
             PackedBatchSampler(lengths, job.max_len, algorithm=job.packing, seed=job.seed), per_step
         )
-        order: Any = _first(packs, job.max_batches) if job.max_batches else packs
+        order: Any = packs
         collate: Any = PackingCollator(per_step * job.max_len, block_mask=False)  # attention takes cu_seqlens
     else:
-        samples = min(len(lengths), (job.max_batches or len(lengths)) * job.batch_size)
-        drawn = torch.utils.data.RandomSampler(range(len(lengths)), num_samples=samples, generator=generator)
+        drawn = torch.utils.data.RandomSampler(range(len(lengths)), generator=generator)
         order, collate = torch.utils.data.BatchSampler(drawn, job.batch_size, drop_last=False), pad_tokens
     counted = SeenIndices(order) if job.coordinate is None else order
     return {"batch_sampler": counted, "collate_fn": collate}
@@ -119,19 +102,3 @@ class _Grouped:
                 step = []
         if step:
             yield step
-
-
-class _first:
-    """The first ``count`` batches of each pass of ``batches``."""
-
-    def __init__(self, batches: Any, count: int) -> None:
-        self.batches, self.count = batches, count
-
-    def __len__(self) -> int:
-        return min(self.count, len(self.batches))
-
-    def __iter__(self) -> Iterator[Any]:
-        for k, batch in enumerate(self.batches):
-            if k == self.count:
-                return
-            yield batch

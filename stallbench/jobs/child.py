@@ -16,8 +16,10 @@ An epoch ends on StopIteration or after ``steps`` batches (complete). One that h
 batches without being asked for one more (Lightning, a loop over ``range(len(dl))``) is complete too, and
 ends at the script's next ``iter()`` of any loader or at its exit: the steps after its last batch count as
 steps. A loop left early ends at the loader's next ``iter()`` or at exit (not complete; it ends at its last
-batch). Wait, step and batches are the loader's own; storage bytes and CPU seconds are the process tree's
-over the epoch, so an abandoned epoch closed later also counts what ran in between.
+batch). Wait, step, batches, samples, tokens and the per-batch timeline are the loader's own; storage bytes,
+CPU seconds and energy are the process tree's (the machine's, for energy) over the epoch, so an abandoned
+epoch closed later also counts what ran in between. A generated job (``stallbench.jobs.workload``) is
+measured here the same way: its records are the user's command's.
 """
 
 from __future__ import annotations
@@ -33,19 +35,22 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from stallbench.conditions.storage import in_object_storage
 from stallbench.jobs._hooks import install_hooks
 from stallbench.jobs._loaders import (
     LoaderState,
+    counting_sampler,
     derives_from,
     epoch_length,
     epoch_record,
     loader_settings,
     loader_shape,
+    pack_room,
     write_record,
 )
 from stallbench.jobs._replay import ReplayIterator, replay_length, take_batches
 from stallbench.jobs._timed import EpochMeter, TimedIterator, handing_out, read_counters, say
-from stallbench.jobs.spec import JobSpec
+from stallbench.jobs.spec import GENERATED_STATS, JobSpec
 
 __all__ = ["install"]
 
@@ -99,7 +104,8 @@ class _Run:
                 self._close(state, complete=False)  # a loop left early
                 self._maybe_exit(state)
                 before = read_counters(state.stats)
-                meter = EpochMeter(0.0, before, self._cuda(), epoch_length(dl, self.spec.steps))
+                expected = epoch_length(dl, self.spec.steps)
+                meter = EpochMeter(0.0, before, self._cuda(), expected, state.room)
         except Exception as exc:
             say(f"cannot measure a DataLoader ({exc!r}); it runs unmeasured", key="iterate")
             return original(dl)
@@ -123,14 +129,18 @@ class _Run:
         ours = derives_from(inner, "loader.dataloader", "DataLoader")
         settings = loader_settings(dl)
         shape = loader_shape(dl, settings)
+        stats = inner.stats if ours else getattr(inner, GENERATED_STATS, None)
         state = self._rebuilt(shape) or LoaderState(
             id=f"{len(self.order)}:{type(dl.dataset).__name__}",
             order=len(self.order),
             loader_class="loader.DataLoader" if ours else "torch.utils.data.DataLoader",
             mode=self.spec.mode,
             settings=settings,
-            stats=inner.stats if ours else None,
+            stats=stats,
             serves_files=ours and getattr(inner, "cache_files", None) is not None,
+            room=pack_room(inner),
+            seen=counting_sampler(inner),
+            over_network=stats is not None and any(map(in_object_storage, self.spec.data)),
             shape=shape,
         )
         if state.order == len(self.order):
@@ -164,7 +174,7 @@ class _Run:
         recorded = self.spec.replay_lengths.get(state.id, ())
         epoch = recorded[min(state.epochs, len(recorded) - 1)] if recorded else None
         length = replay_length(dl, self.spec.steps, self.spec.replay_batches, state.id, epoch)
-        return ReplayIterator(state.replay, length)
+        return ReplayIterator(state.replay, length, shared=dl.num_workers > 0)
 
     def _cuda(self) -> Any:
         if not self.spec.sync_cuda:

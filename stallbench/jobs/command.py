@@ -1,5 +1,6 @@
-"""Run the user's own command once, measured: the bootstrap in its Python processes, its output passed
-through, its whole process tree (every torchrun rank, every DataLoader worker) inside the run's limits.
+"""Run a command once, measured: the user's own, or a generated job (``stallbench.jobs.workload``), which is
+run the same way. The bootstrap is in its Python processes, its output passed through, its whole process
+tree (every torchrun rank, every DataLoader worker) inside the run's limits.
 
 The tree runs in a cgroup where the kernel allows one (``StorageLimits``, with or without limits): closing it
 kills every process the command started, whatever it did with its sessions. Elsewhere the command gets a
@@ -27,9 +28,9 @@ from typing import IO
 from stallbench.conditions.cgroup import StorageConditionUnavailable, StorageLimits
 from stallbench.conditions.load import OtherLoad
 from stallbench.jobs.run import child_env
-from stallbench.jobs.spec import JOB_ENV, JobSpec, LoaderEpoch, read_records, read_targets
+from stallbench.jobs.spec import JOB_ENV, JobSpec, LoaderEpoch, WorkloadJob, read_records, read_targets
 
-__all__ = ["BOOTSTRAP_DIR", "CommandFailed", "CommandRun", "run_command"]
+__all__ = ["BOOTSTRAP_DIR", "CommandFailed", "CommandRun", "StartedCommand", "run_command"]
 
 BOOTSTRAP_DIR = Path(__file__).with_name("_bootstrap")
 _TAIL_LINES = 20  # lines of the command's output kept for an error message
@@ -75,25 +76,67 @@ def run_command(
     limits: StorageLimits | None = None,
     time_limit: float | None = None,
     log: IO[str] | None = None,
+    job: WorkloadJob | None = None,
 ) -> CommandRun:
     """Run ``argv`` once under ``spec`` (its ``out_dir`` is replaced by a scratch folder, removed after),
     inside ``limits`` when given, else in a cgroup of its own where one can be made. The command's output
-    goes to ``log`` (default: this process's stdout). Raises CommandFailed when it exits with an error."""
-    out = Path(tempfile.mkdtemp(prefix=f"stallbench-job-{os.getpid()}-"))
-    try:
-        spec = replace(spec, out_dir=str(out))
-        spec_file = spec.write(out / "spec.json")
-        with _limits(limits) as active, OtherLoad() as load:
-            start = time.perf_counter()
-            returncode, tail, timed_out = _run(argv, _env(spec_file, out), active, time_limit, log)
-            seconds = time.perf_counter() - start
-            peak = _peak(active)
+    goes to ``log`` (default: this process's stdout). With ``job`` (a generated job), its JSON file is the
+    last argument. Raises CommandFailed when it exits with an error."""
+    with StartedCommand(argv, spec, limits=limits, log=log, job=job) as started:
+        return started.wait(time_limit)
+
+
+class StartedCommand:
+    """A run of a command started and not yet waited for, so that several run at once (``compare --jobs``).
+
+    ``with StartedCommand(...) as c: run = c.wait()``: leaving the block (a Ctrl-C, a failure elsewhere)
+    kills the command's whole session, closes its cgroup and removes its scratch folder."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        spec: JobSpec,
+        *,
+        limits: StorageLimits | None = None,
+        log: IO[str] | None = None,
+        job: WorkloadJob | None = None,
+    ) -> None:
+        self._stack = contextlib.ExitStack()
+        self.out = Path(tempfile.mkdtemp(prefix=f"stallbench-job-{os.getpid()}-"))
+        self._stack.callback(shutil.rmtree, self.out, ignore_errors=True)
+        try:
+            self.argv = [*argv, str(job.write(self.out / "workload.json"))] if job is not None else list(argv)
+            spec_file = replace(spec, out_dir=str(self.out)).write(self.out / "spec.json")
+            self.cgroup = self._stack.enter_context(_limits(limits))
+            self._load = OtherLoad().__enter__()  # left in ``wait``, where the run ends
+            self.start = time.perf_counter()
+            self._process = _Process(self.argv, _env(spec_file, self.out), self.cgroup, log)
+            self._stack.callback(self._process.kill)
+        except BaseException:
+            self._stack.close()
+            raise
+
+    def __enter__(self) -> StartedCommand:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def poll(self) -> int | None:
+        """Its exit code, or None while it runs."""
+        return self._process.proc.poll()
+
+    def wait(self, time_limit: float | None = None) -> CommandRun:
+        """Until the command ends (stopped at ``time_limit`` seconds from its start): what it measured."""
+        left = None if time_limit is None else max(0.0, time_limit - (time.perf_counter() - self.start))
+        returncode, tail, timed_out = self._process.wait(left)
+        seconds = time.perf_counter() - self.start
+        peak = _peak(self.cgroup)
+        self._load.__exit__(None, None, None)
         if returncode != 0 and not timed_out:
-            raise CommandFailed(argv, returncode, tail)
-        records, targets = tuple(read_records(out)), tuple(read_targets(out))
-        return CommandRun(records, seconds, timed_out, peak, targets, load.cores)
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
+            raise CommandFailed(self.argv, returncode, tail)
+        records, targets = tuple(read_records(self.out)), tuple(read_targets(self.out))
+        return CommandRun(records, seconds, timed_out, peak, targets, self._load.cores)
 
 
 @contextlib.contextmanager
@@ -124,42 +167,48 @@ def _env(spec_file: Path, out: Path) -> dict[str, str]:
     return {**child_env(tmp, first=[BOOTSTRAP_DIR]), JOB_ENV: str(spec_file), "PYTHONUNBUFFERED": "1"}
 
 
-def _run(
-    argv: Sequence[str],
-    env: dict[str, str],
-    cgroup: StorageLimits | None,
-    time_limit: float | None,
-    log: IO[str] | None,
-) -> tuple[int, list[str], bool]:
-    """Start the command, copy its stdout and stderr to ours (or both to ``log``), stop it at ``time_limit``:
-    (exit code, last lines of both, whether the time limit ended it)."""
-    options = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, errors="replace")
-    start = cgroup.popen if cgroup is not None else subprocess.Popen
-    proc = start(list(argv), start_new_session=True, **options)
-    tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
-    copiers = [
-        threading.Thread(target=_copy, args=(stream, log or to, tail), daemon=True)
-        for stream, to in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))
-    ]
-    for copier in copiers:
-        copier.start()
-    timed_out = False
-    try:
+class _Process:
+    """The command's process in a session of its own, its stdout and stderr copied to ours (or both to
+    ``log``) line by line, the last lines kept for an error message."""
+
+    def __init__(
+        self, argv: Sequence[str], env: dict[str, str], cgroup: StorageLimits | None, log: IO[str] | None
+    ) -> None:
+        options = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, errors="replace")
+        start = cgroup.popen if cgroup is not None else subprocess.Popen
+        self.proc = start(list(argv), start_new_session=True, **options)
+        self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        self._copiers = [
+            threading.Thread(target=_copy, args=(stream, log or to, self.tail), daemon=True)
+            for stream, to in ((self.proc.stdout, sys.stdout), (self.proc.stderr, sys.stderr))
+        ]
+        for copier in self._copiers:
+            copier.start()
+
+    def wait(self, time_limit: float | None) -> tuple[int, list[str], bool]:
+        """(exit code, last lines of both streams, whether ``time_limit`` ended it)."""
+        proc, timed_out = self.proc, False
         try:
-            proc.wait(timeout=time_limit)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _stop(proc)
-    except BaseException:  # Ctrl-C: the whole session goes, then the cgroup (closed by the caller)
-        _kill_session(proc, signal.SIGKILL)
-        proc.wait()
-        raise
-    finally:
-        for copier in copiers:
-            copier.join(timeout=_GRACE)
-        proc.stdout.close()
-        proc.stderr.close()
-    return proc.returncode, list(tail), timed_out
+            try:
+                proc.wait(timeout=time_limit)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _stop(proc)
+        except BaseException:  # Ctrl-C: the whole session goes, then the cgroup (closed by the caller)
+            self.kill()
+            raise
+        finally:
+            for copier in self._copiers:
+                copier.join(timeout=_GRACE)
+            proc.stdout.close()
+            proc.stderr.close()
+        return proc.returncode, list(self.tail), timed_out
+
+    def kill(self) -> None:
+        """The whole session killed and reaped (nothing where it has exited and been reaped)."""
+        if self.proc.returncode is None:
+            _kill_session(self.proc, signal.SIGKILL)
+            self.proc.wait()
 
 
 def _copy(stream: IO[str], to: IO[str], tail: collections.deque[str]) -> None:

@@ -8,22 +8,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import default_collate
 
 from stallbench.conditions.storage import in_object_storage
-from stallbench.jobs.batching import LengthsOnly, token_batching
-from stallbench.jobs.counters import storage_read_bytes
+from stallbench.jobs.batching import token_batching
 from stallbench.jobs.kinds import KINDS
 from stallbench.jobs.spec import WorkloadJob
 
 __all__ = [
     "make_dataset",
     "make_loader",
-    "read_bytes_counter",
-    "shapes_loader",
-    "token_lengths",
 ]
 
 ARROW_SUFFIXES = (".arrow", ".feather", ".ipc", ".parquet")
@@ -50,27 +45,6 @@ def make_dataset(data: str | Path, transform: Any) -> Any:
     return loader.ImageFolder(str(path), transform=transform)
 
 
-def read_bytes_counter(data: str | Path, stats: Callable[[], Any] | None) -> Callable[[], int]:
-    """A job's count of the bytes it read from storage so far: the kernel's, of its process tree; for data
-    in object storage, which comes over the network unseen by that count, what its source fetched (every
-    worker's, summed in the loader's stats)."""
-    if stats is not None and in_object_storage(data):
-        return lambda: stats().bytes_from_source
-    return storage_read_bytes
-
-
-def token_lengths(data: str | Path) -> np.ndarray | None:
-    """Each example's token count where ``data`` is Arrow data (a file, a saved Hugging Face dataset) of
-    token sequences, else None."""
-    import loader
-
-    path = Path(data)
-    if in_object_storage(data) or not _arrow(path):
-        return None
-    source = loader.ArrowDataset(str(path)).source
-    return source.token_lengths() if source.kind == "tokens" else None
-
-
 def _arrow(path: Path) -> bool:
     """An Arrow/Parquet file, or a folder Hugging Face's ``save_to_disk`` wrote (it holds state.json)."""
     return path.suffix.lower() in ARROW_SUFFIXES or (path / "state.json").is_file()
@@ -80,34 +54,23 @@ def make_loader(job: WorkloadJob, transform: Any) -> tuple[Any, Callable[[], Any
     """The job's loader and a function giving its cumulative stats (LoaderStats)."""
     dataset = make_dataset(job.data, transform)
     generator = torch.Generator().manual_seed(job.seed)
-    common = dict(num_workers=job.workers, persistent_workers=job.workers > 0, generator=generator)
+    common = dict(num_workers=job.workers, persistent_workers=_persistent(job), generator=generator)
     if getattr(dataset.source, "kind", "binary") == "tokens":
         options = token_batching(dataset.source.token_lengths(), job, generator)
         return KINDS[job.loader].build(dataset, options.pop("collate_fn"), job, **options, **common)
     if job.packing is not None:
         raise ValueError(f"packing needs token sequences; {job.data} holds none")
-    common["persistent_workers"] = _persistent(job)
     return KINDS[job.loader].build(
         dataset, default_collate, job, batch_size=job.batch_size, shuffle=True, **common
     )
 
 
-def shapes_loader(lengths: np.ndarray, job: WorkloadJob) -> torch.utils.data.DataLoader:
-    """The ingestion run's loader for token data: the epoch's batches, in their real shapes, made of zeros
-    (``LengthsOnly``) by as many workers as the job has: the step costs what it costs on the real batches."""
-    generator = torch.Generator().manual_seed(job.seed)
-    options = token_batching(lengths, job, generator)
-    return torch.utils.data.DataLoader(
-        LengthsOnly(lengths), num_workers=job.workers, persistent_workers=job.workers > 0,
-        generator=generator, **options,
-    )  # fmt: skip
-
-
 def _persistent(job: WorkloadJob) -> bool:
-    """Workers kept from epoch to epoch, except where ``max_batches`` ends each epoch early: the epoch is then
-    the first ``max_batches`` batches of the whole shuffled order, and its workers shut down at its end, as a
-    ``break`` shuts down a user's script's (what ``analyze --steps N -- COMMAND`` measures). Kept workers
-    would go on with the batches already asked for into the next epoch; an order of exactly N batches would
-    leave the workers idle through the epoch's last steps, which a steady epoch never does (on 12 batches of
-    the user-job benchmark it read 4-5 points of the epoch less prep stall than the script it stands for)."""
-    return job.workers > 0 and not (job.mode == "pipeline" and job.max_batches)
+    """Workers kept from epoch to epoch, as the job asks: a run that cuts each epoch to its first few steps
+    (``--steps``) asks for none, so that the epoch is the first steps of the whole shuffled order and its
+    workers shut down at its end, as a ``break`` shuts down a user's script's (what ``analyze --steps N --
+    COMMAND`` measures). Kept workers would go on with the batches already asked for into the next epoch; an
+    order of exactly N batches would leave the workers idle through the epoch's last steps, which a steady
+    epoch never does (on 12 batches of the user-job benchmark it read 4-5 points of the epoch less prep stall
+    than the script it stands for)."""
+    return job.workers > 0 and job.persistent_workers

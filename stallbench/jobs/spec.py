@@ -7,8 +7,9 @@ imports its ``sitecustomize``. The bootstrap appends one JSON object per line to
 ``<out_dir>/records-<rank>-<pid>.jsonl``: a :class:`LoaderEpoch` each time a loader's epoch ends, complete
 or cut short, so a run that is killed keeps every epoch it finished.
 
-A generated job (``stallbench.jobs.workload``): the parent writes a :class:`WorkloadJob` as JSON to a file and
-names the file as the job's one argument; the job prints one JSON object per epoch on stdout.
+A generated job is a command like any other: ``python -m stallbench.jobs.workload JOB.json`` (or a script that
+calls ``stallbench.jobs.workload.main``), run under a JobSpec and measured by the same bootstrap; ``JOB.json``
+holds a :class:`WorkloadJob`, what the script trains on, as a user's script holds its own settings.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from stallbench.jobs.kinds import SWAPPABLE, check_kind
 __all__ = [
     "AS_IS",
     "CACHE_FORM_FIELDS",
+    "GENERATED_STATS",
     "JOB_ENV",
     "RECORDS_GLOB",
     "JobSpec",
@@ -36,6 +38,7 @@ __all__ = [
 ]
 
 JOB_ENV = "STALLBENCH_JOB"  # the path of the JobSpec's JSON file
+GENERATED_STATS = "stallbench_stats"  # on a generated job's torch loader: its stage counters (``kinds``)
 RECORDS_GLOB = "records-*.jsonl"
 AS_IS = "as-is"  # a run of the user's command that leaves its loader classes alone
 CACHE_FORM_FIELDS = ("cache_form", "cache_form_epochs")  # our loader's stats() a run hands back as they are
@@ -147,17 +150,19 @@ class JobSpec(_JsonFile):
 
 @dataclass(frozen=True)
 class WorkloadJob(_JsonFile):
-    """One generated job: ``epochs`` epochs of one loader kind over ``data`` (an image folder, an LMDB folder
-    or an Arrow/Parquet file), each batch through the ``compute`` model (None: no step).
+    """What a generated job trains on: ``epochs`` epochs of one loader kind over ``data`` (an image folder, an
+    LMDB folder, an Arrow/Parquet file, tar shards or ``s3://bucket/prefix``), each batch through the
+    ``compute`` model (None: no step). How a run treats it (the ingestion run's replay, epochs cut to a
+    number of steps, the limits) is the run's :class:`JobSpec`, as for the user's own command.
 
     ``cache_bytes`` (bytes, "auto", or None for the loader's default) and ``cache_dir`` go to a kind with our
     cache; ``transform`` is "train", "eval" or "none" (a script that calls ``workload.main(transform=...)``
-    brings its own); ``mode="ingestion"`` takes one batch and then only runs the step; ``max_batches`` ends
-    each epoch after that many. ``coordinate`` names a group for a kind that can share prepared batches with
+    brings its own). ``coordinate`` names a group for a kind that can share prepared batches with
     the other jobs of the group (``compare --jobs``); its first epoch waits for ``group_size`` of them to
     join, so jobs started together share from the first batch. A kind that cannot share ignores both.
     ``packing`` (token data only) names a ``loader.packing`` algorithm: each step is then one pack of at most
-    ``max_len`` tokens instead of ``batch_size`` padded sequences.
+    ``max_len`` tokens instead of ``batch_size`` padded sequences. ``persistent_workers``: as torch's
+    argument (a run that cuts its epochs to a few steps gives False: see ``stallbench.jobs.data``).
     """
 
     loader: str
@@ -169,20 +174,18 @@ class WorkloadJob(_JsonFile):
     cache_dir: str = "/dev/shm"
     transform: str = "train"
     compute: str | None = None
-    mode: Mode = "pipeline"
-    max_batches: int | None = None
     seed: int = 0
     coordinate: str | None = None
     group_size: int = 1
     packing: str | None = None
     max_len: int | None = None
+    persistent_workers: bool = True
 
     def __post_init__(self) -> None:
         check_kind(self.loader)
         object.__setattr__(self, "data", os.fspath(self.data))
         object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
         _check_choice("transform", self.transform, TRANSFORMS)
-        _check_choice("mode", self.mode, _MODES)
         if not (self.cache_bytes in (None, "auto") or _is_int(self.cache_bytes)):
             raise ValueError(f"cache_bytes must be bytes, 'auto' or None, got {self.cache_bytes!r}")
         if not (self.coordinate is None or (isinstance(self.coordinate, str) and self.coordinate)):
@@ -232,7 +235,15 @@ class LoaderEpoch:
     hits: int = 0  # our cache's hits and misses in the epoch (loader.DataLoader), else 0
     misses: int = 0
     cuda_sync_seconds: float = 0.0  # time spent synchronising the device at step boundaries
-    stats: dict[str, Any] = field(default_factory=dict)  # loader.DataLoader's stats() deltas, if ours
+    stats: dict[str, Any] = field(default_factory=dict)  # the loader's stats() deltas, where it has them
+    start_time: float = 0.0  # time.monotonic() at iter() and at the epoch's end: one clock for every
+    end_time: float = 0.0  # process of the machine, so jobs run at once can be lined up (compare --jobs)
+    valid_tokens: int | None = None  # token batches (``stallbench.batches``): the examples' own tokens
+    token_slots: int | None = None  # and the token positions the batches carried, padding included
+    unique_samples: int | None = None  # distinct example indices the epoch's order handed out, if counted
+    energy_joules: float | None = None  # read from a counter (``stallbench.energy``), where one is readable
+    energy_source: str | None = None
+    timeline: list[list[float]] = field(default_factory=list)  # [wait, step] per batch, the first 100,000
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
