@@ -260,7 +260,12 @@ def test_a_batch_that_cannot_be_prepared_raises_its_error_instead_of_waiting(shm
     dl = loader.DataLoader(BadSample(N), batch_size=8, num_workers=workers, coordinate=options)
     with pytest.raises((OSError, loader.PrepFailed), match="sample 13 is unreadable") as raised:
         list(dl)
-    if workers:  # prepared in a worker: the error names the batch and its samples
+    # prepared in a worker (the usual case): the error names the batch and its samples. On a busy machine the
+    # main process may claim the batch first (its worker still starting) and raise the sample's own error,
+    # as torch's loader does without workers
+    named = isinstance(raised.value, loader.PrepFailed)
+    assert workers > 0 or not named  # no worker: the sample's own error, here
+    if named:
         assert "batch 1 of epoch 0" in str(raised.value) and "13" in str(raised.value)
     del dl, raised
     gc.collect()

@@ -10,15 +10,11 @@ process, cgroup or scratch folder behind.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -27,14 +23,13 @@ from typing import IO
 
 from stallbench.conditions.cgroup import StorageConditionUnavailable, StorageLimits
 from stallbench.conditions.load import OtherLoad
-from stallbench.jobs.run import child_env
+from stallbench.jobs._process import CommandProcess
+from stallbench.jobs.run import child_env, job_tmpdir
 from stallbench.jobs.spec import JOB_ENV, JobSpec, LoaderEpoch, WorkloadJob, read_records, read_targets
 
 __all__ = ["BOOTSTRAP_DIR", "CommandFailed", "CommandRun", "StartedCommand", "run_command"]
 
 BOOTSTRAP_DIR = Path(__file__).with_name("_bootstrap")
-_TAIL_LINES = 20  # lines of the command's output kept for an error message
-_GRACE = 5.0  # seconds a command gets after SIGTERM (time limit) before it is killed
 
 
 class CommandFailed(RuntimeError):
@@ -104,13 +99,15 @@ class StartedCommand:
         self._stack = contextlib.ExitStack()
         self.out = Path(tempfile.mkdtemp(prefix=f"stallbench-job-{os.getpid()}-"))
         self._stack.callback(shutil.rmtree, self.out, ignore_errors=True)
+        tmp = job_tmpdir()  # the command's TMPDIR, short enough for a worker's socket below it
+        self._stack.callback(shutil.rmtree, tmp, ignore_errors=True)
         try:
             self.argv = [*argv, str(job.write(self.out / "workload.json"))] if job is not None else list(argv)
             spec_file = replace(spec, out_dir=str(self.out)).write(self.out / "spec.json")
             self.cgroup = self._stack.enter_context(_limits(limits))
             self._load = OtherLoad().__enter__()  # left in ``wait``, where the run ends
             self.start = time.perf_counter()
-            self._process = _Process(self.argv, _env(spec_file, self.out), self.cgroup, log)
+            self._process = CommandProcess(self.argv, _env(spec_file, tmp), self.cgroup, log)
             self._stack.callback(self._process.kill)
         except BaseException:
             self._stack.close()
@@ -160,80 +157,10 @@ def _limits(limits: StorageLimits | None) -> Iterator[StorageLimits | None]:
         cgroup.close()
 
 
-def _env(spec_file: Path, out: Path) -> dict[str, str]:
-    """This environment, with the bootstrap and stallbench importable first and the spec named."""
-    tmp = out / "tmp"
-    tmp.mkdir(mode=0o700)  # the command's TMPDIR: a killed worker's pymp-* folder goes with the scratch
+def _env(spec_file: Path, tmp: str) -> dict[str, str]:
+    """This environment, with the bootstrap and stallbench importable first, the spec named and ``tmp`` as
+    ``TMPDIR`` (a killed worker's pymp-* folder goes with it)."""
     return {**child_env(tmp, first=[BOOTSTRAP_DIR]), JOB_ENV: str(spec_file), "PYTHONUNBUFFERED": "1"}
-
-
-class _Process:
-    """The command's process in a session of its own, its stdout and stderr copied to ours (or both to
-    ``log``) line by line, the last lines kept for an error message."""
-
-    def __init__(
-        self, argv: Sequence[str], env: dict[str, str], cgroup: StorageLimits | None, log: IO[str] | None
-    ) -> None:
-        options = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, errors="replace")
-        start = cgroup.popen if cgroup is not None else subprocess.Popen
-        self.proc = start(list(argv), start_new_session=True, **options)
-        self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
-        self._copiers = [
-            threading.Thread(target=_copy, args=(stream, log or to, self.tail), daemon=True)
-            for stream, to in ((self.proc.stdout, sys.stdout), (self.proc.stderr, sys.stderr))
-        ]
-        for copier in self._copiers:
-            copier.start()
-
-    def wait(self, time_limit: float | None) -> tuple[int, list[str], bool]:
-        """(exit code, last lines of both streams, whether ``time_limit`` ended it)."""
-        proc, timed_out = self.proc, False
-        try:
-            try:
-                proc.wait(timeout=time_limit)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _stop(proc)
-        except BaseException:  # Ctrl-C: the whole session goes, then the cgroup (closed by the caller)
-            self.kill()
-            raise
-        finally:
-            for copier in self._copiers:
-                copier.join(timeout=_GRACE)
-            proc.stdout.close()
-            proc.stderr.close()
-        return proc.returncode, list(self.tail), timed_out
-
-    def kill(self) -> None:
-        """The whole session killed and reaped (nothing where it has exited and been reaped)."""
-        if self.proc.returncode is None:
-            _kill_session(self.proc, signal.SIGKILL)
-            self.proc.wait()
-
-
-def _copy(stream: IO[str], to: IO[str], tail: collections.deque[str]) -> None:
-    """The command's output, line by line, to ``to``; ends quietly when the stream is closed under it
-    (a process the command left behind held it open past the command's end)."""
-    with contextlib.suppress(ValueError, OSError):
-        for line in stream:
-            tail.append(line.rstrip("\n"))
-            to.write(line)
-            to.flush()
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """The time limit: SIGTERM to the command's session (its epochs so far are written), then SIGKILL."""
-    _kill_session(proc, signal.SIGTERM)
-    try:
-        proc.wait(timeout=_GRACE)
-    except subprocess.TimeoutExpired:
-        _kill_session(proc, signal.SIGKILL)
-        proc.wait()
-
-
-def _kill_session(proc: subprocess.Popen, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
 
 
 def _peak(cgroup: StorageLimits | None) -> int | None:
