@@ -155,3 +155,16 @@ def test_the_read_throttle_is_named_in_four_files():
         "stallbench/conditions/cgroup.py",
         "stallbench/conditions/limits.py",
     ]
+
+
+# One method for every job: a generated job is a command like the user's, started by ``run_command`` under a
+# JobSpec and measured by the bootstrap. Its module is named as a command in one place (the plan's argv).
+def test_a_generated_job_is_started_one_way():
+    def names_workload(path: Path) -> bool:
+        tree = ast.parse(path.read_text())
+        return any(
+            isinstance(node, ast.Constant) and node.value == "stallbench.jobs.workload"
+            for node in ast.walk(tree)
+        )
+
+    assert sorted(_name(p) for p in MODULES if names_workload(p)) == ["stallbench/analysis/phases.py"]
