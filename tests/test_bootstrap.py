@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -299,7 +300,9 @@ def test_rank_comes_from_the_environment(tmp_path):
 def test_a_killed_run_keeps_its_finished_epochs(tmp_path):
     job = JobSpec(out_dir=str(tmp_path / "out")).write(tmp_path / "spec.json")
     cmd = [sys.executable, str(SCRIPT), "--workers", "2", "--epochs", "1000", "--sleep", "0.02"]
-    proc = subprocess.Popen(cmd, env=_env(job), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, env=_env(job), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         deadline = time.monotonic() + 120
         while len(read_records(tmp_path / "out") if (tmp_path / "out").exists() else []) < 2:
@@ -308,11 +311,13 @@ def test_a_killed_run_keeps_its_finished_epochs(tmp_path):
         workers = psutil.Process(proc.pid).children(recursive=True)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
+        psutil.wait_procs(workers, timeout=30)  # orphaned workers notice and leave (torch's watchdog)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    psutil.wait_procs(workers, timeout=30)  # orphaned workers notice and leave (torch's watchdog)
+        # a worker forked as the script was killed takes init's pid for its parent's and never leaves
+        # (torch's watchdog compares against the parent it saw at start): the session goes whole
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     records = read_records(tmp_path / "out")
     assert len(records) >= 2 and all(r.complete and r.batches == 5 for r in records)
     assert [r.epoch for r in records] == list(range(1, len(records) + 1))

@@ -17,9 +17,14 @@ from stallbench.conditions.limits import Limits, probe_storage_conditions
 SLOW_PREP_JOB = str(Path(__file__).with_name("_slow_prep_job.py"))
 
 
-def run(tmp_path, *, transform="none", job_script=None, epochs=2, **options):
+def run(tmp_path, *, transform="none", job_script=None, epochs=2, images=32, **options):
     req = AnalysisRequest(
-        data="images:32", data_dir=tmp_path, batch_size=8, epochs=epochs, transform=transform, **options
+        data=f"images:{images}",
+        data_dir=tmp_path,
+        batch_size=8,
+        epochs=epochs,
+        transform=transform,
+        **options,
     )
     plan = prepare(req, ["cached"])
     if job_script is not None:
@@ -62,8 +67,9 @@ def test_throttled_storage_shows_as_fetch_stall(tmp_path):
 @pytest.mark.slow
 @pytest.mark.multiproc
 def test_cached_data_and_cheap_prep_show_no_stall(tmp_path):
-    # 4 batches an epoch: at 40 ms a step, one batch's worth of worker-start jitter (~20 ms) was already 10%
-    r = run(tmp_path, workers=1, compute="emulated:80", cache=CacheSpec(1.0))
+    # an epoch's first batch waits for its worker to be told the new epoch (40-60 ms here): with 4 batches of
+    # 80 ms that alone was 10-16% of the epoch, at the 10% a stall is worth acting on; 8 batches of 120 ms
+    r = run(tmp_path, workers=1, compute="emulated:120", cache=CacheSpec(1.0), images=64)
     b = r.breakdown
     assert b.prep_stall_seconds + b.fetch_stall_seconds < 0.25 * b.epoch_seconds
     assert "no stall worth acting on" in r.advice
