@@ -32,8 +32,8 @@ def test_a_generated_job_cut_to_steps_takes_the_head_of_the_order_with_workers_t
     """As a script's ``break`` after N steps: the workers are busy to the last step (an order of exactly N
     batches would leave them idle through the last ones) and shut down at the epoch's end."""
     data = str(make_jpeg_folder(tmp_path / "jpegs", per_class=8, classes=2))  # 16 images
-    whole, _ = make_loader(WorkloadJob("torch", data, workers=2, batch_size=4), None)
-    cut, _ = make_loader(WorkloadJob("torch", data, workers=2, batch_size=4, persistent_workers=False), None)
+    whole = make_loader(WorkloadJob("torch", data, workers=2, batch_size=4), None)
+    cut = make_loader(WorkloadJob("torch", data, workers=2, batch_size=4, persistent_workers=False), None)
     assert (len(whole), whole.persistent_workers) == (4, True)
     assert (len(cut), cut.persistent_workers) == (4, False)
     job = WorkloadJob("torch", data, epochs=2, workers=2, batch_size=4, persistent_workers=False)

@@ -88,18 +88,11 @@ def epoch_record(
         end_time=meter.start_time + (end - meter.start),
         valid_tokens=meter.valid_tokens if tokens else None,
         token_slots=meter.token_slots if tokens else None,
-        unique_samples=_unique(state.seen),
+        unique_samples=state.seen.unique if state.seen is not None else None,
         energy_joules=joules,
         energy_source=after.energy_source if joules is not None else None,
         timeline=meter.timeline(),
     )
-
-
-def _unique(seen: Any) -> int | None:
-    try:
-        return int(seen.unique) if seen is not None else None
-    except Exception:
-        return None
 
 
 def pack_room(dl: Any) -> int | None:

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +49,8 @@ def _arrow(path: Path) -> bool:
     return path.suffix.lower() in ARROW_SUFFIXES or (path / "state.json").is_file()
 
 
-def make_loader(job: WorkloadJob, transform: Any) -> tuple[Any, Callable[[], Any]]:
-    """The job's loader and a function giving its cumulative stats (LoaderStats)."""
+def make_loader(job: WorkloadJob, transform: Any) -> Any:
+    """The job's loader, of its kind (``stallbench.jobs.kinds``)."""
     dataset = make_dataset(job.data, transform)
     generator = torch.Generator().manual_seed(job.seed)
     common = dict(num_workers=job.workers, persistent_workers=_persistent(job), generator=generator)

@@ -26,8 +26,7 @@ __all__ = [
     "kind_of_class",
 ]
 
-Stats = Callable[[], Any]  # the loader's cumulative stats (a loader.LoaderStats) now
-Build = Callable[..., tuple[Any, Stats]]
+Build = Callable[..., Any]  # (dataset, collate, job, **DataLoader options) -> the loader
 
 TORCH, CACHED = "torch", "cached"
 LITDATA, WEBDATASET = "litdata", "webdataset"  # the other loaders (``stallbench.jobs.others``)
@@ -40,11 +39,11 @@ class LoaderKind:
     name: str
     label: str  # the class, as a LoaderEpoch's ``loader_class`` names it
     cached: bool  # our minimal-miss cache: takes cache_bytes and cache_dir, counts hits; else the page cache
-    build: Build  # (dataset, collate, job, **DataLoader options) -> (the loader, its stats, or None)
+    build: Build  # how a generated job makes its loader; its stage counters, where timed, on the loader
     converts: bool = False  # reads the data converted with its own tool (``others.convert``), not as it is
 
 
-def _torch(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> tuple[Any, Stats]:
+def _torch(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> Any:
     """torch's own DataLoader; our dataset and a timed collate only time the stages, as in ours. It has no
     group: N torch jobs are N independent loaders, each preparing every batch (``coordinate`` ignored)."""
     import torch
@@ -58,10 +57,10 @@ def _torch(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> 
     timed = TimedCollate(collate, board, batched=True)
     dl = torch.utils.data.DataLoader(bound, collate_fn=timed, **common)
     setattr(dl, GENERATED_STATS, board.totals)  # what the measuring reads, as ours' stats()
-    return dl, board.totals
+    return dl
 
 
-def _cached(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> tuple[Any, Stats]:
+def _cached(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> Any:
     """Our DataLoader, with the job's cache, sharing its prepared batches with its group when it has one.
 
     The group's staging area goes in the cache's folder: a run that makes a private one for its jobs
@@ -77,16 +76,16 @@ def _cached(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) ->
         dataset, collate_fn=collate, cache_bytes=job.cache_bytes, cache_dir=job.cache_dir,
         coordinate=coordinate, **common,
     )  # fmt: skip
-    return dl, dl.stats
+    return dl
 
 
-def _litdata(*args: Any, **common: Any) -> tuple[Any, None]:
+def _litdata(*args: Any, **common: Any) -> Any:
     from stallbench.jobs.others import build_litdata
 
     return build_litdata(*args, **common)
 
 
-def _webdataset(*args: Any, **common: Any) -> tuple[Any, None]:
+def _webdataset(*args: Any, **common: Any) -> Any:
     from stallbench.jobs.others import build_webdataset
 
     return build_webdataset(*args, **common)

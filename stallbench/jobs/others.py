@@ -61,17 +61,17 @@ class _Sample:
         return self(*pair)
 
 
-def build_litdata(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> tuple[Any, None]:
+def build_litdata(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> Any:
     """LitData's loader over its copy of the job's image folder; ``dataset`` (ours) gives the transform."""
     import litdata
 
     copy = existing_copy(job.data, LITDATA)
     sample = _Sample(dataset.transform)
     streaming = litdata.StreamingDataset(str(copy), shuffle=True, seed=job.seed, transform=sample.of_item)
-    return litdata.StreamingDataLoader(streaming, collate_fn=collate, **_loader_options(common)), None
+    return litdata.StreamingDataLoader(streaming, collate_fn=collate, **_loader_options(common))
 
 
-def build_webdataset(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> tuple[Any, None]:
+def build_webdataset(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> Any:
     """WebDataset's pipeline over its copy of the job's image folder, in torch's DataLoader."""
     import torch
     import webdataset
@@ -84,7 +84,7 @@ def build_webdataset(dataset: Any, collate: Callable, job: WorkloadJob, **common
         .map(_Sample(dataset.transform).of_pair)
     )
     pipeline = _Sized(pipeline, len(dataset))
-    return torch.utils.data.DataLoader(pipeline, collate_fn=collate, **_loader_options(common)), None
+    return torch.utils.data.DataLoader(pipeline, collate_fn=collate, **_loader_options(common))
 
 
 class _Sized(IterableDataset):

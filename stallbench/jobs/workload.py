@@ -41,7 +41,7 @@ def main(
     torch.manual_seed(job.seed)
     if step is None and job.compute:
         step = parse_compute(job.compute)
-    dl, _ = make_loader(job, transform)
+    dl = make_loader(job, transform)
     for _epoch in range(job.epochs):
         for batch in dl:
             if step is not None:
