@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -30,7 +29,7 @@ from stallbench.analysis.work import useful_work
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.limits import AUTO
 from stallbench.conditions.storage import DataSize, data_size
-from stallbench.jobs.command import CommandRun, run_command
+from stallbench.jobs.command import CommandRun
 from stallbench.jobs.kinds import KINDS
 from stallbench.jobs.spec import JobSpec
 
@@ -178,9 +177,7 @@ def _auto_memory(plan: RunPlan, kinds: Sequence[str]) -> int:
     def probe(kind: str, cache_dir: Path, limits: StorageLimits) -> None:
         ours = dict(cache_bytes=probe_cache_bytes(w.samples), cache_dir=str(cache_dir))
         job = probe_plan.job(kind, w.data, **(ours if KINDS[kind].cached else {}))
-        spec = JobSpec(out_dir="", steps=steps, epochs=1, data=(w.data,))
-        with open(os.devnull, "w") as quiet:
-            run_command(probe_plan.argv(), spec, limits=limits, log=quiet, job=job)
+        probe_plan.run_job(job, JobSpec(out_dir="", steps=steps, epochs=1, data=(w.data,)), limits)
 
     read = [path for kind in kinds for path in files_read(w.data, kind)]
     return memory_limit(w.cache_bytes, measure_overhead(probe, list(kinds), read), w.workers)

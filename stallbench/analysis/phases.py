@@ -55,6 +55,12 @@ class RunPlan:
         script = [self.job_script] if self.job_script else ["-m", "stallbench.jobs.workload"]
         return [sys.executable, *script]
 
+    def run_job(self, job: WorkloadJob, spec: JobSpec, limits: StorageLimits | None = None) -> CommandRun:
+        """The generated ``job`` run once under ``spec``; what it writes is kept only for the error, should
+        it fail."""
+        with open(os.devnull, "w") as quiet:
+            return run_command(self.argv(), spec, limits=limits, log=quiet, job=job)
+
 
 def files_read(data: str, kind: str) -> list[str]:
     """The local files ``kind`` reads of the workload's ``data``: its copy in the kind's own format, the data
@@ -94,7 +100,6 @@ class WorkloadRuns:
             epochs=w.epochs, data=(data,), replay_lengths=replay_lengths(prep.records) if prep else {},
         )  # fmt: skip
         try:
-            with open(os.devnull, "w") as quiet:  # the job's own lines: in the error, should it fail
-                return run_command(plan.argv(), spec, limits=limits, log=quiet, job=job)
+            return plan.run_job(job, spec, limits)
         finally:
             shutil.rmtree(cache_dir, ignore_errors=True)

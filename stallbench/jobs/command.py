@@ -99,9 +99,9 @@ class StartedCommand:
         self._stack = contextlib.ExitStack()
         self.out = Path(tempfile.mkdtemp(prefix=f"stallbench-job-{os.getpid()}-"))
         self._stack.callback(shutil.rmtree, self.out, ignore_errors=True)
-        tmp = job_tmpdir()  # the command's TMPDIR, short enough for a worker's socket below it
-        self._stack.callback(shutil.rmtree, tmp, ignore_errors=True)
         try:
+            tmp = job_tmpdir()  # the command's TMPDIR, short enough for a worker's socket below it
+            self._stack.callback(shutil.rmtree, tmp, ignore_errors=True)
             self.argv = [*argv, str(job.write(self.out / "workload.json"))] if job is not None else list(argv)
             spec_file = replace(spec, out_dir=str(self.out)).write(self.out / "spec.json")
             self.cgroup = self._stack.enter_context(_limits(limits))
