@@ -384,3 +384,24 @@ def test_cached_mode_says_when_a_dataset_reads_nothing_it_can_serve(tmp_path):
     run = _ok(_run(tmp_path, "--files", str(files), "--epochs", "2", "--batch-size", "5", **spec))
     assert run.stderr.count("0:FileData read no file under --data through open()") == 1  # said once
     assert all(r.hits + r.misses == 0 for r in run.of("0:FileData"))
+
+
+def test_tokens_are_counted_only_for_token_batches_whose_padding_is_known():
+    """A classifier's (features [B, F], integer labels [B]) has the shape of a padded token batch: its tokens
+    are not guessed from that; the generated job's padded batches and a packing collator's packs are
+    counted."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from loader.packing import PackingCollator
+    from stallbench.jobs._loaders import token_batches
+    from stallbench.jobs.batching import pad_tokens
+
+    labelled = DataLoader(TensorDataset(torch.randn(8, 4), torch.arange(8)), batch_size=4)
+    assert token_batches(labelled) == (False, None)
+    assert token_batches(DataLoader(range(8), collate_fn=pad_tokens)) == (True, None)
+    assert token_batches(DataLoader(range(8), collate_fn=PackingCollator(32))) == (True, 32)
+    batch = next(iter(labelled))
+    for counts, expected in ((False, (0, 0)), (True, (int(batch[1].sum()), batch[0].numel()))):
+        meter = EpochMeter(time.perf_counter(), Counters(), counts_tokens=counts)
+        meter.add_batch(meter.start, time.perf_counter(), batch)
+        assert (meter.valid_tokens, meter.token_slots) == expected and meter.samples == 4

@@ -20,7 +20,7 @@ __all__ = [
     "epoch_record",
     "loader_settings",
     "loader_shape",
-    "pack_room",
+    "token_batches",
     "write_record",
 ]
 
@@ -36,6 +36,7 @@ class LoaderState:
     settings: dict[str, Any]  # the records' workers, batch_size, prefetch_factor and dataset_len
     stats: Callable[[], Any] | None  # loader.DataLoader.stats, or a generated job's ``stallbench_stats``
     serves_files: bool  # a loader.DataLoader with cache_files: its Dataset's own reads go through the cache
+    counts_tokens: bool = False  # its batches are token batches whose padding is known (``token_batches``)
     room: int | None = None  # a packing collator's max_len: the tokens each pack was packed into
     seen: Any = None  # a batch sampler that counts the distinct indices of its latest pass (``unique``)
     over_network: bool = False  # its data is fetched over the network: storage bytes are what it fetched
@@ -95,13 +96,18 @@ def epoch_record(
     )
 
 
-def pack_room(dl: Any) -> int | None:
-    """The tokens a packed batch was packed into: the ``max_len`` of a ``loader.packing.PackingCollator``
-    (inside a timing wrapper's ``collate_fn`` where there is one); None for any other collate."""
+def token_batches(dl: Any) -> tuple[bool, int | None]:
+    """Whether the loader's batches are token batches whose padding is known, and the room a pack was packed
+    into: a ``loader.packing.PackingCollator``'s packs (its ``max_len``) or the generated job's padded
+    batches (``stallbench.jobs.batching.pad_tokens``), through a timing wrapper's ``collate_fn`` where there
+    is one. Any other batch's tokens are not guessed from its shape: (False, None)."""
     collate = getattr(dl, "collate_fn", None)
     collate = getattr(collate, "collate_fn", collate)
-    room = getattr(collate, "max_len", None)
-    return room if type(collate).__name__ == "PackingCollator" and isinstance(room, int) else None
+    if type(collate).__name__ == "PackingCollator":
+        room = getattr(collate, "max_len", None)
+        return True, room if isinstance(room, int) else None
+    ours = (getattr(collate, "__module__", None), getattr(collate, "__qualname__", None))
+    return ours == ("stallbench.jobs.batching", "pad_tokens"), None
 
 
 def counting_sampler(dl: Any) -> Any:

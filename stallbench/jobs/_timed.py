@@ -116,8 +116,9 @@ def _process_tree() -> tuple[int, float]:
 
 
 class EpochMeter:
-    """One epoch's running totals, from ``iter()`` (``start``) to its end. ``room``: the tokens a packed
-    batch was packed into (``stallbench.batches``)."""
+    """One epoch's running totals, from ``iter()`` (``start``) to its end. ``counts_tokens``: the batches are
+    token batches whose padding is known, ``room`` the tokens a pack was packed into
+    (``stallbench.batches``)."""
 
     def __init__(
         self,
@@ -125,9 +126,11 @@ class EpochMeter:
         before: Counters,
         cuda: Any = None,
         expected: int | None = None,
+        counts_tokens: bool = False,
         room: int | None = None,
     ) -> None:
-        self.start, self.before, self.cuda, self.room = start, before, cuda, room
+        self.start, self.before, self.cuda = start, before, cuda
+        self.counts_tokens, self.room = counts_tokens, room
         self.start_time = time.monotonic()  # the machine's one clock, for lining jobs up
         self.expected = expected  # the batches the epoch hands out when it runs to its end; None: unknown
         self.wait = self.step = self.first_batch = self.cuda_sync = 0.0
@@ -193,7 +196,7 @@ class EpochMeter:
             from stallbench import batches  # torch is loaded: a loader has handed out a batch
 
             self.samples += batches.batch_samples(batch)
-            tokens = batches.batch_tokens(batch, self.room)
+            tokens = batches.batch_tokens(batch, self.room) if self.counts_tokens else None
         except Exception:
             self.samples, tokens = self.samples + 1, None
         if tokens is not None:

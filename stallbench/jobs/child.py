@@ -45,7 +45,7 @@ from stallbench.jobs._loaders import (
     epoch_record,
     loader_settings,
     loader_shape,
-    pack_room,
+    token_batches,
     write_record,
 )
 from stallbench.jobs._replay import ReplayIterator, replay_length, take_batches
@@ -105,7 +105,7 @@ class _Run:
                 self._maybe_exit(state)
                 before = read_counters(state.stats)
                 expected = epoch_length(dl, self.spec.steps)
-                meter = EpochMeter(0.0, before, self._cuda(), expected, state.room)
+                meter = EpochMeter(0.0, before, self._cuda(), expected, state.counts_tokens, state.room)
         except Exception as exc:
             say(f"cannot measure a DataLoader ({exc!r}); it runs unmeasured", key="iterate")
             return original(dl)
@@ -130,6 +130,7 @@ class _Run:
         settings = loader_settings(dl)
         shape = loader_shape(dl, settings)
         stats = inner.stats if ours else getattr(inner, GENERATED_STATS, None)
+        counts_tokens, room = token_batches(inner)
         state = self._rebuilt(shape) or LoaderState(
             id=f"{len(self.order)}:{type(dl.dataset).__name__}",
             order=len(self.order),
@@ -138,7 +139,8 @@ class _Run:
             settings=settings,
             stats=stats,
             serves_files=ours and getattr(inner, "cache_files", None) is not None,
-            room=pack_room(inner),
+            counts_tokens=counts_tokens,
+            room=room,
             seen=counting_sampler(inner),
             over_network=stats is not None and any(map(in_object_storage, self.spec.data)),
             shape=shape,
