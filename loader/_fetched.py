@@ -55,7 +55,7 @@ def note_fetch(count: Callable[[str, float], None] | None, spent: BatchCost, got
     elif got.peer:
         counts += [("peer_hits", 1), ("bytes_from_peers", size)]
     else:
-        counts += [("misses", 1), ("bytes_from_source", size)]
+        counts += [("misses", 1), ("bytes_from_source", size), ("miss_seconds", got.seconds)]
         spent.misses += 1
         spent.miss_seconds += got.seconds
         spent.miss_bytes += size

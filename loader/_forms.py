@@ -121,6 +121,5 @@ def choose_form(dataset: Any, form: str, room: int, workers: int) -> FormChoice:
     weighed = weigh(measured, len(dataset), room, workers, index_bytes(len(dataset)))
     if form == "auto":
         return weighed
-    return FormChoice(
-        form, f"asked for; weighed: {weighed.reason}", measured.prepared_bytes, epochs=weighed.epochs
-    )
+    why = f"asked for; weighed: {weighed.reason}"
+    return FormChoice(form, why, measured.prepared_bytes, epochs=weighed.epochs, probe=measured)

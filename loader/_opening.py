@@ -8,16 +8,17 @@ import dataclasses
 import warnings
 from typing import Any
 
+from loader._revisit import FormRevisit
 from loader._serving import FileReads
 from loader._source_cache import open_cache
 from loader._weighing import FormChoice
+from loader.board import StatsBoard
 from loader.cache import MinIOCache
 from loader.collate import timed_collate
 from loader.datasets import SourceDataset
 from loader.files import CachedFiles
 from loader.partition.options import partition_from
 from loader.partition.wiring import PartitionedCache, check_partition_args
-from loader.stats import StatsBoard
 
 __all__ = ["Opened", "open_options"]
 
@@ -30,9 +31,15 @@ class Opened:
     collate_fn: Any
     stores: tuple[MinIOCache, ...] = ()  # every store its records are held in: raw first
     sizing: str = ""  # how cache_bytes="auto" chose
-    form: FormChoice | None = None  # the form of record the cache holds, and why
+    form: FormChoice | None = None  # the form of record the cache holds, and why, as first chosen
+    revisit: FormRevisit | None = None  # where the loader chose the form: revisits it as the job runs
     partition: PartitionedCache | None = None
     files: FileReads | None = None
+
+    @property
+    def form_now(self) -> FormChoice | None:
+        """The form the cache holds now: as last revisited, else as first chosen."""
+        return self.revisit.choice if self.revisit is not None else self.form
 
     @property
     def cache(self) -> MinIOCache | None:
@@ -94,7 +101,7 @@ def open_options(
         if partition is not None:
             partition.serve_from(bound)
         timed = timed_collate(collate_fn, board, batched)
-        return Opened(bound, timed, opened.stores, opened.sizing, opened.form, partition)
+        return Opened(bound, timed, opened.stores, opened.sizing, opened.form, opened.revisit, partition)
     if cache_form != "auto":
         raise ValueError(f"cache_form needs a source-backed dataset, not {type(dataset).__name__}")
     if partition_from(partition_cache) is not None:

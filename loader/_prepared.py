@@ -16,7 +16,9 @@ from loader._fetched import Fetched
 from loader.cache import CorruptRecordError, MinIOCache
 from loader.staged import StagedTransform, decode_prepared, encode_prepared
 
-__all__ = ["PreparedRecords", "prepared_fingerprint"]
+__all__ = ["WAYS", "PreparedRecords", "prepared_fingerprint"]
+
+WAYS = ("from_prepared", "prepared", "whole")  # how a sample is made: counted as stats' samples_<way>
 
 
 def prepared_fingerprint(source_fingerprint: str, identity: str) -> str:
@@ -43,20 +45,22 @@ class PreparedRecords:
             return None
         return Fetched(stored, True, False, time.perf_counter() - start, prepared=True)
 
-    def make(self, index: int, got: Fetched) -> tuple[Any, bool]:
-        """(the sample, whether the record was admitted): from the stored record on a hit; else prepared
-        from the raw bytes, offered to the store, then augmented; once the store is full, the whole transform
-        on the raw bytes (cheaper than its two stages apart, as the uncached path runs it). In a mix, a
-        record read from the source that has no room prepared goes to the raw store. Raises ValueError or
-        OSError for a record that cannot be prepared."""
+    def make(self, index: int, got: Fetched) -> tuple[Any, bool, str]:
+        """(the sample, whether the record was admitted, how the sample was made: ``WAYS``): from the stored
+        record on a hit; else prepared from the raw bytes, offered to the store, then augmented. A record
+        held raw (a hit, or admitted raw as it was read: the room may have moved to the prepared store since,
+        ``_revisit``), or one the prepared store has no room for, gets the whole transform on its raw bytes
+        (cheaper than its two stages apart, as the uncached path runs it): no record is held in both forms.
+        In a mix, a record read from the source that has no room prepared goes to the raw store. Raises
+        ValueError or OSError for a record that cannot be prepared."""
         transform = self.transform
         if got.prepared:
-            return transform.augment(decode_prepared(got.raw)), False
-        if not self.store.accepting(index):  # it will not be held prepared: the whole transform, as uncached
-            return transform(got.raw), self._admit_raw(index, got)
+            return transform.augment(decode_prepared(got.raw)), False, "from_prepared"
+        if got.hit or got.admitted or not self.store.accepting(index):
+            return transform(got.raw), self._admit_raw(index, got), "whole"
         prepared = transform.prepare(got.raw)
         admitted = self.store.admit(index, encode_prepared(prepared)) or self._admit_raw(index, got)
-        return transform.augment(prepared), admitted
+        return transform.augment(prepared), admitted, "prepared"
 
     def _admit_raw(self, index: int, got: Fetched) -> bool:
         """A mix of forms: a record read from the source that has no room prepared goes to the raw store."""

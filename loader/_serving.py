@@ -27,8 +27,8 @@ from typing import Any
 
 from loader._fetched import BatchCost, Fetched, note_fetch
 from loader._served_file import ServedFile, served_text
+from loader.board import StatsBoard
 from loader.files import CachedFiles
-from loader.stats import StatsBoard
 
 __all__ = ["FileReads", "ServingWorkerInit", "serving"]
 

@@ -1,5 +1,10 @@
 """The cache a ``loader.DataLoader`` opens for a source-backed dataset: its size (``cache_bytes``, "auto"
-included) and the form of record it holds (``cache_form``: raw bytes or prepared, ``_forms``)."""
+included) and the form of record it holds (``cache_form``: raw bytes or prepared, ``_forms``).
+
+Where the loader chooses the form (``"auto"`` with a staged transform) it opens two stores, raw and
+prepared, each with files that may take all the room there is, and splits the room between them by their
+limits: the form chosen sets the split, and ``_revisit`` moves it as the job's own measurements come in.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from typing import Any
 
 from loader._forms import choose_form
 from loader._prepared import PreparedRecords, prepared_fingerprint
+from loader._revisit import FormRevisit
 from loader._weighing import FormChoice
 from loader.cache import MinIOCache
 from loader.cache._layout import index_bytes
@@ -27,12 +33,13 @@ _ALL_MEMORY = 1 << 62  # what "auto" asks for when it only wants to know the roo
 class SourceCache:
     """The store of raw records (None: none, or the prepared form), the prepared records, and why.
 
-    ``cache_form`` "raw": ``raw`` only; "prepared": ``prepared`` only; "mixed": both, in two stores."""
+    A forced form holds ``raw`` or ``prepared`` only; a chosen one both, split by ``revisit``."""
 
     raw: MinIOCache | None = None
     prepared: PreparedRecords | None = None
     sizing: str = ""  # how cache_bytes="auto" chose the capacity
     form: FormChoice | None = None
+    revisit: FormRevisit | None = None
 
     @property
     def stores(self) -> tuple[MinIOCache, ...]:
@@ -59,29 +66,35 @@ def open_cache(
         raise ValueError(f"cache_bytes must be a number of bytes, 'auto' or None, got {cache_bytes!r}")
     index = index_bytes(len(dataset))
     view = _memory.memory_view() if cache_bytes == "auto" else None  # read once: the room and the size
-    room = (auto_cache_bytes(_ALL_MEMORY, view)[0] if view is not None else cache_bytes) - index
-    choice = choose_form(dataset, form, max(room, 0), workers)
+    most = auto_cache_bytes(_ALL_MEMORY, view)[0] if view is not None else cache_bytes  # all it may take
+    choice = choose_form(dataset, form, max(most - index, 0), workers)
+    indexes = 2 if form == "auto" and choice.probe is not None else 1  # chosen: two stores
     sizing = ""
     if view is not None:
-        cache_bytes, sizing = auto_cache_bytes(index + _records_bytes(dataset, choice), view)
-        if cache_bytes <= index:
+        cache_bytes, sizing = auto_cache_bytes(indexes * index + _records_bytes(dataset, choice), view)
+        if cache_bytes <= indexes * index:
             warnings.warn(
                 f"cache_bytes='auto' makes no cache ({sizing}); reading from storage", RuntimeWarning, 3
             )
             return SourceCache(sizing=sizing, form=choice)
     opening = _Opening(dataset, cache_dir, warn_capacity=not sizing)
     try:
-        opened = opening.open(choice, cache_bytes, index)
+        opened = (
+            opening.open(choice, cache_bytes) if indexes == 1 else opening.split(choice, cache_bytes, most)
+        )
     except OSError as exc:  # /dev/shm full or not writable: train on without the cache
         opening.close()
         warnings.warn(
             f"the cache in {cache_dir} cannot be made ({exc}); reading from storage only", stacklevel=3
         )
         return SourceCache(sizing=sizing, form=choice)
-    if sizing and sum(store.capacity for store in opening.stores) != cache_bytes:
-        capacity = format_bytes(sum(store.capacity for store in opening.stores))
-        sizing += f"; the cache already held this data with {capacity} and is used as is"
-    return dataclasses.replace(opened, sizing=sizing, form=choice)
+    held = sum(store.info().capacity for store in opening.stores)
+    if sizing and held != cache_bytes:
+        sizing += f"; the cache already held this data with {format_bytes(held)} and is used as is"
+    revisit = None
+    if indexes == 2:
+        revisit = FormRevisit(choice, opened.raw, opened.prepared.store, len(dataset), workers)
+    return dataclasses.replace(opened, sizing=sizing, form=choice, revisit=revisit)
 
 
 class _Opening:
@@ -90,38 +103,47 @@ class _Opening:
     def __init__(self, dataset: SourceDataset, cache_dir: str | os.PathLike, warn_capacity: bool) -> None:
         self.dataset, self.cache_dir, self.warn_capacity = dataset, cache_dir, warn_capacity
         self.stores: list[MinIOCache] = []
+        self.index = index_bytes(len(dataset))
 
-    def open(self, choice: FormChoice, cache_bytes: int, index: int) -> SourceCache:
-        """The stores ``choice`` holds records in, within ``cache_bytes`` (a mix: the prepared store takes
-        ``choice.prepared_room`` and its index, the raw store the rest)."""
+    def open(self, choice: FormChoice, cache_bytes: int) -> SourceCache:
+        """The one store of a forced form (or of a transform in one stage: raw bytes)."""
         raw_fingerprint = self.dataset.source.fingerprint
         if choice.form == "raw":
             return SourceCache(raw=self._store(raw_fingerprint, cache_bytes))
-        transform = self.dataset.transform
+        fingerprint = prepared_fingerprint(raw_fingerprint, self.dataset.transform.identity)
+        return SourceCache(
+            prepared=PreparedRecords(self._store(fingerprint, cache_bytes), self.dataset.transform)
+        )
+
+    def split(self, choice: FormChoice, cache_bytes: int, most: int) -> SourceCache:
+        """Both stores, their files made for ``most`` bytes each (all the room a revisit may give one form),
+        the ``cache_bytes`` they may hold now split as ``choice`` says. Stores already there keep their
+        limits (the last split of the job before); the two warn as one cache, if at all."""
+        transform, raw_fingerprint = self.dataset.transform, self.dataset.source.fingerprint
+        room, records = most - 2 * self.index, cache_bytes - 2 * self.index
+        share = {"raw": 0, "prepared": records, "mixed": choice.prepared_room}[choice.form]
         fingerprint = prepared_fingerprint(raw_fingerprint, transform.identity)
-        if choice.form == "prepared":
-            return SourceCache(prepared=PreparedRecords(self._store(fingerprint, cache_bytes), transform))
-        # a mix: a prepared store already there keeps its share (its split was weighed when it was made), and
-        # the raw store takes the rest; the two warn as one cache, if at all
-        prepared = self._store(fingerprint, index + choice.prepared_room, warn=False)
-        raw = self._store(raw_fingerprint, max(cache_bytes - prepared.capacity, index + 1), warn=False)
-        held = prepared.capacity + raw.capacity
-        if self.warn_capacity and held != cache_bytes:
+        prepared = self._store(fingerprint, self.index + room, limit=share)
+        raw = self._store(raw_fingerprint, self.index + room, limit=records - prepared.limit)
+        held = prepared.limit + raw.limit
+        if self.warn_capacity and held != records:
             warnings.warn(
-                f"the cache in {self.cache_dir} already held this data with {held} bytes (prepared and raw "
-                f"records); using it as it is (cache_bytes={cache_bytes} applies only to a new cache)",
+                f"the cache in {self.cache_dir} already held this data with {held + 2 * self.index} bytes "
+                f"(prepared and raw records); using it as it is (cache_bytes={cache_bytes} applies only to a "
+                "new cache)",
                 RuntimeWarning,
                 stacklevel=4,
             )
         return SourceCache(raw=raw, prepared=PreparedRecords(prepared, transform, raw))
 
-    def _store(self, fingerprint: str, capacity: int, warn: bool = True) -> MinIOCache:
+    def _store(self, fingerprint: str, capacity: int, limit: int | None = None) -> MinIOCache:
         store = MinIOCache.open(
             fingerprint=fingerprint,
             num_records=len(self.dataset),
             capacity=capacity,
             cache_dir=self.cache_dir,
-            warn_capacity=self.warn_capacity and warn,
+            warn_capacity=self.warn_capacity and limit is None,
+            limit=limit,
         )
         self.stores.append(store)
         return store

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-__all__ = ["FormChoice", "Probe", "weigh"]
+__all__ = ["PREPARED_GAIN", "FormChoice", "Probe", "held_epoch", "weigh"]
 
 PREPARED_GAIN = 0.9  # prepared (or mixed) only where its predicted epoch is below this fraction of raw's
 MIX_STEPS = 512  # splits of the room tried for a mix of the two forms
@@ -43,6 +43,7 @@ class FormChoice:
     prepared_bytes: float = 0.0  # a prepared record's size, measured (0: not probed)
     prepared_room: int = 0  # mixed: the bytes of records the prepared store takes; the raw store the rest
     epochs: dict[str, float] = dataclasses.field(default_factory=dict)  # predicted steady epoch per form
+    probe: Probe | None = None  # what it was weighed from (None: nothing was probed)
 
 
 def weigh(m: Probe, records: int, room: float, workers: int, index: int = 0) -> FormChoice:
@@ -77,7 +78,15 @@ def weigh(m: Probe, records: int, room: float, workers: int, index: int = 0) -> 
         )
     prepared_room = int(held_prepared * m.prepared_bytes) if form == "mixed" else 0
     predicted = {"raw": raw, "prepared": prepared} | ({"mixed": mix[0]} if mix is not None else {})
-    return FormChoice(form, reason, m.prepared_bytes, prepared_room, predicted)
+    return FormChoice(form, reason, m.prepared_bytes, prepared_room, predicted, m)
+
+
+def held_epoch(m: Probe, records: int, workers: int, prepared_room: float, raw_room: float) -> float:
+    """The steady epoch predicted for ``prepared_room`` bytes of prepared records and ``raw_room`` of raw
+    ones (the prepared store filled first, as a mix fills)."""
+    prepared = min(records, int(prepared_room // max(m.prepared_bytes, 1)))
+    raw = min(records - prepared, int(raw_room // max(m.raw_bytes, 1)))
+    return _Epochs(m, records, workers).held(prepared, raw)
 
 
 class _Epochs:

@@ -8,8 +8,8 @@ from typing import Any
 
 from torch.utils.data._utils.collate import default_collate, default_convert
 
+from loader.board import StatsBoard
 from loader.datasets import SKIPPED
-from loader.stats import StatsBoard
 
 __all__ = ["TimedCollate", "timed_collate"]
 

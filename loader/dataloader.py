@@ -15,6 +15,7 @@ from loader._iterators import counting_iterator
 from loader._opening import open_options
 from loader._resumable import ResumableEpochs
 from loader._resume import ReplayableSampler
+from loader.board import StatsBoard
 from loader.cache import MinIOCache
 from loader.coordinated import Coordination
 from loader.coordinated.options import coordination_from
@@ -22,7 +23,7 @@ from loader.coordinated.wiring import CoordinatedEpochs
 from loader.datasets import SKIPPED
 from loader.files import CachedFiles
 from loader.partition import Partition
-from loader.stats import LoaderStats, StatsBoard
+from loader.stats import LoaderStats
 
 __all__ = ["DataLoader"]
 
@@ -34,29 +35,26 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
 
     Keyword-only additions:
       cache_bytes: capacity of the node-local cache in bytes, or ``"auto"``: the memory the job may still
-        take (its cgroup's limit or the machine's MemAvailable, less a reserve), up to the dataset's size;
-        ``stats().cache_sizing`` says what it chose and why. None (the default): no cache, torch's own
-        behaviour. Shared by every worker and every job that reads the same source; it survives the job,
-        so the next run starts warm. Whatever the size, admission pauses while memory is short.
+        take (its cgroup's limit or MemAvailable, less a reserve), up to the dataset's size (``stats().
+        cache_sizing`` says why). None (default): no cache, torch's behaviour. Shared by every worker and
+        job that reads the same source, it survives the job. Admission pauses while memory is short.
       cache_dir: where the cache lives (default ``/dev/shm``).
       cache_form: ``"auto"`` (default) holds records raw, *prepared* (a staged transform's deterministic
         part done: decoded pixels for ``"train"``, the whole sample for ``"eval"``) or mixed, as measured
-        fastest; ``"raw"`` or ``"prepared"`` forces one (docs/concepts/prepared-cache.md).
+        fastest, and measured again as the cache fills; ``"raw"`` or ``"prepared"`` forces one
+        (docs/concepts/prepared-cache.md).
       on_error: ``"raise"`` (default) stops at a bad record with an error naming it; ``"skip"`` drops it from
         its batch and counts it in ``stats().records_skipped``.
-      readahead: the most fetches a worker keeps in flight while it decodes a batch's records (as many as
-        hide a measured fetch behind decodes), only while fetches are slow enough against decode to pay
-        for it (0: always one by one).
+      readahead: the most fetches a worker keeps in flight while it decodes a batch's records, only while
+        fetches are slow enough against decode to pay for it (0: always one by one).
       coordinate: True, a group name or a ``loader.Coordination``: jobs on this machine that read the same
-        data in the same way prepare each batch once and share it (docs/how-to/hyperparameter-search.md);
-        ``stats().coordination`` says what this job prepared, consumed and saved.
+        data in the same way prepare each batch once and share it (docs/how-to/hyperparameter-search.md).
       cache_files: the folder (or folders) a Dataset that opens its own files reads from: its plain reads
         of files under them go through a cache of ``cache_bytes`` in every worker, never stale (size and
         mtime checked; docs/how-to/your-own-dataset.md).
       partition_cache: True or a ``loader.Partition``: under torch.distributed with a DistributedSampler,
         each node caches its share of the records and sends it to the other nodes ahead of need, so N
-        nodes cache N times as much (docs/how-to/multi-node.md); ``stats()`` splits bytes into cache,
-        peers and source.
+        nodes cache N times as much (docs/how-to/multi-node.md).
     With any other dataset it behaves exactly like PyTorch's DataLoader.
     """
 
@@ -134,10 +132,9 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         self._board = board
         drawn_again = self._resumable_kind  # a map-style order; an IterableDataset's comes from the dataset
         self._replay = ReplayableSampler(super()._index_sampler, self._generators) if drawn_again else None
+        coordinated = coordination is not None
         self._coordinated = (
-            CoordinatedEpochs(self, coordination, transform, user_collate)
-            if coordination is not None
-            else None
+            CoordinatedEpochs(self, coordination, transform, user_collate) if coordinated else None
         )
 
     @property
@@ -178,6 +175,11 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         self._made_iterator = True
         return self._iter_resumed() if self._resume is not None else super().__iter__()
 
+    def _count_delivered(self) -> None:
+        super()._count_delivered()
+        if self._opened.revisit is not None:
+            self._opened.revisit.handed(self._board)
+
     def _get_iterator(self) -> Any:
         """Torch's own iterator classes, counting the batches handed out (for ``state_dict``) and serving the
         Dataset's own reads (``cache_files``)."""
@@ -190,7 +192,7 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         """Totals since this loader was made, over all its workers and epochs."""
         stores = self._files.files.infos() if self._files is not None else []
         stores += [store.info() for store in self._opened.stores]
-        totals = self._board.totals(stores, self._opened.sizing, self._opened.form)
+        totals = self._board.totals(stores, self._opened.sizing, self._opened.form_now)
         if self._coordinated is not None:
             totals = dataclasses.replace(totals, coordination=self._coordinated.member.stats())
         if self._partition is not None:

@@ -1,6 +1,5 @@
 """Ready-made datasets over a Source: raw bytes from the cache or storage, then decode + augment. The cache
-holds raw records, or records prepared (``_prepared``: only a staged transform's deterministic part), never
-samples, so random augmentation stays random every epoch."""
+holds records raw or prepared (``_prepared``), never samples: random augmentation stays random each epoch."""
 
 from __future__ import annotations
 
@@ -15,11 +14,11 @@ from loader import sources
 from loader._fetched import SKIPPED, BatchCost, Fetched, note_fetch
 from loader._prepared import PreparedRecords
 from loader._readahead import ReadAhead
+from loader.board import StatsBoard
 from loader.cache import CorruptRecordError, MinIOCache
 from loader.decode import make_transform, tokens_to_tensor
 from loader.errors import BadRecordError
 from loader.partition.peers import PeerRecords
-from loader.stats import StatsBoard
 
 __all__ = ["SKIPPED", "ArrowDataset", "ImageFolder", "LMDBDataset", "SourceDataset", "TarShards"]
 
@@ -145,8 +144,9 @@ class SourceDataset(Dataset):
             if self._prepared is None:
                 sample = self.transform(got.raw)
             else:
-                sample, admitted = self._prepared.make(index, got)
+                sample, admitted, way = self._prepared.make(index, got)
                 self._count("records_admitted", admitted)
+                self._count(f"samples_{way}", 1)
         except (ValueError, OSError) as exc:
             raise BadRecordError(self.source.describe(index), index, str(exc)) from exc
         seconds = time.perf_counter() - start

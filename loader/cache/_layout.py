@@ -2,7 +2,8 @@
 
 ``index`` (mmap'ed by every process that uses the store)::
 
-    header (4096 bytes): magic, version, capacity, num_records, data_capacity, used, full, fingerprint
+    header (4096 bytes): magic, version, capacity, num_records, data_capacity, used, full, fingerprint,
+                         limit
     slots  (32 bytes each, one per record): offset u64, length u32, state u32, checksum u64,
                                             writer u32, generation u32
 
@@ -11,9 +12,11 @@ under the store's lock (naming itself in ``writer`` and ``generation``), writes 
 and its checksum, and only then flips the slot to READY with one aligned 4-byte store, so a reader never
 sees a torn record. A writer killed mid-insert leaves a RESERVED slot that no reader uses, and the next
 writer of that record takes it over once the kernel says its writer is gone. ``data`` holds payloads back
-to back: the memory used is the bytes admitted, not pages per record. The checksum (xxh3-64 of the payload,
-seeded with the record's index) is checked on every read, so neither damaged bytes nor a slot moved to
-another record's place is ever served.
+to back: the memory used is the bytes admitted, not pages per record. The checksum (xxh3-64 of the
+payload, seeded with the record's index) is checked on every read, so neither damaged bytes nor a slot moved
+to another record's place is ever served. ``limit`` is how much of ``data_capacity`` the store may fill now:
+a cache of two stores (raw and prepared records) moves room from one to the other by moving their limits
+(``MinIOCache.set_limit``), without touching their files.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ __all__ = [
 ]
 
 MAGIC = b"SBMINIO1"
-VERSION = 2
+VERSION = 3
 HEADER_BYTES = 4096
 EMPTY, RESERVED, READY = 0, 1, 2
 
@@ -51,6 +54,7 @@ HEADER_DTYPE = np.dtype(
         ("full", "<u4"),
         ("pad2", "<u4"),
         ("fingerprint", "S64"),
+        ("limit", "<u8"),
     ]
 )
 SLOT_DTYPE = np.dtype(

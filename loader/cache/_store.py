@@ -72,9 +72,11 @@ class SharedStore:
         cache_dir: str | os.PathLike = "/dev/shm",
         lock_timeout: float = LOCK_TIMEOUT,
         warn_capacity: bool = True,
+        limit: int | None = None,
     ) -> Self:
-        """Attach to this source's store in ``cache_dir``, creating it with ``capacity`` bytes if absent
-        (an existing store keeps its own capacity: ``warn_capacity`` warns when it differs).
+        """Attach to this source's store in ``cache_dir``, creating it with ``capacity`` bytes if absent, of
+        which its records may fill ``limit`` (None: all; an existing store keeps its own capacity and limit:
+        ``warn_capacity`` warns when its capacity differs).
 
         Raises UntrustedCacheError (a PermissionError) naming the path and its owner when the folder or a
         file in the way is not this user's own and private.
@@ -84,11 +86,11 @@ class SharedStore:
             raise ValueError(f"cache_dir {str(cache_dir)!r} is not an existing directory")
         path = user_dir(Path(cache_dir), "cache_dir") / store_path(cache_dir, fingerprint).name
         try:
-            store = cls._attach_or_create(path, fingerprint, num_records, capacity, lock_timeout)
+            store = cls._attach_or_create(path, fingerprint, num_records, (capacity, limit), lock_timeout)
         except StoreDamaged as exc:
             warnings.warn(f"{exc}; the cache is made anew", RuntimeWarning, stacklevel=2)
             shutil.rmtree(path, ignore_errors=True)
-            store = cls._attach_or_create(path, fingerprint, num_records, capacity, lock_timeout)
+            store = cls._attach_or_create(path, fingerprint, num_records, (capacity, limit), lock_timeout)
         if warn_capacity and store.capacity != capacity:
             warnings.warn(
                 f"the cache at {path} was made with capacity {store.capacity} bytes; using it as it is "
@@ -100,20 +102,30 @@ class SharedStore:
 
     @classmethod
     def _attach_or_create(
-        cls, path: Path, fingerprint: str, num_records: int, capacity: int, lock_timeout: float
+        cls, path: Path, fingerprint: str, num_records: int, size: tuple[int, int | None], lock_timeout: float
     ) -> Self:
         if not os.path.lexists(path):
-            create_store(path, fingerprint=fingerprint, num_records=num_records, capacity=capacity)
+            capacity, limit = size
+            create_store(
+                path, fingerprint=fingerprint, num_records=num_records, capacity=capacity, limit=limit
+            )
         return cls(path, fingerprint, num_records, lock_timeout)
 
     @property
     def capacity(self) -> int:
+        """The bytes the store's files were made for: its index and the most its records may take."""
         return int(self._header["capacity"][0])
 
+    @property
+    def limit(self) -> int:
+        """The bytes of records the store may hold now (``data_capacity`` or less: see ``set_limit``)."""
+        return int(self._limit[0])
+
     def info(self) -> CacheInfo:
+        """What it holds; ``capacity``: its index and the records it may hold now (its limit)."""
         return CacheInfo(
             path=self.path,
-            capacity=self.capacity,
+            capacity=index_bytes(self._num_records) + self.limit,
             bytes_used=int(self._used[0]) + index_bytes(self._num_records),
             records_cached=int(np.count_nonzero(self._state == READY)),
             full=bool(self._full[0]),
@@ -166,17 +178,17 @@ class SharedStore:
         self._header = np.frombuffer(self._map, HEADER_DTYPE, count=1)
         check_header(self._header, self.path, self._fingerprint, self._num_records)
         # views of the header's fields, made once: a field lookup on each admission costs a microsecond
-        self._full, self._used = self._header["full"], self._header["used"]
+        self._full, self._used, self._limit = (
+            self._header["full"],
+            self._header["used"],
+            self._header["limit"],
+        )
         self._data_capacity = int(self._header["data_capacity"][0])
         if size != index_bytes(self._num_records):
             raise StoreDamaged(f"the cache index {self.path / 'index'} has the wrong size")
         slots = np.frombuffer(self._map, SLOT_DTYPE, count=self._num_records, offset=HEADER_BYTES)
-        self._offset, self._length, self._state = slots["offset"], slots["length"], slots["state"]
-        self._checksum, self._writer, self._generation = (
-            slots["checksum"],
-            slots["writer"],
-            slots["generation"],
-        )
+        fields = (slots[name] for name in SLOT_DTYPE.names)  # in the layout's order
+        self._offset, self._length, self._state, self._checksum, self._writer, self._generation = fields
         self._data_fd = open_private(self.path, "data", os.O_RDWR)
         self._data_bytes = min(self._data_capacity, os.fstat(self._data_fd).st_size)
         # hits are copied out of a read-only mapping: 12 us per 112 KB record against pread's 18 us from tmpfs

@@ -19,13 +19,16 @@ class StoreDamaged(ValueError):
     """The store's own files are not a whole store of this version: it is rebuilt."""
 
 
-def create_store(path: Path, *, fingerprint: str, num_records: int, capacity: int) -> None:
-    """Make the store at ``path`` (in a private folder) unless another process makes it first."""
+def create_store(
+    path: Path, *, fingerprint: str, num_records: int, capacity: int, limit: int | None = None
+) -> None:
+    """Make the store at ``path`` (in a private folder) unless another process makes it first; it may fill
+    ``limit`` bytes of its data (None: all of it)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     os.mkdir(tmp, 0o700)
     try:
-        _write_index(tmp / "index", fingerprint, num_records, capacity)
+        _write_index(tmp / "index", fingerprint, num_records, capacity, limit)
         _make_file(tmp / "data", capacity - index_bytes(num_records), allocate=False)
         _make_file(tmp / "lock", 0, allocate=False)
         _make_file(tmp / "writers", 0, allocate=False)
@@ -38,14 +41,17 @@ def create_store(path: Path, *, fingerprint: str, num_records: int, capacity: in
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _write_index(file: Path, fingerprint: str, num_records: int, capacity: int) -> None:
+def _write_index(file: Path, fingerprint: str, num_records: int, capacity: int, limit: int | None) -> None:
     size = index_bytes(num_records)
+    data = capacity - size
     _make_file(file, size, allocate=True)
     with open(file, "r+b") as f:
         header = np.zeros(1, HEADER_DTYPE)
         header["magic"], header["version"] = MAGIC, VERSION
         header["capacity"], header["num_records"] = capacity, num_records
-        header["data_capacity"] = capacity - size
+        header["data_capacity"] = data
+        header["limit"] = data if limit is None else max(0, min(limit, data))
+        header["full"] = header["limit"] == 0
         header["fingerprint"] = fingerprint[:64].encode()
         f.write(header.tobytes())
 

@@ -101,6 +101,17 @@ class MinIOCache(SharedStore):
         self._state[index] = READY  # one aligned 4-byte store: the record becomes visible whole
         return True
 
+    def set_limit(self, limit: int) -> int:
+        """Let the store hold ``limit`` bytes of records from now on, no fewer than it holds (a store never
+        evicts) and no more than its data file; returns the limit set. A store that hits its limit stops
+        admitting, for every process; one given room again admits again. Raises LockTimeout where another
+        process holds the store's lock past its timeout (one stopped, say): the limit is then unchanged."""
+        with self._mutex.held():
+            used = int(self._used[0])
+            self._limit[0] = set_to = max(used, min(limit, self._data_capacity))
+            self._full[0] = set_to <= used
+        return set_to
+
     def give_back(self, nbytes: int) -> tuple[int, int]:
         """Free about ``nbytes`` of memory: the records admitted last are dropped (slots EMPTY, admitted
         again later if memory allows) and their pages punched out of the data file. A record being written
@@ -141,7 +152,7 @@ class MinIOCache(SharedStore):
             if self._full[0] or state != EMPTY:
                 return None
             used = int(self._used[0])
-            if used + length > self._data_capacity:
+            if used + length > self._limit[0]:
                 self._full[0] = 1
                 return None
             self._used[0] = used + length  # space first: a writer killed now only wastes it
