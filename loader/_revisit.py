@@ -84,8 +84,6 @@ class FormRevisit:
         """Weigh the forms with ``totals``' measurements; move the split where another is at least 10%
         shorter. Done once the stores hold all the room (or every record)."""
         raw, prepared = self.raw.info(), self.prepared.info()
-        index = index_bytes(self.records)
-        used_raw = raw.bytes_used - index
         if (raw.full and prepared.full) or raw.records_cached + prepared.records_cached >= self.records:
             self.done = True
             return
@@ -93,12 +91,12 @@ class FormRevisit:
         assert probe is not None  # a split cache is opened only where records were probed
         m = measured(probe, totals)
         held = held_epoch(m, self.records, self.workers, self.prepared.limit, self.raw.limit)
-        weighed = weigh(m, self.records, self.room, self.workers, index)
+        weighed = weigh(m, self.records, self.room, self.workers, index_bytes(self.records))
         if not weighed.epochs[weighed.form] < PREPARED_GAIN * held:
             return
         share = {"raw": 0, "prepared": self.room, "mixed": weighed.prepared_room}[weighed.form]
         try:
-            given = self.prepared.set_limit(min(share, self.room - used_raw))
+            given = self.prepared.set_limit(min(share, self.room - self.raw.used))
             self.raw.set_limit(self.room - given)
         except LockTimeout:  # a process holds a store's lock (stopped, say): the next point tries again
             return

@@ -46,6 +46,11 @@ class MinIOCache(SharedStore):
         """Times this process paused admission because memory was short."""
         return self._gate.memory_pauses
 
+    @property
+    def used(self) -> int:
+        """Bytes of records the store holds now (its data; the index not counted)."""
+        return int(self._used[0])
+
     def get(self, index: int) -> bytes | None:
         """The cached bytes of record ``index``, or None when the store does not hold it.
 
