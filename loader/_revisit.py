@@ -33,7 +33,7 @@ def measured(probe: Probe, t: LoaderStats) -> Probe:
     a store's limit holds), the CPU of making a sample (scaled from the probe: each way of making one, timed,
     against what the probe predicts for those ways; the stages keep the probe's proportions) and the share
     of the bytes read from the device."""
-    misses = t.misses >= MEASURED
+    misses = t.misses >= MEASURED and t.bytes_from_source > 0
     fetch = t.miss_seconds / t.misses if misses else probe.fetch
     raw_bytes = t.bytes_from_source / t.misses if misses else probe.raw_bytes
     ways = (
