@@ -68,7 +68,8 @@ def open_cache(
     view = _memory.memory_view() if cache_bytes == "auto" else None  # read once: the room and the size
     most = auto_cache_bytes(_ALL_MEMORY, view)[0] if view is not None else cache_bytes  # all it may take
     choice = choose_form(dataset, form, max(most - index, 0), workers)
-    indexes = 2 if form == "auto" and choice.probe is not None else 1  # chosen: two stores
+    # a form chosen is held in two stores, where the room holds their two indexes; else one, as chosen
+    indexes = 2 if form == "auto" and choice.probe is not None and most > 2 * index else 1
     sizing = ""
     if view is not None:
         cache_bytes, sizing = auto_cache_bytes(indexes * index + _records_bytes(dataset, choice), view)
@@ -106,9 +107,10 @@ class _Opening:
         self.index = index_bytes(len(dataset))
 
     def open(self, choice: FormChoice, cache_bytes: int) -> SourceCache:
-        """The one store of a forced form (or of a transform in one stage: raw bytes)."""
+        """The one store of a forced form, of a transform in one stage (raw bytes), or of a cache too small
+        for two indexes (a mix then holds raw bytes)."""
         raw_fingerprint = self.dataset.source.fingerprint
-        if choice.form == "raw":
+        if choice.form != "prepared":
             return SourceCache(raw=self._store(raw_fingerprint, cache_bytes))
         fingerprint = prepared_fingerprint(raw_fingerprint, self.dataset.transform.identity)
         return SourceCache(

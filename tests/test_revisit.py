@@ -232,3 +232,11 @@ def test_a_loader_whose_probe_saw_slow_storage_moves_its_room_to_prepared_record
         attach(shm_dir, fingerprint, 96, "print(s.limit)"), capture_output=True, text=True, check=True
     )
     assert int(restarted.stdout) == prepared.limit > 0  # the split the job moved is the next run's
+
+
+def test_a_cache_too_small_for_two_indexes_holds_raw_bytes_in_one_store(photos, shm_dir):
+    dataset = ImageFolder(str(photos), transform=EVAL)
+    index = index_bytes(len(dataset))
+    dl = DataLoader(dataset, batch_size=8, cache_bytes=index + index // 2, cache_dir=shm_dir)
+    assert len(dl._opened.stores) == 1 and dl.stats().cache_form == "raw"
+    assert sum(len(labels) for _, labels in dl) == len(dataset)  # made before: the two indexes did not fit
