@@ -16,9 +16,7 @@ from loader._fetched import Fetched
 from loader.cache import CorruptRecordError, MinIOCache
 from loader.staged import StagedTransform, decode_prepared, encode_prepared
 
-__all__ = ["WAYS", "PreparedRecords", "prepared_fingerprint"]
-
-WAYS = ("from_prepared", "prepared", "whole")  # how a sample is made: counted as stats' samples_<way>
+__all__ = ["PreparedRecords", "prepared_fingerprint"]
 
 
 def prepared_fingerprint(source_fingerprint: str, identity: str) -> str:
@@ -46,7 +44,8 @@ class PreparedRecords:
         return Fetched(stored, True, False, time.perf_counter() - start, prepared=True)
 
     def make(self, index: int, got: Fetched) -> tuple[Any, bool, str]:
-        """(the sample, whether the record was admitted, how the sample was made: ``WAYS``): from the stored
+        """(the sample, whether the record was admitted, how it was made: the ``stats()`` field that counts
+        it, ``samples_from_prepared``, ``samples_prepared`` or ``samples_whole``): from the stored
         record on a hit; else prepared from the raw bytes, offered to the store, then augmented. A record
         held raw (a hit, or admitted raw as it was read: the room may have moved to the prepared store since,
         ``_revisit``), or one the prepared store has no room for, gets the whole transform on its raw bytes
@@ -55,12 +54,12 @@ class PreparedRecords:
         ValueError or OSError for a record that cannot be prepared."""
         transform = self.transform
         if got.prepared:
-            return transform.augment(decode_prepared(got.raw)), False, "from_prepared"
+            return transform.augment(decode_prepared(got.raw)), False, "samples_from_prepared"
         if got.hit or got.admitted or not self.store.accepting(index):
-            return transform(got.raw), self._admit_raw(index, got), "whole"
+            return transform(got.raw), self._admit_raw(index, got), "samples_whole"
         prepared = transform.prepare(got.raw)
         admitted = self.store.admit(index, encode_prepared(prepared)) or self._admit_raw(index, got)
-        return transform.augment(prepared), admitted, "prepared"
+        return transform.augment(prepared), admitted, "samples_prepared"
 
     def _admit_raw(self, index: int, got: Fetched) -> bool:
         """A mix of forms: a record read from the source that has no room prepared goes to the raw store."""

@@ -146,7 +146,7 @@ class SourceDataset(Dataset):
             else:
                 sample, admitted, way = self._prepared.make(index, got)
                 self._count("records_admitted", admitted)
-                self._count(f"samples_{way}", 1)
+                self._count(way, 1)
         except (ValueError, OSError) as exc:
             raise BadRecordError(self.source.describe(index), index, str(exc)) from exc
         seconds = time.perf_counter() - start

@@ -86,11 +86,11 @@ class SharedStore:
             raise ValueError(f"cache_dir {str(cache_dir)!r} is not an existing directory")
         path = user_dir(Path(cache_dir), "cache_dir") / store_path(cache_dir, fingerprint).name
         try:
-            store = cls._attach_or_create(path, fingerprint, num_records, (capacity, limit), lock_timeout)
+            store = cls._attach_or_create(path, fingerprint, num_records, capacity, limit, lock_timeout)
         except StoreDamaged as exc:
             warnings.warn(f"{exc}; the cache is made anew", RuntimeWarning, stacklevel=2)
             shutil.rmtree(path, ignore_errors=True)
-            store = cls._attach_or_create(path, fingerprint, num_records, (capacity, limit), lock_timeout)
+            store = cls._attach_or_create(path, fingerprint, num_records, capacity, limit, lock_timeout)
         if warn_capacity and store.capacity != capacity:
             warnings.warn(
                 f"the cache at {path} was made with capacity {store.capacity} bytes; using it as it is "
@@ -102,14 +102,13 @@ class SharedStore:
 
     @classmethod
     def _attach_or_create(
-        cls, path: Path, fingerprint: str, num_records: int, size: tuple[int, int | None], lock_timeout: float
+        cls, path: Path, fingerprint: str, num_records: int, capacity: int, limit: int | None, timeout: float
     ) -> Self:
         if not os.path.lexists(path):
-            capacity, limit = size
             create_store(
                 path, fingerprint=fingerprint, num_records=num_records, capacity=capacity, limit=limit
             )
-        return cls(path, fingerprint, num_records, lock_timeout)
+        return cls(path, fingerprint, num_records, timeout)
 
     @property
     def capacity(self) -> int:
