@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
 from loader._serving import FileReads, ServingWorkerInit, serving
+from loader._shared_heap import heap_frozen_for_fork
 from loader._worker_random import RandomStates, RestoringWorkerInit, Stamped, StampingCollate
 
 __all__ = ["Tracking", "counting_iterator"]
@@ -131,7 +132,8 @@ def _with_workers(loader: Any, tracking: Tracking | None, serve: FileReads | Non
         iterator._turn, iterator._seed = tracking.turn, tracking.seed
     loader.worker_init_fn = init
     try:
-        iterator.__init__(loader)
+        with heap_frozen_for_fork():
+            iterator.__init__(loader)
     finally:
         loader.worker_init_fn, loader.collate_fn = user_init, user_collate
     return iterator
