@@ -1,4 +1,4 @@
-"""Forked workers keep sharing the loader's heap: a worker's garbage collection copies none of its pages."""
+"""Forked workers keep sharing the loader's heap: a worker's garbage collection copies few of its pages."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def in_worker(make_loader) -> tuple[int, int]:
 
 
 @pytest.mark.multiproc
-def test_a_workers_collection_copies_none_of_the_loaders_heap_where_torchs_copies_it():
+def test_a_workers_collection_copies_little_of_the_loaders_heap_where_torchs_copies_it():
     torch_frozen, torch_copied = in_worker(torch.utils.data.DataLoader)
     ours_frozen, ours_copied = in_worker(loader.DataLoader)
     assert torch_frozen == 0 and torch_copied > 20 * 1024  # every page holding one of the dicts
