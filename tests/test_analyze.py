@@ -59,7 +59,8 @@ def _plan(data: Path, kind: str) -> RunPlan:
     w = plan.workload
     if w.memory_limit is None:
         return plan
-    budget = w.memory_limit - reserve_for_limit(w.memory_limit) - OVERHEAD_MARGIN
+    most_kept_free = reserve_for_limit(w.memory_limit, own=w.memory_limit)  # the job's memory is less
+    budget = w.memory_limit - most_kept_free - OVERHEAD_MARGIN
     tight = dataclasses.replace(w, memory_limit=budget)
     return dataclasses.replace(plan, workload=tight)
 

@@ -100,8 +100,9 @@ def test_the_memory_limit_leaves_the_cache_its_budget_beside_the_reserve_it_keep
     overheads = {"torch": 300 << 20, "cached": 250 << 20}
     base = cache + (300 << 20) + OVERHEAD_MARGIN
     limit = memory_limit(cache, overheads, workers=1)
-    assert limit - reserve_for_limit(limit) >= base  # the cache can fill to its budget before it pauses
-    assert limit - reserve_for_limit(limit) < base + (2 << 20)  # and the page cache gets no more than that
+    own = base - cache  # the job's memory and the margin
+    assert limit - reserve_for_limit(limit, own) >= base  # the cache can fill to its budget before it pauses
+    assert limit - reserve_for_limit(limit, own) < base + (2 << 20)  # and the page cache no more
 
 
 def test_a_workload_job_goes_to_the_child_as_json_and_back():

@@ -17,7 +17,7 @@ import pytest
 
 from loader.system import headroom as _headroom
 from loader.system import memory as _memory
-from loader.system.headroom import PressureGauge, auto_cache_bytes, reserve_bytes
+from loader.system.headroom import PressureGauge, auto_cache_bytes, reserve_bytes, reserve_for_limit
 from loader.system.memory import MemoryView, memory_view
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.limits import probe_storage_conditions
@@ -219,9 +219,23 @@ def test_without_proc_meminfo_psutil_tells(fake):
     assert 0 < view.headroom <= view.limit and view.source == MACHINE
 
 
-@pytest.mark.parametrize(("limit", "reserve"), [(0, 128 * MIB), (GIB, 128 * MIB), (100 * GIB, 5 * GIB)])
-def test_reserve_is_5_percent_of_the_limit_and_at_least_128_mib(limit, reserve):
-    assert reserve_bytes(MemoryView(0, limit, MACHINE)) == reserve
+@pytest.mark.parametrize(
+    ("limit", "own", "reserve"),
+    [
+        (0, 0, 16 * MIB),  # a fifth of the job, at least 16 MiB
+        (375 * MIB, 290 * MIB, 58 * MIB),  # a fifth of a small job under a tight limit
+        (GIB, 900 * MIB, 128 * MIB),  # at most 128 MiB
+        (100 * GIB, 10 * GIB, 5 * GIB),  # 5% of a big limit
+    ],
+)
+def test_reserve_scales_with_the_limit_and_the_job_s_own_memory(limit, own, reserve):
+    assert reserve_for_limit(limit, own) == reserve
+    assert reserve_bytes(MemoryView(limit - own, limit, MACHINE)) == reserve
+
+
+def test_reserve_does_not_count_what_the_cache_holds_as_the_job_s():
+    view = MemoryView(75 * MIB, 375 * MIB, MACHINE)  # 300 MiB used, 50 of it the cache's
+    assert reserve_bytes(view, held=50 * MIB) == 50 * MIB
 
 
 @pytest.mark.parametrize(
@@ -262,23 +276,27 @@ def test_auto_cache_bytes_rejects_what_is_not_a_size(wanted):
         auto_cache_bytes(wanted)
 
 
-class Views:
-    """A stand-in for memory_view() and the gauge's clock: counts reads; the limit is 1 GiB."""
+LIMIT = 2560 * MIB
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, headroom: int) -> None:
-        self.headroom, self.reads, self.now = headroom, 0, 1000.0
+
+class Views:
+    """A stand-in for memory_view() and the gauge's clock: counts reads; the limit is 2.5 GiB, so that what
+    the cache keeps free is 128 MiB (5% of it) whatever the headroom."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, headroom: int, limit: int = LIMIT) -> None:
+        self.headroom, self.limit, self.reads, self.now = headroom, limit, 0, 1000.0
         monkeypatch.setattr(_memory, "memory_view", self.view)
         monkeypatch.setattr(_headroom, "monotonic", lambda: self.now)
 
     def view(self) -> MemoryView:
         self.reads += 1
-        return MemoryView(self.headroom, GIB, "SRC")  # reserve: 128 MiB
+        return MemoryView(self.headroom, self.limit, "SRC")
 
 
 def test_gauge_rereads_once_the_interval_passed(monkeypatch):
     views = Views(monkeypatch, GIB)
     gauge = PressureGauge(interval=1.0, bytes_between=GIB)
-    assert not gauge.short() and views.reads == 1 and gauge.last == MemoryView(GIB, GIB, "SRC")
+    assert not gauge.short() and views.reads == 1 and gauge.last == MemoryView(GIB, LIMIT, "SRC")
     views.now += 0.99
     views.headroom = 0
     assert not gauge.short() and views.reads == 1
@@ -314,11 +332,18 @@ def test_gauge_counts_bytes_it_allowed_until_the_next_read(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("headroom", "overdrawn"), [(164 * MIB, 0), (64 * MIB, 0), (64 * MIB - 1, 64 * MIB + 1), (0, 128 * MIB)]
+    ("headroom", "overdrawn"), [(100 * MIB, 0), (16 * MIB, 0), (16 * MIB - 1, 16 * MIB + 1), (0, 32 * MIB)]
 )
-def test_gauge_is_overdrawn_when_the_job_grew_into_half_the_reserve(monkeypatch, headroom, overdrawn):
+def test_gauge_is_overdrawn_when_the_job_came_within_16_mib_of_its_limit(monkeypatch, headroom, overdrawn):
     Views(monkeypatch, headroom)
-    assert PressureGauge().overdrawn() == overdrawn  # what brings the headroom back to the reserve
+    assert PressureGauge().overdrawn() == overdrawn  # what brings the headroom back to 32 MiB
+
+
+@pytest.mark.parametrize(("headroom", "overdrawn"), [(8 * MIB, 0), (8 * MIB - 1, 8 * MIB + 1)])
+def test_gauge_under_a_small_reserve_is_overdrawn_within_half_of_it(monkeypatch, headroom, overdrawn):
+    Views(monkeypatch, headroom, limit=80 * MIB)  # a job of ~72 MiB: 16 MiB kept free
+    gauge = PressureGauge()
+    assert gauge.overdrawn() == overdrawn and gauge.reserve == 16 * MIB
 
 
 def test_gauge_reads_for_overdrawn_only_once_the_interval_passed_or_when_told_to_forget(monkeypatch):
@@ -329,8 +354,8 @@ def test_gauge_reads_for_overdrawn_only_once_the_interval_passed_or_when_told_to
     views.headroom = 0  # the job grew by 400 MiB
     assert gauge.overdrawn(lambda: held) == 0 and views.reads == 1
     views.now += 1.0
-    assert gauge.overdrawn(lambda: held) == 128 * MIB and views.reads == 2
-    views.headroom, held = 128 * MIB, 172 * MIB  # the cache gave 128 MiB back
+    assert gauge.overdrawn(lambda: held) == 32 * MIB and views.reads == 2
+    views.headroom, held = 32 * MIB, 268 * MIB  # the cache gave 32 MiB back
     gauge.forget()
     assert gauge.last is not None  # another thread may be warning with it
     assert gauge.overdrawn(lambda: held) == 0 and views.reads == 3

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from loader.system.headroom import PressureGauge, reserve_bytes
+from loader.system.headroom import PressureGauge
 from loader.system.memory import format_bytes
 
 __all__ = ["ADMIT_PAUSE", "MEMORY_PAUSE", "AdmissionGate"]
@@ -82,7 +82,7 @@ class AdmissionGate:
         free = f"{format_bytes(view.headroom)} free per {view.source}"
         if spare < view.headroom:
             free += f", {format_bytes(view.headroom - spare)} of it for the job's own peak"
-        return f"{free}, {format_bytes(reserve_bytes(view))} kept free"
+        return f"{free}, {format_bytes(self._gauge.reserve)} kept free"
 
     def pause_after_timeout(self, exc: Exception, timeout: float) -> None:
         """The store's lock was not had within ``timeout`` seconds: admit nothing for a while."""

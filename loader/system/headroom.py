@@ -13,24 +13,31 @@ from loader.system.memory import MemoryView, format_bytes
 __all__ = ["PressureGauge", "auto_cache_bytes", "reserve_bytes", "reserve_for_limit"]
 
 _MIB = 1 << 20
-_RESERVE_FLOOR = 128 * _MIB  # see reserve_bytes
+_LIMIT_SHARE, _OWN_SHARE = 20, 5  # a 20th of the limit; a 5th of the job's own memory: see reserve_for_limit
+_OWN_FLOOR, _OWN_CAP = 16 * _MIB, 128 * _MIB
+_LAST_MARGIN = 16 * _MIB  # see PressureGauge.overdrawn
 
 
-def reserve_bytes(view: MemoryView) -> int:
-    """Memory to leave free for the job's own growth: 5% of the limit, at least 128 MiB.
-
-    The growth is mostly copy-on-write: a DataLoader worker shares its parent's pages when forked and copies
-    each one it writes to (a refcount is a write), so a job's charged memory keeps growing through its first
-    epoch, and it grows at once, faster than any look at the memory, each time workers are forked (measured:
-    2 workers of a 168 MB parent grew the job by 61 MB; a 362 MiB job that builds its evaluation loader after
-    epoch 1 was killed with 32 MiB kept free, and its page cache, squeezed, read 82 MB per 45 MB epoch).
-    What grows slowly past half of the reserve, the store gives back (``PressureGauge.overdrawn``)."""
-    return reserve_for_limit(view.limit)
+def reserve_bytes(view: MemoryView, held: int = 0) -> int:
+    """Memory to leave free for the job's own growth (``reserve_for_limit``), the job's own memory being the
+    usage under the view's limit less ``held``, the bytes the cache holds."""
+    return reserve_for_limit(view.limit, view.limit - view.headroom - held)
 
 
-def reserve_for_limit(limit: int) -> int:
-    """What the cache leaves free under a memory limit of ``limit`` bytes (``reserve_bytes``)."""
-    return max(_RESERVE_FLOOR, limit * 5 // 100)
+def reserve_for_limit(limit: int, own: int) -> int:
+    """What the cache leaves free under a memory limit of ``limit`` bytes for a job whose own memory (the
+    cache not counted) is ``own`` bytes: 5% of the limit, or a fifth of the job's own memory (at least
+    16 MiB, at most 128 MiB) where that is more.
+
+    The growth is mostly copy-on-write and comes at once, faster than any look at the memory: a DataLoader
+    worker shares its parent's pages when forked and copies each one it writes to (a refcount is a write),
+    so the job grows each time workers are forked, by a share of its own size. Measured with the heap frozen
+    while workers fork (``_shared_heap.py``): an evaluation loader's 2 workers forked from a 288 MiB job
+    grew it by ~50 MiB. Below 2.5 GiB the fifth of the job binds, so a small job under a tight limit keeps
+    little free, and a big one no more than 128 MiB; above, 5% of the limit. Where the job grows through
+    the reserve anyway, the store gives memory back (``PressureGauge.overdrawn``)."""
+    own_share = min(_OWN_CAP, max(_OWN_FLOOR, own // _OWN_SHARE))
+    return max(limit // _LIMIT_SHARE, own_share)
 
 
 def auto_cache_bytes(wanted: int, view: MemoryView | None = None) -> tuple[int, str]:
@@ -38,7 +45,7 @@ def auto_cache_bytes(wanted: int, view: MemoryView | None = None) -> tuple[int, 
     if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 0:
         raise ValueError(f"wanted must be a non-negative int, got {wanted!r}")
     view = _memory.memory_view() if view is None else view
-    reserve = reserve_bytes(view)
+    reserve = reserve_bytes(view)  # the store is not made yet: all the usage is the job's
     chosen = max(0, min(wanted, view.headroom - reserve))
     free = f"{format_bytes(view.headroom)} free per {view.source}"
     if chosen == wanted:
@@ -55,7 +62,8 @@ class PressureGauge:
     cache holds): a job's memory swings by tens of MB within a batch (read buffers, a worker's copies), and a
     cache admitted in a trough would meet the next peak. Bytes noted (the ``adding`` of each call that was
     not short) count as taken until the next read, so a burst of admissions between two reads cannot
-    overrun the reserve. ``bytes_between`` defaults to an eighth of the reserve.
+    overrun the reserve. What it keeps free (``reserve``) is ``reserve_for_limit`` of the limit and the
+    job's own memory at its peak. ``bytes_between`` defaults to an eighth of the reserve.
     """
 
     def __init__(self, interval: float = 0.05, bytes_between: int | None = None) -> None:
@@ -69,7 +77,7 @@ class PressureGauge:
         self.spare = 0
         self._read_at = 0.0
         self._noted = 0
-        self._reserve = 0
+        self.reserve = 0  # what to keep free, as of the last read
         self._own_peak = 0
         self._peak_source = ""
 
@@ -77,21 +85,30 @@ class PressureGauge:
         """Whether taking ``adding`` more bytes would leave less than the reserve spare."""
         if self.last is None or self._due(adding):
             self._read(held())
-        is_short = self.spare - self._noted - adding < self._reserve
+        is_short = self.spare - self._noted - adding < self.reserve
         if not is_short:
             self._noted += adding
         return is_short
 
     def overdrawn(self, held: Callable[[], int] = lambda: 0) -> int:
-        """Bytes to give back now: where the job grew into more than half of the reserve (its memory read
-        when due), what brings the spare memory back to the reserve; else 0."""
+        """Bytes to give back now: where the job came within 16 MiB of its limit (or half the reserve, where
+        that is less; its memory read when due), what brings the spare memory back to twice that; else 0.
+
+        Between that margin and the reserve the store neither admits nor gives back: the reserve is for
+        growth not seen yet, and a job that grew into it (an evaluation loader's workers forked) most often
+        stays there. Records given back are lost to the page cache too (their pages were dropped when they
+        were admitted), so giving back early costs reads. Measured on a 288 MiB job under a 407 MiB limit:
+        giving back at half the reserve dropped all 42 MB the store held when the evaluation workers forked,
+        and epoch 2 read 47.5 MB of the 51 MB dataset (torch's loader 0.0 MB, its page cache holding it
+        all); giving back within 16 MiB only, the store kept 25 MB and epoch 2 read 18 MB, epoch 3 1-8 MB."""
         if self.last is None or monotonic() - self._read_at >= self.interval:
             self._read(held())
         spare = self.spare - self._noted
-        return 0 if spare >= self._reserve // 2 else self._reserve - spare
+        least = min(self.reserve // 2, _LAST_MARGIN)
+        return 0 if spare >= least else 2 * least - spare
 
     def _due(self, adding: int) -> bool:
-        between = self.bytes_between if self.bytes_between is not None else self._reserve // 8
+        between = self.bytes_between if self.bytes_between is not None else self.reserve // 8
         return self._noted + adding >= between or monotonic() - self._read_at >= self.interval
 
     def forget(self) -> None:
@@ -106,4 +123,5 @@ class PressureGauge:
         own = view.limit - view.headroom - held
         self._own_peak = max(self._own_peak, own)
         self.last, self.spare = view, view.headroom - (self._own_peak - own)
-        self._read_at, self._noted, self._reserve = monotonic(), 0, reserve_bytes(view)
+        self._read_at, self._noted = monotonic(), 0
+        self.reserve = reserve_for_limit(view.limit, self._own_peak)

@@ -71,8 +71,9 @@ def memory_limit(cache_bytes: int, overheads: dict[str, int], workers: int = 2) 
     from loader.system import reserve_for_limit  # here: the command line starts without torch
 
     extra = max(0, workers - (os.cpu_count() or 1)) * EXTRA_WORKER_MARGIN
-    base = cache_bytes + max(overheads.values()) + OVERHEAD_MARGIN + extra
-    limit = base + reserve_for_limit(base)
-    while limit - reserve_for_limit(limit) < base:  # 5% of the limit: a fixed point a step or two away
-        limit = base + reserve_for_limit(limit)
+    own = max(overheads.values()) + OVERHEAD_MARGIN + extra
+    base = cache_bytes + own
+    limit = base + reserve_for_limit(base, own)
+    while limit - reserve_for_limit(limit, own) < base:  # 5% of the limit: a fixed point a step or two away
+        limit = base + reserve_for_limit(limit, own)
     return limit
