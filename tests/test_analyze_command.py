@@ -285,7 +285,7 @@ def test_memory_limit_auto_is_sized_from_the_commands_own_memory(images, tmp_pat
         pytest.skip(f"--memory-limit needs a memory cgroup: {problem}")
     report = analyze(images, tmp_path, "--memory-limit", "auto", "--loader", "torch")
     limit = report["workload"]["memory_limit"]
-    # python, torch, the example's model and 2 workers, measured, with the margins (32 MiB, up to 128 MiB kept free)
+    # python, torch, the model and 2 workers, measured, and the margins (32 MiB, <= 128 MiB kept free)
     assert isinstance(limit, int) and 300 << 20 < limit < 2 << 30, limit
     (loader,) = report["loaders"]
     (cold,) = [run for run in loader["runs"] if run["phase"] == "cold"]
