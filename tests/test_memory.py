@@ -233,11 +233,6 @@ def test_reserve_scales_with_the_limit_and_the_job_s_own_memory(limit, own, rese
     assert reserve_bytes(MemoryView(limit - own, limit, MACHINE)) == reserve
 
 
-def test_reserve_does_not_count_what_the_cache_holds_as_the_job_s():
-    view = MemoryView(75 * MIB, 375 * MIB, MACHINE)  # 300 MiB used, 50 of it the cache's
-    assert reserve_bytes(view, held=50 * MIB) == 50 * MIB
-
-
 @pytest.mark.parametrize(
     ("wanted", "headroom", "chosen", "why"),
     [

@@ -18,10 +18,10 @@ _OWN_FLOOR, _OWN_CAP = 16 * _MIB, 128 * _MIB
 _LAST_MARGIN = 16 * _MIB  # see PressureGauge.overdrawn
 
 
-def reserve_bytes(view: MemoryView, held: int = 0) -> int:
-    """Memory to leave free for the job's own growth (``reserve_for_limit``), the job's own memory being the
-    usage under the view's limit less ``held``, the bytes the cache holds."""
-    return reserve_for_limit(view.limit, view.limit - view.headroom - held)
+def reserve_bytes(view: MemoryView) -> int:
+    """Memory to leave free for the job's own growth (``reserve_for_limit``), all the usage under the view's
+    limit being the job's own (no store made yet)."""
+    return reserve_for_limit(view.limit, view.limit - view.headroom)
 
 
 def reserve_for_limit(limit: int, own: int) -> int:
@@ -45,7 +45,7 @@ def auto_cache_bytes(wanted: int, view: MemoryView | None = None) -> tuple[int, 
     if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 0:
         raise ValueError(f"wanted must be a non-negative int, got {wanted!r}")
     view = _memory.memory_view() if view is None else view
-    reserve = reserve_bytes(view)  # the store is not made yet: all the usage is the job's
+    reserve = reserve_bytes(view)
     chosen = max(0, min(wanted, view.headroom - reserve))
     free = f"{format_bytes(view.headroom)} free per {view.source}"
     if chosen == wanted:
