@@ -19,7 +19,7 @@ from typing import Literal
 
 from loader.cache import CacheInfo, CorruptRecordError, MinIOCache
 from loader.cache._layout import index_bytes
-from loader.sources.file_tree import FileTreeSource
+from loader.sources.file_tree import FileTreeSource, shared_listing
 from loader.system.headroom import auto_cache_bytes
 from loader.system.pagecache import read_admitting
 
@@ -56,7 +56,7 @@ class CachedFiles:
             raise ValueError("roots must name at least one folder or file, got none")
         unique = list(dict.fromkeys(os.path.abspath(os.fsdecode(r)) for r in roots))
         _check_disjoint(unique)
-        self.sources = [FileTreeSource(root) for root in unique]
+        self.sources = [shared_listing(root) for root in unique]
         capacities, self.cache_sizing = _capacities(self.sources, cache_bytes)
         warn = not self.cache_sizing
         pairs = zip(self.sources, capacities, strict=True)
@@ -70,15 +70,15 @@ class CachedFiles:
         found = self._locate(path)
         if found is None:
             return None
-        source, i = self.sources[found[0]], found[1]
-        name = source.describe(i)
+        k, i, name = found
+        source = self.sources[k]
         try:
             st = os.stat(name)
         except OSError:
             return None
         if not stat.S_ISREG(st.st_mode) or st.st_size > self.largest:
             return None
-        cache = self._caches[found[0]]
+        cache = self._caches[k]
         if (st.st_size, st.st_mtime_ns) != source.listed(i):
             cache = None  # changed since the listing: its slot belongs to the listed bytes
         return self._fetch(cache, i, name, st.st_size)
@@ -93,8 +93,10 @@ class CachedFiles:
             if cache is not None:
                 cache.close()
 
-    def _locate(self, path: PathArg) -> tuple[int, int] | None:
-        """(root number, index): the path as written first (cheap), then its real path (a stat per part)."""
+    def _locate(self, path: PathArg) -> tuple[int, int, str] | None:
+        """(root number, index, the path found): the path as written first (cheap), then its real path (a
+        stat per part). The path found is read, not the listing's: ``describe`` would take a reference to
+        the listed string, a write to the listing's pages (see ``FileTreeSource.find``)."""
         name = os.fsdecode(path)
         full = os.path.realpath(name) if ".." in name.split(os.sep) else os.path.abspath(name)
         found = self._find(full)
@@ -102,11 +104,11 @@ class CachedFiles:
             found = self._find(real)
         return found
 
-    def _find(self, full: str) -> tuple[int, int] | None:
+    def _find(self, full: str) -> tuple[int, int, str] | None:
         for k, source in enumerate(self.sources):
             i = source.find(full)
             if i is not None:
-                return k, i
+                return k, i, full
         return None
 
     @staticmethod

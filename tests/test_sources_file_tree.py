@@ -1,15 +1,21 @@
-"""FileTreeSource: listing and order, links, lookups, fingerprint, page-cache eviction and bad roots."""
+"""FileTreeSource: listing and order, links, lookups, fingerprint, page-cache eviction and bad roots; its
+compact path index and the listing shared within a process."""
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import re
+import tracemalloc
 
 import pytest
 
 from loader import FileTreeSource
 from loader.errors import BadRecordError, SourceError
+from loader.sources import _path_index
+from loader.sources._path_index import PathIndex
+from loader.sources.file_tree import shared_listing
 from stallbench.conditions.storage import evict_page_cache, resident_bytes
 
 FILES = {"b.bin": b"bb", "a/z.npy": b"z" * 10, "a/sub/y.jpg": b"yy", "a.b/x": b"x", "c": b""}
@@ -139,3 +145,48 @@ def test_evicts_only_admitted_files_and_only_pages_its_read_brought_in(tmp_path,
     got = [source.read_admitting(i, lambda raw: admit) for i in range(4)]
     assert got == [(bytes([i + 1]) * (1 << 20), admit) for i in range(4)]
     assert resident_bytes(files) / (4 << 20) == left
+
+
+def test_path_index_finds_every_path_and_only_those():
+    paths = sorted([f"{d}/{i:05d}.jpg" for d in range(10) for i in range(300)] + ["\udcff.bin", "é/ü"])
+    index = PathIndex(paths)
+    assert len(index) == len(paths)
+    assert [index[i] for i in range(len(paths))] == paths
+    assert [index.find(p) for p in paths] == list(range(len(paths)))
+    for absent in ("", "0", "0/00000.jp", "9/00300.jpg", "\ud800"):
+        assert index.find(absent) is None
+    copy = pickle.loads(pickle.dumps(index))
+    assert [copy.find(p) for p in paths] == list(range(len(paths)))
+
+
+def test_path_index_tells_paths_with_one_hash_apart(monkeypatch):
+    monkeypatch.setattr(_path_index, "_hash", lambda encoded: 7)
+    paths = ["a", "b", "c/d", "e"]
+    index = PathIndex(paths)
+    assert [index.find(p) for p in paths] == [0, 1, 2, 3]
+    assert index.find("f") is None
+
+
+def test_path_index_holds_no_python_object_per_path():
+    paths = [f"train/{d}/{i:05d}.jpg" for d in range(10) for i in range(2000)]
+    tracemalloc.start()
+    try:
+        index = PathIndex(paths)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert index.find(paths[-1]) == len(paths) - 1
+    names = sum(map(len, paths))  # the paths' own bytes; a list of str adds ~57 per path
+    assert held - names < 32 * len(paths), f"{(held - names) / len(paths):.0f} bytes per path over its name"
+
+
+def test_shared_listing_is_one_listing_while_held(tree):
+    first = shared_listing(tree)
+    assert shared_listing(str(tree) + "/") is first
+    (tree / "new.bin").write_bytes(b"n")
+    assert shared_listing(tree).find(str(tree / "new.bin")) is None  # listed once: not listed again
+    fingerprint = first.fingerprint
+    del first
+    gc.collect()
+    fresh = shared_listing(tree)
+    assert fresh.find(str(tree / "new.bin")) is not None and fresh.fingerprint != fingerprint
