@@ -16,6 +16,7 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleP
 from loader._serving import FileReads, ServingWorkerInit, serving
 from loader._shared_heap import heap_frozen_for_fork
 from loader._worker_random import RandomStates, RestoringWorkerInit, Stamped, StampingCollate
+from loader.cache._attached import make_room_for_workers
 
 __all__ = ["Tracking", "counting_iterator"]
 
@@ -131,6 +132,7 @@ def _with_workers(loader: Any, tracking: Tracking | None, serve: FileReads | Non
         loader.collate_fn = StampingCollate(user_collate)
         iterator._turn, iterator._seed = tracking.turn, tracking.seed
     loader.worker_init_fn = init
+    make_room_for_workers()
     try:
         with heap_frozen_for_fork():
             iterator.__init__(loader)

@@ -234,3 +234,30 @@ def test_records_given_back_are_read_from_the_source_and_the_loader_warns_once(s
     assert len([w for w in caught if "gave back" in str(w.message)]) == 1
     s = dl.stats()
     assert s.records_cached == 0 and (s.hits, s.misses) == (0, 2 * RECORDS)  # epoch 2 read all again
+
+
+@pytest.mark.parametrize("persistent_workers", [False, True])
+def test_the_store_makes_room_for_the_reserve_before_the_loader_starts_workers(
+    shm_dir, memory, persistent_workers
+):
+    memory(free(1 << 30, limit=LIMIT))
+    dl = make(shm_dir, 1 << 20)
+    assert indices(dl) == list(range(RECORDS)) and dl.stats().records_cached == RECORDS
+    short = RECORDS * SIZE // 2  # the job grew into the reserve: half the store's bytes short of it
+    memory(free(RESERVE - short, limit=LIMIT))
+    workers = DataLoader(
+        dl.dataset, batch_size=8, num_workers=1, persistent_workers=persistent_workers, cache_dir=shm_dir
+    )
+    with pytest.warns(RuntimeWarning, match="gave back"):
+        assert indices(workers) == list(range(RECORDS))
+    assert dl.stats().records_cached == RECORDS - short // SIZE  # the records admitted last, given back
+
+
+def test_a_store_with_the_reserve_free_gives_nothing_back_before_workers_start(shm_dir, memory):
+    memory(free(1 << 30, limit=LIMIT))
+    dl = make(shm_dir, 1 << 20, num_workers=1)
+    assert indices(dl) == list(range(RECORDS))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert indices(dl) == list(range(RECORDS))
+    assert dl.stats().records_cached == RECORDS and dl.stats().hits == RECORDS

@@ -356,6 +356,15 @@ def test_gauge_reads_for_overdrawn_only_once_the_interval_passed_or_when_told_to
     assert gauge.overdrawn(lambda: held) == 0 and views.reads == 3
 
 
+@pytest.mark.parametrize(("headroom", "shortfall"), [(200 * MIB, 0), (128 * MIB, 0), (100 * MIB, 28 * MIB)])
+def test_gauge_shortfall_is_what_keeps_the_reserve_from_being_free_read_now(monkeypatch, headroom, shortfall):
+    views = Views(monkeypatch, GIB)
+    gauge = PressureGauge(interval=3600)
+    gauge.short()
+    views.headroom = headroom  # not due for a read: shortfall reads anyway
+    assert gauge.shortfall() == shortfall and views.reads == 2
+
+
 def test_gauge_keeps_the_job_s_peak_free_after_it_passed(monkeypatch):
     views = Views(monkeypatch, 500 * MIB)
     gauge = PressureGauge(interval=0)

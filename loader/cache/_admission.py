@@ -63,6 +63,10 @@ class AdmissionGate:
         reads memory every 50 ms)."""
         return 0 if self.off else self._gauge.overdrawn(lambda: int(used[0]))
 
+    def shortfall(self, used: np.ndarray) -> int:
+        """Bytes to give back so that the reserve is free now, memory read now (``used[0]``: the store's)."""
+        return 0 if self.off else self._gauge.shortfall(lambda: int(used[0]))
+
     def note_given_back(self, nbytes: int, records: int) -> None:
         """The store gave back ``nbytes`` (``records`` records); warn the first time, read memory afresh."""
         if not self.given_back and nbytes:

@@ -21,6 +21,7 @@ from typing import Self
 import numpy as np
 
 from loader.cache._admission import AdmissionGate
+from loader.cache._attached import note_attached
 from loader.cache._layout import HEADER_BYTES, HEADER_DTYPE, READY, SLOT_DTYPE, index_bytes
 from loader.cache._storefiles import StoreDamaged, check_capacity, check_header, create_store
 from loader.system.locks import StoreMutex, forget_writer
@@ -61,6 +62,7 @@ class SharedStore:
         self._mutex = StoreMutex(path, lock_timeout)
         self._gate = AdmissionGate(path)
         self._attach()
+        note_attached(self)
 
     @classmethod
     def open(

@@ -137,6 +137,14 @@ class MinIOCache(SharedStore):
             return 0, 0
         return used - cut, int(dropped.sum())
 
+    def make_room(self) -> int:
+        """Give back what keeps the memory reserve from being free now (``_attached``); the bytes freed."""
+        nbytes = self._gate.shortfall(self._used) if self._data_fd is not None else 0
+        freed, records = self.give_back(nbytes) if nbytes else (0, 0)
+        if freed:
+            self._gate.note_given_back(freed, records)
+        return freed
+
     def _tail_cut(self, target: int) -> int:
         """Where the data may end once no more than ``target`` bytes are kept: at or above ``target`` past
         any record still being written (RESERVED), down to the start of a record that straddles it."""

@@ -107,6 +107,11 @@ class PressureGauge:
         least = min(self.reserve // 2, _LAST_MARGIN)
         return 0 if spare >= least else 2 * least - spare
 
+    def shortfall(self, held: Callable[[], int] = lambda: 0) -> int:
+        """Bytes to give back so that the reserve is free, memory read now: before the job grows at once."""
+        self._read(held())
+        return max(0, self.reserve - self.spare)
+
     def _due(self, adding: int) -> bool:
         between = self.bytes_between if self.bytes_between is not None else self.reserve // 8
         return self._noted + adding >= between or monotonic() - self._read_at >= self.interval

@@ -1,0 +1,31 @@
+"""The stores attached in this process, so that a loader can make room in them before its workers start.
+
+Starting workers grows the job at once, faster than any look at the memory: forked workers copy their
+parent's pages as they first write to them, spawned ones load an interpreter each (``headroom``'s reserve
+is for that growth). The store admits only while the reserve is free, but the job may have grown into it
+since (an earlier loader's workers, a bigger heap), and a store that then meets the new workers' growth
+with less than the reserve free has the job killed before it can give back: measured on the digits job of
+``bench_tight_budget`` at L = M + D/2, the store held 27.7 MiB with 44 MiB free when the evaluation loader
+forked its two workers, and the job was killed. So our loader asks every store attached in its process to
+give back what keeps the reserve from being free (``MinIOCache.make_room``) just before it starts workers.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+__all__ = ["make_room_for_workers", "note_attached"]
+
+_stores: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def note_attached(store: Any) -> None:
+    """``store`` (a ``MinIOCache``) is attached in this process until it is closed or collected."""
+    _stores.add(store)
+
+
+def make_room_for_workers() -> int:
+    """Each store attached in this process gives back what keeps the memory reserve from being free now;
+    the bytes given back in all."""
+    return sum(store.make_room() for store in list(_stores))
