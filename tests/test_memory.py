@@ -365,6 +365,22 @@ def test_gauge_shortfall_is_what_keeps_the_reserve_from_being_free_read_now(monk
     assert gauge.shortfall() == shortfall and views.reads == 2
 
 
+def test_gauge_within_the_reserve_looks_for_overdrawn_five_times_as_often(monkeypatch):
+    views = Views(monkeypatch, GIB)
+    gauge = PressureGauge(interval=1.0)
+    assert gauge.overdrawn() == 0 and views.reads == 1
+    views.now += 0.2
+    assert gauge.overdrawn() == 0 and views.reads == 1  # the reserve free: every second
+    views.now += 0.8
+    views.headroom = 100 * MIB  # within the 128 MiB reserve, not yet within 16 MiB of the limit
+    assert gauge.overdrawn() == 0 and views.reads == 2
+    views.headroom = 0
+    views.now += 0.19
+    assert gauge.overdrawn() == 0 and views.reads == 2
+    views.now += 0.02  # past a fifth of the interval
+    assert gauge.overdrawn() == 32 * MIB and views.reads == 3
+
+
 def test_gauge_keeps_the_job_s_peak_free_after_it_passed(monkeypatch):
     views = Views(monkeypatch, 500 * MIB)
     gauge = PressureGauge(interval=0)
