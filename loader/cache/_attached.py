@@ -4,11 +4,10 @@ Starting workers grows the job at once, faster than any look at the memory: fork
 parent's pages as they first write to them, spawned ones load an interpreter each (``headroom``'s reserve
 is for that growth). The store admits only while the reserve is free, but the job may have grown into it
 since (an earlier loader's workers, a bigger heap), and a store that then meets the new workers' growth
-with less than the reserve free has the job killed before it can give back: measured on the digits job of
-``bench_tight_budget`` at L = M + D/2, the store held 27.7 MiB with 44 MiB free when the evaluation loader
-forked its two workers, and the job was killed. So our loader asks every store attached in its process to
-give back what keeps the reserve from being free (``MinIOCache.make_room``) just before it starts workers.
-"""
+with less than the reserve free can have the job killed before any look sees it. So our loader asks every
+store attached in its process to give back what keeps the reserve from being free
+(``MinIOCache.make_room``) just before it starts workers. (Sampled every 10 ms on the digits job of
+``bench_tight_budget``: its evaluation loader's two workers grew it by ~12 MiB within 10 ms of their fork.)"""
 
 from __future__ import annotations
 
