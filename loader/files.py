@@ -95,8 +95,8 @@ class CachedFiles:
 
     def _locate(self, path: PathArg) -> tuple[int, int, str] | None:
         """(root number, index, the path found): the path as written first (cheap), then its real path (a
-        stat per part). The path found is read, not the listing's: ``describe`` would take a reference to
-        the listed string, a write to the listing's pages (see ``FileTreeSource.find``)."""
+        stat per part). The path found is the one read: the listing's (``describe``) would be decoded and
+        joined again for each read."""
         name = os.fsdecode(path)
         full = os.path.realpath(name) if ".." in name.split(os.sep) else os.path.abspath(name)
         found = self._find(full)

@@ -6,9 +6,10 @@ forked process's lookups of bench_tight_budget's 11,520 training files copied 1.
 ``bisect``, 0.4 MiB with this index (0.2 MiB of that the lookups' own strings). Here the encoded paths sit
 end to end in one ``bytes``, found by a binary search of a sorted ``array`` of their 64-bit BLAKE2 hashes
 (an array's items become new ``int`` objects as they are read): ~24 bytes per path beside its name, read
-and never written by a lookup, and no slower than ``bisect`` over the strings. A hash
-shared by two paths is told apart by comparing the paths themselves. Written by hand: neither the standard
-library nor numpy holds a sorted set of strings outside Python objects."""
+and never written by a lookup, which takes ~2.5 us (``bisect`` over the strings ~0.6 us; a 3.8 KB JPEG's
+decode and read ~70 us). A hash shared by two paths is told apart by comparing the paths themselves.
+Written by hand: neither the standard library nor numpy holds a sorted set of strings outside Python
+objects."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import bisect
 import hashlib
 import os
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
+from itertools import accumulate
 
 __all__ = ["PathIndex"]
 
@@ -31,7 +33,7 @@ class PathIndex:
     def __init__(self, paths: Sequence[str]) -> None:
         encoded = [os.fsencode(p) for p in paths]
         self._blob = b"".join(encoded)
-        self._ends = array("q", _running_sum(len(e) for e in encoded))
+        self._ends = array("q", accumulate(map(len, encoded)))
         hashes = array("Q", map(_hash, encoded))
         self._order = array("q", sorted(range(len(encoded)), key=hashes.__getitem__))
         self._hashes = array("Q", map(hashes.__getitem__, self._order))
@@ -60,10 +62,3 @@ class PathIndex:
 
     def _encoded(self, i: int) -> bytes:
         return self._blob[self._ends[i - 1] if i else 0 : self._ends[i]]
-
-
-def _running_sum(lengths: Iterable[int]) -> Iterator[int]:
-    total = 0
-    for n in lengths:
-        total += n
-        yield total
