@@ -105,10 +105,9 @@ class PressureGauge:
         Within the reserve the memory is read five times as often (every 10 ms by default, ~44 us a read):
         sampled every 10 ms, that job's unreclaimable memory swung by 10-12 MiB from one batch to the next
         once its evaluation workers ran, and a look every 50 ms found it within 1 MiB of its limit."""
-        tight = self.spare - self._noted < self.reserve  # within the reserve: look five times as often
-        if self.last is None or monotonic() - self._read_at >= (
-            self.interval / 5 if tight else self.interval
-        ):
+        within_reserve = self.spare - self._noted < self.reserve
+        interval = self.interval / 5 if within_reserve else self.interval
+        if self.last is None or monotonic() - self._read_at >= interval:
             self._read(held())
         spare = self.spare - self._noted
         least = min(self.reserve // 2, _LAST_MARGIN)
