@@ -14,6 +14,7 @@ import pytest
 from loader import FileTreeSource
 from loader.errors import BadRecordError, SourceError
 from loader.sources import _path_index
+from loader.sources._fingerprint import digest
 from loader.sources._path_index import PathIndex
 from loader.sources.file_tree import shared_listing
 from stallbench.conditions.storage import evict_page_cache, resident_bytes
@@ -74,6 +75,22 @@ def test_a_file_root_is_one_record(tree):
     assert source.find(str(tree / "a" / "z.npy")) == 0
     assert source.find(str(tree / "b.bin")) is None
     assert source.read(0) == FILES["a/z.npy"]
+
+
+def test_a_deep_tree_is_listed_in_the_order_and_with_the_fingerprint_of_its_sorted_paths(tmp_path):
+    # the scan sorts one folder at a time: names that sort around the separator ("a-b", "a.c", "a0" beside
+    # the folder "a") and a deep tree must still give the order of the whole relative paths, sorted
+    names = ["a-b/1", "a.c", "a/b/c/d/2", "a/b-c/3", "a/b.c", "a/b0/4", "a0", "\udcff/5", "z/y/x/6"]
+    for i, rel in enumerate(names):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"r" * i)
+    source = FileTreeSource(tmp_path)
+    listed = sorted((rel, i, os.stat(tmp_path / rel).st_mtime_ns) for i, rel in enumerate(names))
+    assert [os.path.relpath(source.describe(i), tmp_path) for i in range(len(source))] == [
+        f[0] for f in listed
+    ]
+    assert [source.listed(i) for i in range(len(source))] == [f[1:] for f in listed]
+    assert source.fingerprint == digest(["file-tree", *listed])
 
 
 def test_fingerprint_changes_with_the_tree(tree):
