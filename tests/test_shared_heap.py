@@ -14,9 +14,10 @@ import loader
 OBJECTS = 150_000  # tracked objects in the loader's process: ~35 MiB of small dicts
 
 
-def private_dirty_kib() -> int:
+def dirty_kib(kind: str) -> int:
+    """This process's ``Private_Dirty`` or ``Shared_Dirty`` memory (KiB)."""
     with open("/proc/self/smaps_rollup") as f:
-        return sum(int(line.split()[1]) for line in f if line.startswith("Private_Dirty:"))
+        return sum(int(line.split()[1]) for line in f if line.startswith(f"{kind}_Dirty:"))
 
 
 class CollectOnce(torch.utils.data.Dataset):
@@ -27,9 +28,9 @@ class CollectOnce(torch.utils.data.Dataset):
         return 1
 
     def __getitem__(self, i: int) -> tuple[int, int]:
-        before = private_dirty_kib()
+        before = dirty_kib("Private")
         gc.collect()
-        return gc.get_freeze_count(), private_dirty_kib() - before
+        return gc.get_freeze_count(), dirty_kib("Private") - before
 
 
 def in_worker(make_loader) -> tuple[int, int]:
@@ -61,11 +62,6 @@ def test_a_process_that_froze_its_heap_itself_is_left_as_it_is():
         gc.unfreeze()
 
 
-def shared_dirty_kib() -> int:
-    with open("/proc/self/smaps_rollup") as f:
-        return sum(int(line.split()[1]) for line in f if line.startswith("Shared_Dirty:"))
-
-
 def shared_after_collection_kib(make_loader) -> tuple[int, int]:
     """With a persistent worker running: the freeze count here, and what this process still shares with it
     after a full collection here (KiB). Lists, which the collector always examines (a dict of ints is
@@ -75,7 +71,7 @@ def shared_after_collection_kib(make_loader) -> tuple[int, int]:
                      persistent_workers=True)  # fmt: skip
     list(dl)  # the worker runs on
     gc.collect()
-    frozen, shared = gc.get_freeze_count(), shared_dirty_kib()
+    frozen, shared = gc.get_freeze_count(), dirty_kib("Shared")
     del dl
     assert len(heap) == OBJECTS
     return frozen, shared

@@ -111,9 +111,8 @@ def shared_listing(root: str | os.PathLike) -> FileTreeSource:
 
     A job's train and evaluation loaders often serve the same folder: listing bench_tight_budget's 12,520
     files grows the process by ~2 MiB (the listing itself holds 0.8 MiB), and listing it again grew it by
-    1.2 MiB more. Not listing again is safe for
-    ``CachedFiles``: each read checks the file's size and mtime against the listing, so a file changed
-    since is read from storage, a file added since is not served."""
+    1.2 MiB more. Not listing again is safe for ``CachedFiles``: each read checks the file's size and mtime
+    against the listing, so a file changed since is read from storage, a file added since is not served."""
     path = os.path.abspath(os.fspath(root))
     kept = _listed.get(path)
     if kept is None:
@@ -123,8 +122,9 @@ def shared_listing(root: str | os.PathLike) -> FileTreeSource:
 
 def _scan(top: str, rel_dir: str) -> Iterator[tuple[str, int, int]]:
     """(relative path, size, mtime_ns) of the regular files under ``top/rel_dir``, sorted by relative path;
-    links are not followed. One folder's entries are held at a time: a folder's are sorted by name, a
-    folder's name followed by the separator, which is where its files' paths sort among its siblings."""
+    links are not followed. Only the entries of the folders on the way down are held, never the whole
+    tree's: each folder's are sorted by name, a subfolder's name followed by the separator, which is where
+    its files' paths sort among its siblings."""
     with os.scandir(os.path.join(top, rel_dir)) as found:
         entries = sorted((e for e in found if not e.name.startswith(".")), key=_sort_key)
     for entry in entries:
