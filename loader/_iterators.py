@@ -85,13 +85,6 @@ class _CountingMultiProcessingIter(_Counting, _MultiProcessingDataLoaderIter):
 
     _turn = 0
     _seed: int | None = None
-    _release_heap: Callable[[], None] = staticmethod(lambda: None)  # see heap_frozen_for_fork
-
-    def _shutdown_workers(self) -> None:
-        try:
-            super()._shutdown_workers()
-        finally:
-            self._release_heap()
 
     @property
     def _base_seed(self) -> int:
@@ -141,9 +134,8 @@ def _with_workers(loader: Any, tracking: Tracking | None, serve: FileReads | Non
     loader.worker_init_fn = init
     make_room_for_workers()
     try:
-        with heap_frozen_for_fork() as release_heap:
+        with heap_frozen_for_fork():
             iterator.__init__(loader)
-        iterator._release_heap = release_heap
     finally:
         loader.worker_init_fn, loader.collate_fn = user_init, user_collate
     return iterator

@@ -11,13 +11,13 @@ objects frozen, by ~2 MiB, and the job's memory peak (its cgroup's ``rss``) fell
 memory is the page cache a tight budget lacks.
 
 So the loader freezes the heap (``gc.freeze``: every object moves to a permanent generation collections
-skip) as its workers fork, and keeps it frozen while they run: the workers inherit the frozen set and never
-examine those objects, and neither does the loader's process, whose collections would copy each page it
-shares with them just the same (a write on either side of a fork copies the page). Measured on the same
-job, unfreezing right after the fork left the job's memory peak 10-12 MiB higher (347-352 MiB against
-337-340, two runs each). Once the last workers forked with it frozen are gone, the heap is unfrozen: a
-cycle among objects made before the fork that became garbage while they ran is collected then, not
-before. CPython's documentation gives this recipe for processes that fork without exec. A process that
+skip) for the moment its workers fork, and unfreezes it in its own process right after: the workers
+inherit the frozen set and never examine those objects; the loader's process collects them as before.
+CPython's documentation gives this recipe for processes that fork without exec. Tried and undone: keeping
+the heap frozen while the workers run, so that the loader's process's own collections do not copy the
+pages it shares with them either (the digits job's peak 337-340 MiB against 347-352): the loader's own
+objects were then frozen too, and a loader with persistent workers dropped in a reference cycle was never
+collected, its workers living on, where torch's is collected (``test_shared_heap.py``). A process that
 froze its heap itself is left as it is. Spawned and forkserver workers start from a fresh interpreter:
 nothing changes for them.
 """
@@ -26,42 +26,20 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 __all__ = ["heap_frozen_for_fork"]
 
-_forked_frozen = 0  # worker sets forked with the heap frozen by us that have not ended
-_lock = threading.Lock()
-
 
 @contextlib.contextmanager
-def heap_frozen_for_fork() -> Iterator[Callable[[], None]]:
-    """Freeze this process's objects out of collection for workers forked in the block (they inherit it);
-    gives the function to call once, when those workers are gone: the heap is unfrozen when no workers
-    forked frozen remain. A no-op where the process froze some itself or collects nothing."""
-    global _forked_frozen
-    with _lock:
-        ours = gc.isenabled() and (_forked_frozen or not gc.get_freeze_count())
-        if ours:
-            gc.freeze()
-            _forked_frozen += 1
-    if not ours:
-        yield lambda: None
+def heap_frozen_for_fork() -> Iterator[None]:
+    """Freeze this process's objects out of collection for the block (workers forked in it inherit that),
+    then unfreeze them here; a no-op where the process froze some itself or collects nothing."""
+    if gc.get_freeze_count() or not gc.isenabled():
+        yield
         return
-    released = False
-
-    def release() -> None:
-        global _forked_frozen
-        nonlocal released
-        with _lock:
-            if not released:
-                released, _forked_frozen = True, _forked_frozen - 1
-                if not _forked_frozen:
-                    gc.unfreeze()
-
+    gc.freeze()
     try:
-        yield release
-    except BaseException:
-        release()
-        raise
+        yield
+    finally:
+        gc.unfreeze()
