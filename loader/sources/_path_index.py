@@ -41,9 +41,10 @@ class PathIndex:
             ends.append(len(blob))
             hashes.append(_hash(encoded))
         self._blob, self._ends = bytes(blob), ends
-        order = np.argsort(np.frombuffer(hashes, np.uint64), kind="stable")
+        keys = np.frombuffer(hashes, np.uint64)
+        order = np.argsort(keys, kind="stable")
         self._order = array("q", order.astype(np.int64).tobytes())
-        self._hashes = array("Q", np.frombuffer(hashes, np.uint64)[order].tobytes())
+        self._hashes = array("Q", keys[order].tobytes())
 
     def __len__(self) -> int:
         return len(self._ends)
