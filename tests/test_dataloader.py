@@ -307,8 +307,9 @@ def test_a_state_saved_before_the_first_iterator_gives_the_first_epoch(num_worke
         assert [b[0].tolist() for b in restored] == [b[0].tolist() for b in original]
 
 
-def test_an_image_folder_job_loads_neither_pyarrow_nor_lmdb(tmp_path, shm_dir):
-    """Each worker of an image-folder job holds only what its dataset needs (pyarrow and lmdb: ~44 MB)."""
+def test_an_image_folder_job_loads_neither_pyarrow_nor_lmdb_nor_psutil(tmp_path, shm_dir):
+    """Each process of an image-folder job holds only what its dataset needs (pyarrow and lmdb: ~44 MB;
+    psutil, which only a partitioned cache's inbox needs: 0.8 MiB)."""
     import subprocess
     import sys
 
@@ -316,7 +317,7 @@ def test_an_image_folder_job_loads_neither_pyarrow_nor_lmdb(tmp_path, shm_dir):
     code = (
         "import sys, torch, loader\n"
         "def seen(_):\n"
-        "    return [sorted(m for m in ('pyarrow', 'lmdb') if m in sys.modules)]\n"
+        "    return [sorted(m for m in ('pyarrow', 'lmdb', 'psutil') if m in sys.modules)]\n"
         f"dl = loader.DataLoader(loader.ImageFolder({str(root)!r}), batch_size=2, num_workers=2,\n"
         f"                       cache_bytes=1 << 20, cache_dir={str(shm_dir)!r}, collate_fn=seen)\n"
         "print([m for batch in dl for m in batch] + seen(None))\n"

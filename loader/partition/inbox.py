@@ -20,12 +20,15 @@ import struct
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import psutil
 import xxhash
 
 from loader.partition.split import Split
 from loader.system.private import open_private
+
+if TYPE_CHECKING:
+    import psutil
 
 __all__ = ["Inbox"]
 
@@ -47,6 +50,8 @@ class Inbox:
         for entry in parent.glob("peers-r*-p*-s*-*"):
             if not _maker_alive(entry.name):
                 shutil.rmtree(entry, ignore_errors=True)
+        import psutil  # here, not at the top: only a partitioned job needs it (0.8 MiB in every process)
+
         me = psutil.Process()
         prefix = f"peers-r{rank}-p{me.pid}-s{_started(me)}-"
         return cls(Path(tempfile.mkdtemp(prefix=prefix, dir=parent)))
@@ -178,6 +183,8 @@ def _maker_alive(name: str) -> bool:
     match = re.match(r"peers-r\d+-p(\d+)-s(\d+)-", name)
     if match is None:
         return True  # not ours to judge
+    import psutil
+
     try:
         return _started(psutil.Process(int(match[1]))) == int(match[2])
     except psutil.NoSuchProcess:
