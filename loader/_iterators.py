@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
+from loader._batch_ring import ring_collate
 from loader._serving import FileReads, ServingWorkerInit, serving
 from loader._shared_heap import heap_frozen_for_fork
 from loader._worker_random import RandomStates, RestoringWorkerInit, Stamped, StampingCollate
@@ -127,9 +128,13 @@ def _with_workers(loader: Any, tracking: Tracking | None, serve: FileReads | Non
         ServingWorkerInit(serve, user_init) if serve is not None else user_init
     )
     iterator = _CountingMultiProcessingIter.__new__(_CountingMultiProcessingIter)
+    ring = ring_collate(loader)
+    if ring is not None:
+        iterator._batch_ring, loader.collate_fn = ring
+        weakref.finalize(iterator, ring[0].close)
     if tracking is not None:
         init = RestoringWorkerInit(tracking.restore, init) if tracking.restore else init
-        loader.collate_fn = StampingCollate(user_collate)
+        loader.collate_fn = StampingCollate(loader.collate_fn)
         iterator._turn, iterator._seed = tracking.turn, tracking.seed
     loader.worker_init_fn = init
     make_room_for_workers()

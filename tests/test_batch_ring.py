@@ -1,0 +1,164 @@
+"""loader._batch_ring: large batch tensors handed from forked workers through kept slots, the same values as
+torch's loader gives, whatever the loop holds, with workers killed or stopped."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+import loader
+from loader import _batch_ring
+from loader._batch_ring import MIN_TENSOR_BYTES
+
+N, BATCH = 96, 32
+IMAGE = (3, 224, 224)  # uint8: a batch of 32 is 4.8 MB, over MIN_TENSOR_BYTES
+
+
+class Images(Dataset):
+    """Samples as a user's dataset gives them: a dict of an image, a float array, a label."""
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> dict:
+        image = torch.from_numpy(np.random.default_rng(i).integers(0, 256, IMAGE, dtype=np.uint8))
+        return {"image": image, "small": np.full(8, i, np.float32), "label": i}
+
+
+def batches(make, **kwargs) -> list[dict]:
+    generator = torch.Generator().manual_seed(7)
+    dl = make(Images(), batch_size=BATCH, shuffle=True, num_workers=2, generator=generator, **kwargs)
+    return [b for _ in range(2) for b in dl]
+
+
+def assert_same(ours: list[dict], theirs: list[dict]) -> None:
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+
+
+def test_the_image_batch_is_big_enough_to_take_the_ring():
+    assert BATCH * np.prod(IMAGE) >= MIN_TENSOR_BYTES > 8 * 4 * BATCH
+
+
+@pytest.mark.multiproc
+@pytest.mark.filterwarnings("ignore:'pin_memory' argument is set as true but no accelerator")
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("pin", [False, True])  # without an accelerator torch pins nothing: the same path
+def test_batches_equal_torchs_and_the_large_tensors_come_through_the_ring(persistent, pin):
+    ours = batches(loader.DataLoader, persistent_workers=persistent, pin_memory=pin)
+    theirs = batches(torch.utils.data.DataLoader, persistent_workers=persistent, pin_memory=pin)
+    assert_same(ours, theirs)
+    # torch's workers stack into shared memory; ours into a slot, which the main process's tensor views
+    assert all(b["image"].is_shared() for b in theirs) and not any(b["image"].is_shared() for b in ours)
+    assert all(b["small"].is_shared() for b in ours)  # a small one takes torch's own path
+
+
+@pytest.mark.multiproc
+def test_batches_the_loop_keeps_hold_their_values_while_later_ones_arrive():
+    generator = torch.Generator().manual_seed(7)
+    dl = loader.DataLoader(Images(), batch_size=8, num_workers=2, generator=generator, shuffle=True,
+                           collate_fn=None, persistent_workers=True)  # fmt: skip
+    kept = [b for b in dl]  # 12 batches, more than the slots: the rest take torch's path
+    copies = [{k: v.clone() for k, v in b.items()} for b in kept]
+    again = [b for b in dl]  # another epoch while all of the first is held
+    assert_same(kept, copies)
+    assert len(again) == len(kept)
+
+
+@pytest.mark.multiproc
+def test_a_slot_is_let_go_once_no_tensor_views_it():
+    dl = loader.DataLoader(Images(), batch_size=BATCH, num_workers=2, persistent_workers=True)
+    list(dl)
+    gc.collect()
+    ring = dl._iterator._batch_ring
+    assert isinstance(ring, _batch_ring.BatchRing) and ring.number in _batch_ring._rings
+    assert int(ring._flags.sum()) == 0 and not ring._held  # every batch dropped: every slot free
+    batch = next(iter(dl))
+    view = batch["image"][0]  # a view of the slot keeps it
+    slot = (view.data_ptr() - ring._base - ring._head) // _batch_ring.SLOT_BYTES
+    del batch
+    gc.collect()
+    assert ring._held[slot] == 1 and ring._flags[slot] == 1
+    del view
+    gc.collect()
+    assert slot not in ring._held  # (another slot may hold a batch that came early)
+
+
+@pytest.mark.multiproc
+def test_spawned_workers_and_a_users_collate_take_torchs_path():
+    spawned = batches(loader.DataLoader, multiprocessing_context="spawn")
+    assert_same(spawned, batches(torch.utils.data.DataLoader, multiprocessing_context="spawn"))
+    assert all(b["image"].is_shared() for b in spawned)
+
+    def own(samples):
+        return torch.utils.data.default_collate(samples)
+
+    mine = batches(loader.DataLoader, collate_fn=own)
+    assert_same(mine, batches(torch.utils.data.DataLoader, collate_fn=own))
+    assert all(b["image"].is_shared() for b in mine)
+
+
+KILLED = """
+import os, signal, sys, time, torch
+sys.path.insert(0, {tests!r})
+import loader
+from test_batch_ring import Images
+dl = loader.DataLoader(Images(), batch_size=32, num_workers=2)
+it = iter(dl)
+first = next(it)
+expected = first["image"].clone()
+start = time.monotonic()
+try:
+    os.kill(it._workers[1].pid, signal.SIGKILL)
+    list(it)
+except ConnectionError:  # torch's too, where the worker dies while the main process takes an fd from it
+    print("raised True", flush=True)
+except RuntimeError as exc:
+    print("raised", "killed by signal" in str(exc) or "exited unexpectedly" in str(exc), flush=True)
+signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # said once: the other worker's exit must not raise it again
+print("seconds", time.monotonic() - start < 60, "whole", torch.equal(first["image"], expected))
+"""
+
+
+@pytest.mark.multiproc
+def test_a_killed_worker_is_reported_as_torchs_is():
+    """In its own process: torch's SIGCHLD handler raises wherever the main process is when a worker dies."""
+    script = KILLED.format(tests=os.path.dirname(__file__))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["raised", "True", "seconds", "True", "whole", "True"], done.stderr[-2000:]
+
+
+@pytest.mark.multiproc
+def test_a_stopped_worker_delays_the_epoch_and_loses_nothing():
+    generator = torch.Generator().manual_seed(7)
+    dl = loader.DataLoader(Images(), batch_size=BATCH, num_workers=2, persistent_workers=True,
+                           shuffle=True, generator=generator)  # fmt: skip
+    expected = [b for b in dl]
+    it = iter(dl)
+    worker = dl._iterator._workers[0].pid
+    os.kill(worker, signal.SIGSTOP)
+    threading.Timer(2.0, os.kill, (worker, signal.SIGCONT)).start()
+    got = list(it)
+    assert_same(got, batches_like(expected, dl))
+
+
+def batches_like(expected: list[dict], dl) -> list[dict]:
+    """The order of the epoch after ``expected``'s, from torch's loader with the same generator state."""
+    generator = torch.Generator().manual_seed(7)
+    theirs = torch.utils.data.DataLoader(Images(), batch_size=BATCH, num_workers=2, persistent_workers=True,
+                                         shuffle=True, generator=generator)  # fmt: skip
+    first = list(theirs)
+    assert_same(expected, first)
+    return list(theirs)
