@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
-from loader._batch_ring import ring_collate
+from loader._ring_collate import ring_collate
 from loader._serving import FileReads, ServingWorkerInit, serving
 from loader._shared_heap import heap_frozen_for_fork
 from loader._worker_random import RandomStates, RestoringWorkerInit, Stamped, StampingCollate

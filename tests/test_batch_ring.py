@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 
 import loader
 from loader import _batch_ring
-from loader._batch_ring import MIN_TENSOR_BYTES
+from loader._ring_collate import MIN_TENSOR_BYTES
 
 N, BATCH = 96, 32
 IMAGE = (3, 224, 224)  # uint8: a batch of 32 is 4.8 MB, over MIN_TENSOR_BYTES

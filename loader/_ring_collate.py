@@ -1,0 +1,129 @@
+"""Torch's ``default_collate`` in a forked worker, stacking each large tensor into a slot of the loader's
+``BatchRing`` (``_batch_ring.py`` says why) rather than into fresh shared memory; the tensor pickles as its
+place in the slot. Where no slot is free or a tensor does not fit, it stacks as ``default_collate`` does.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils.data import default_collate, get_worker_info
+from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
+
+from loader._batch_ring import SLOT_BYTES, BatchRing, handed
+
+__all__ = ["MIN_TENSOR_BYTES", "RingCollate", "ring_collate"]
+
+MIN_TENSOR_BYTES = 4 << 20  # smaller tensors: a saving under ~2 ms a batch, while the slots' pages stay held
+SLOTS_BEYOND_PREFETCH = 2  # the batch the loop holds, and the one before it that autograd may still hold
+_ALIGN = 64
+
+
+class _Stacking:
+    """One batch's stacking in a worker: the slot it took (if any) and the tensors it put there."""
+
+    def __init__(self, ring: BatchRing, worker: int) -> None:
+        self.ring, self.worker = ring, worker
+        self.slot: int | None = None
+        self.used = 0
+        self.placed: list[_InSlot] = []
+
+    def stack(self, batch: list[torch.Tensor]) -> torch.Tensor:
+        elem = batch[0]
+        shape = (len(batch), *elem.shape)
+        nbytes = elem.element_size() * elem.numel() * len(batch)
+        if (
+            nbytes < MIN_TENSOR_BYTES
+            or elem.layout != torch.strided
+            or elem.is_nested
+            or elem.device.type != "cpu"
+        ):
+            return collate_tensor_fn(batch)
+        if self.slot is None:
+            self.slot = self.ring.take(self.worker)
+        if self.slot is None or self.used + nbytes > SLOT_BYTES:
+            return collate_tensor_fn(batch)
+        out = self.ring.view(self.slot, self.used, nbytes).view(elem.dtype).view(shape)
+        torch.stack(batch, 0, out=out)
+        placed = _InSlot(self, self.slot, self.used, elem.dtype, shape)
+        self.placed.append(placed)
+        self.used += -(-nbytes // _ALIGN) * _ALIGN
+        return out.as_subclass(_RingTensor)._placed(placed)
+
+    def done(self, sent: bool) -> None:
+        """The batch is collated (``sent``: it goes to the main process) or failed: a slot it holds nothing
+        of, or holds for a batch that is not sent, is free again."""
+        if self.slot is not None and not (sent and self.placed):
+            self.ring.release(self.slot)
+
+
+class _InSlot:
+    __slots__ = ("dtype", "offset", "shape", "slot", "stacking")
+
+    def __init__(self, stacking: _Stacking, slot: int, offset: int, dtype: torch.dtype, shape: tuple) -> None:
+        self.stacking, self.slot, self.offset, self.dtype, self.shape = stacking, slot, offset, dtype, shape
+
+
+class _RingTensor(torch.Tensor):
+    """A batch tensor stacked into a slot: pickled as its place there."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def _placed(self, placed: _InSlot) -> _RingTensor:
+        self._in_slot = placed
+        return self
+
+    def __reduce_ex__(self, protocol: int) -> tuple[Any, ...]:
+        p = self._in_slot
+        return handed, (p.stacking.ring.number, p.slot, p.offset, p.dtype, p.shape)
+
+
+class RingCollate:
+    """``default_collate`` in a worker, stacking large tensors into ``ring``'s slots; as is elsewhere."""
+
+    def __init__(self, ring: BatchRing) -> None:
+        self.ring = ring
+
+    def __call__(self, samples: Any) -> Any:
+        info = get_worker_info()
+        if info is None:
+            return default_collate(samples)
+        stacking = _Stacking(self.ring, info.id)
+        fns: dict[Any, Callable] = {**default_collate_fn_map}
+        fns[torch.Tensor] = lambda batch, *, collate_fn_map: stacking.stack(batch)
+        try:
+            batch = collate(samples, collate_fn_map=fns)
+        except BaseException:
+            stacking.done(sent=False)
+            raise
+        stacking.done(sent=True)
+        return batch
+
+
+def ring_collate(loader: Any) -> tuple[BatchRing, Any] | None:
+    """A ring for ``loader``'s workers and its ``collate_fn`` with torch's ``default_collate`` (itself, or
+    inside our timed collate) stacking into it; None where the workers are not forked or the collate is
+    the user's own."""
+    from loader.collate import TimedCollate
+
+    context = loader.multiprocessing_context
+    if context is not None:
+        method = context.get_start_method()
+    else:  # not set yet: the platform's default, without setting it (asking the default context would)
+        default = multiprocessing.get_all_start_methods()[0]
+        method = multiprocessing.get_start_method(allow_none=True) or default
+    collate_fn = loader.collate_fn
+    inner = collate_fn.collate_fn if isinstance(collate_fn, TimedCollate) else collate_fn
+    if method != "fork" or inner is not default_collate:
+        return None
+    try:
+        ring = BatchRing(loader.num_workers, (loader.prefetch_factor or 2) + SLOTS_BEYOND_PREFETCH)
+    except OSError:  # no address space for it (a strict overcommit, a ulimit): torch's path
+        return None
+    stacking = RingCollate(ring)
+    if isinstance(collate_fn, TimedCollate):
+        return ring, TimedCollate(stacking, collate_fn.board, collate_fn.batched)
+    return ring, stacking
