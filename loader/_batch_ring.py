@@ -23,6 +23,7 @@ import ctypes
 import itertools
 import math
 import mmap
+import os
 import threading
 
 import numpy as np
@@ -42,12 +43,13 @@ class BatchRing:
     def __init__(self, workers: int, slots_per_worker: int) -> None:
         self.slots_per_worker = slots_per_worker
         count = workers * slots_per_worker
-        self._head = mmap.PAGESIZE
+        self._head = -(-count * 4 // mmap.PAGESIZE) * mmap.PAGESIZE  # the flags, in whole pages
         self._map = mmap.mmap(-1, self._head + count * SLOT_BYTES, flags=mmap.MAP_SHARED | _MAP_NORESERVE)
         self._flags = np.frombuffer(self._map, np.int32, count)
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
         self._held: dict[int, int] = {}  # main process: tensors viewing each slot
-        self._lock = threading.Lock()  # the main thread and the pin-memory thread both unpickle
+        self._lock = threading.RLock()  # the main and pin-memory threads unpickle; a collection may free
+        self._pid = os.getpid()  # inside the lock, on Python 3.12 and later
         self.number = next(_numbers)
         _rings[self.number] = self
 
@@ -79,6 +81,8 @@ class BatchRing:
         return flat.view(dtype).view(shape) if nbytes else torch.empty(shape, dtype=dtype)
 
     def _let_go(self, slot: int) -> None:
+        if os.getpid() != self._pid:  # a forked child's copy of a batch: the slot is the parent's to free
+            return
         with self._lock:
             left = self._held[slot] - 1
             if left:
@@ -94,7 +98,10 @@ class BatchRing:
 
 def handed(number: int, slot: int, offset: int, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
     """A slot's tensor, as the main process unpickles it (``_ring_collate``'s tensors pickle as this call)."""
-    return _rings[number].handed(slot, offset, dtype, shape)
+    ring = _rings.get(number)
+    if ring is None:  # only while a finished iterator's pin-memory thread winds down
+        raise RuntimeError("a batch arrived after its DataLoader iterator was finished")
+    return ring.handed(slot, offset, dtype, shape)
 
 
 class _Hold:

@@ -37,6 +37,7 @@ class _Stacking:
         nbytes = elem.element_size() * elem.numel() * len(batch)
         if (
             nbytes < MIN_TENSOR_BYTES
+            or type(elem) is not torch.Tensor  # a subclass: torch's stack keeps it, so does its path
             or elem.layout != torch.strided
             or elem.is_nested
             or elem.device.type != "cpu"
@@ -89,8 +90,8 @@ class RingCollate:
 
     def __call__(self, samples: Any) -> Any:
         info = get_worker_info()
-        if info is None:
-            return default_collate(samples)
+        if info is None or default_collate_fn_map.get(torch.Tensor) is not collate_tensor_fn:
+            return default_collate(samples)  # not in a worker, or the user set torch's map's tensor entry
         stacking = _Stacking(self.ring, info.id)
         fns: dict[Any, Callable] = {**default_collate_fn_map}
         fns[torch.Tensor] = lambda batch, *, collate_fn_map: stacking.stack(batch)

@@ -167,3 +167,61 @@ def batches_like(expected: list[dict], dl) -> list[dict]:
     first = list(theirs)
     assert_same(expected, first)
     return list(theirs)
+
+
+def slot_of(ring: _batch_ring.BatchRing, tensor: torch.Tensor) -> int:
+    return (tensor.data_ptr() - ring._base - ring._head) // _batch_ring.SLOT_BYTES
+
+
+@pytest.mark.multiproc
+def test_a_forked_child_dropping_its_copy_of_a_batch_frees_no_slot():
+    dl = loader.DataLoader(Images(), batch_size=BATCH, num_workers=2, persistent_workers=True)
+    batch = next(iter(dl))
+    ring = dl._iterator._batch_ring
+    slot = slot_of(ring, batch["image"])
+    pid = os.fork()
+    if pid == 0:  # the child's copy of the batch dies here; the parent still holds the slot
+        del batch
+        gc.collect()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert ring._held[slot] == 1 and ring._flags[slot] == 1
+    del batch
+    gc.collect()
+    assert slot not in ring._held and ring._flags[slot] == 0
+
+
+def test_the_flags_of_many_slots_lie_before_the_first_slots_data():
+    ring = _batch_ring.BatchRing(300, 4)  # 1,200 flags: more than one page
+    ring.view(0, 0, 4096)[:] = 255
+    assert ring._head >= 4 * 1200 and int(ring._flags.sum()) == 0
+    ring.close()
+
+
+class Tagged(torch.Tensor):
+    pass
+
+
+class TaggedImages(Images):
+    def __getitem__(self, i: int) -> dict:
+        sample = super().__getitem__(i)
+        sample["image"] = sample["image"].as_subclass(Tagged)
+        return sample
+
+
+@pytest.mark.multiproc
+def test_a_tensor_subclass_and_a_users_tensor_collate_take_torchs_path(monkeypatch):
+    def tagged(make) -> list[dict]:
+        return list(make(TaggedImages(), batch_size=BATCH, num_workers=2))
+
+    ours, theirs = tagged(loader.DataLoader), tagged(torch.utils.data.DataLoader)
+    assert all(type(b["image"]) is Tagged for b in ours + theirs)
+    assert_same(ours, theirs)
+
+    def plus_one(batch, *, collate_fn_map=None):  # torch documents changing its map in place
+        return torch.stack(batch) + 1
+
+    monkeypatch.setitem(torch.utils.data._utils.collate.default_collate_fn_map, torch.Tensor, plus_one)
+    ours, theirs = batches(loader.DataLoader), batches(torch.utils.data.DataLoader)
+    assert_same(ours, theirs)
+    assert torch.equal(theirs[0]["image"][0], Images()[int(theirs[0]["label"][0])]["image"] + 1)
