@@ -48,8 +48,9 @@ class BatchRing:
         self._flags = np.frombuffer(self._map, np.int32, count)
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
         self._held: dict[int, int] = {}  # main process: tensors viewing each slot
-        self._lock = threading.RLock()  # the main and pin-memory threads unpickle; a collection may free
-        self._pid = os.getpid()  # inside the lock, on Python 3.12 and later
+        # the main and pin-memory threads unpickle; on Python 3.12+ a collection may free a slot inside it
+        self._lock = threading.RLock()
+        self._pid = os.getpid()  # the process whose tensors view the slots: the one to free them
         self.number = next(_numbers)
         _rings[self.number] = self
 
@@ -77,8 +78,7 @@ class BatchRing:
         with self._lock:
             self._held[slot] = self._held.get(slot, 0) + 1
         hold = _Hold(self, slot, self._base + self._head + slot * SLOT_BYTES + offset, nbytes)
-        flat = torch.from_numpy(np.asarray(hold))
-        return flat.view(dtype).view(shape) if nbytes else torch.empty(shape, dtype=dtype)
+        return torch.from_numpy(np.asarray(hold)).view(dtype).view(shape)
 
     def _let_go(self, slot: int) -> None:
         if os.getpid() != self._pid:  # a forked child's copy of a batch: the slot is the parent's to free

@@ -28,8 +28,7 @@ class _Stacking:
     def __init__(self, ring: BatchRing, worker: int) -> None:
         self.ring, self.worker = ring, worker
         self.slot: int | None = None
-        self.used = 0
-        self.placed: list[_InSlot] = []
+        self.used = 0  # bytes of the slot this batch's tensors take
 
     def stack(self, batch: list[torch.Tensor]) -> torch.Tensor:
         elem = batch[0]
@@ -49,23 +48,15 @@ class _Stacking:
             return collate_tensor_fn(batch)
         out = self.ring.view(self.slot, self.used, nbytes).view(elem.dtype).view(shape)
         torch.stack(batch, 0, out=out)
-        placed = _InSlot(self, self.slot, self.used, elem.dtype, shape)
-        self.placed.append(placed)
+        place = (self.ring.number, self.slot, self.used, elem.dtype, shape)
         self.used += -(-nbytes // _ALIGN) * _ALIGN
-        return out.as_subclass(_RingTensor)._placed(placed)
+        return out.as_subclass(_RingTensor)._placed(place)
 
     def done(self, sent: bool) -> None:
         """The batch is collated (``sent``: it goes to the main process) or failed: a slot it holds nothing
         of, or holds for a batch that is not sent, is free again."""
-        if self.slot is not None and not (sent and self.placed):
+        if self.slot is not None and not (sent and self.used):
             self.ring.release(self.slot)
-
-
-class _InSlot:
-    __slots__ = ("dtype", "offset", "shape", "slot", "stacking")
-
-    def __init__(self, stacking: _Stacking, slot: int, offset: int, dtype: torch.dtype, shape: tuple) -> None:
-        self.stacking, self.slot, self.offset, self.dtype, self.shape = stacking, slot, offset, dtype, shape
 
 
 class _RingTensor(torch.Tensor):
@@ -73,13 +64,12 @@ class _RingTensor(torch.Tensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
-    def _placed(self, placed: _InSlot) -> _RingTensor:
-        self._in_slot = placed
+    def _placed(self, place: tuple[int, int, int, torch.dtype, tuple[int, ...]]) -> _RingTensor:
+        self._place = place  # handed's arguments: the ring's number, the slot, the offset, dtype and shape
         return self
 
     def __reduce_ex__(self, protocol: int) -> tuple[Any, ...]:
-        p = self._in_slot
-        return handed, (p.stacking.ring.number, p.slot, p.offset, p.dtype, p.shape)
+        return handed, self._place
 
 
 class RingCollate:
