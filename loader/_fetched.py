@@ -25,7 +25,7 @@ SKIPPED = _Skipped()
 class Fetched(NamedTuple):
     """One record's raw bytes and how they were had; counted by the worker's own thread."""
 
-    raw: bytes
+    raw: bytes | bytearray  # a bytearray: a prepared record, whose sample's arrays are views of it
     hit: bool
     admitted: bool
     seconds: float

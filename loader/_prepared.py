@@ -36,7 +36,7 @@ class PreparedRecords:
         (``corrupt``: the caller reads the raw record and prepares it again)."""
         start = time.perf_counter()
         try:
-            stored = self.store.get(index)
+            stored = self.store.get(index, mutable=True)  # its arrays become the sample's: no copy
         except CorruptRecordError:
             return Fetched(b"", False, False, time.perf_counter() - start, corrupt=True)
         if stored is None:
@@ -54,7 +54,7 @@ class PreparedRecords:
         ValueError or OSError for a record that cannot be prepared."""
         transform = self.transform
         if got.prepared:
-            return transform.augment(decode_prepared(got.raw)), False, "samples_from_prepared"
+            return transform.augment(decode_prepared(got.raw, own=True)), False, "samples_from_prepared"
         if got.hit or got.admitted or not self.store.accepting(index):
             return transform(got.raw), self._admit_raw(index, got), "samples_whole"
         prepared = transform.prepare(got.raw)

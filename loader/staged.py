@@ -71,55 +71,65 @@ def is_staged(transform: Any) -> bool:
     return isinstance(transform, StagedTransform) and bool(transform.identity)
 
 
-def encode_prepared(value: Any) -> bytes:
-    """``value`` as bytes: a JSON header (the tree, each array's dtype, shape and place), then the buffers.
-    Raises TypeError naming what cannot be stored."""
-    buffers: list[bytes] = []
-    tree = _encode(value, buffers)
+def encode_prepared(value: Any) -> bytearray:
+    """``value`` as bytes: a JSON header (the tree, each array's dtype, shape and place), then the arrays'
+    bytes, each copied once, straight into place. Raises TypeError naming what cannot be stored."""
+    arrays: list[np.ndarray] = []
+    tree = _encode(value, arrays)
     header = json.dumps(tree, separators=(",", ":")).encode()
-    return len(header).to_bytes(4, "little") + header + b"".join(buffers)
+    start = 4 + len(header)
+    out = bytearray(start + sum(a.nbytes for a in arrays))
+    out[:start] = len(header).to_bytes(4, "little") + header
+    flat = np.frombuffer(out, np.uint8)
+    for array in arrays:
+        flat[start : start + array.nbytes] = array.reshape(-1).view(np.uint8)
+        start += array.nbytes
+    return out
 
 
-def decode_prepared(raw: bytes | bytearray | memoryview) -> Any:
-    """What ``encode_prepared`` wrote; every array is a fresh, writable copy. Raises ValueError when the
-    bytes do not hold such a value."""
+def decode_prepared(raw: bytes | bytearray | memoryview, *, own: bool = False) -> Any:
+    """What ``encode_prepared`` wrote. Every array is writable and no one else's: a fresh copy, or with
+    ``own=True`` (``raw``, a bytearray, handed over by its caller) a view of ``raw`` itself, copied nowhere
+    (an array not aligned there for its type is still copied). Raises ValueError when the bytes do not hold
+    such a value."""
+    if own and not isinstance(raw, bytearray):
+        raise ValueError(f"own=True takes a bytearray, got {type(raw).__name__}")
     view = memoryview(raw)
     try:
         size = int.from_bytes(view[:4], "little")
         tree = json.loads(bytes(view[4 : 4 + size]))
-        return _Reader(view, 4 + size).read(tree)
+        return _Reader(view, 4 + size, own).read(tree)
     except (ValueError, KeyError, TypeError, IndexError) as exc:
         raise ValueError(f"not a prepared record ({exc})") from exc
 
 
-def _encode(value: Any, buffers: list[bytes]) -> Any:
+def _encode(value: Any, arrays: list[np.ndarray]) -> Any:
     if isinstance(value, torch.Tensor):
-        return {"t": "tensor", "a": _array(value.detach().cpu().numpy(), buffers)}
+        return {"t": "tensor", "a": _array(value.detach().cpu().numpy(), arrays)}
     if isinstance(value, np.ndarray):
-        return {"t": "ndarray", "a": _array(value, buffers)}
+        return {"t": "ndarray", "a": _array(value, arrays)}
     if isinstance(value, (tuple, list)):
-        return {"t": type(value).__name__, "v": [_encode(v, buffers) for v in value]}
+        return {"t": type(value).__name__, "v": [_encode(v, arrays) for v in value]}
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
-        return {"t": "dict", "v": {k: _encode(v, buffers) for k, v in value.items()}}
+        return {"t": "dict", "v": {k: _encode(v, arrays) for k, v in value.items()}}
     if isinstance(value, bytes):
-        return {"t": "bytes", "a": _array(np.frombuffer(value, np.uint8), buffers)}
+        return {"t": "bytes", "a": _array(np.frombuffer(value, np.uint8), arrays)}
     if value is None or isinstance(value, (bool, int, float, str)):
         return {"t": "plain", "v": value}
     raise TypeError(f"a prepared record cannot hold a {type(value).__name__}: prepare must return arrays, "
                     "tensors, or tuples, lists and dicts of them")  # fmt: skip
 
 
-def _array(array: np.ndarray, buffers: list[bytes]) -> dict:
+def _array(array: np.ndarray, arrays: list[np.ndarray]) -> dict:
     if array.dtype.hasobject:
         raise TypeError("a prepared record cannot hold an array of Python objects")
-    data = np.ascontiguousarray(array).tobytes()
-    buffers.append(data)
-    return {"d": array.dtype.str, "s": list(array.shape), "n": len(data)}
+    arrays.append(np.ascontiguousarray(array))
+    return {"d": array.dtype.str, "s": list(array.shape), "n": array.nbytes}
 
 
 class _Reader:
-    def __init__(self, view: memoryview, offset: int) -> None:
-        self.view, self.offset = view, offset
+    def __init__(self, view: memoryview, offset: int, own: bool) -> None:
+        self.view, self.offset, self.own = view, offset, own
 
     def read(self, tree: dict) -> Any:
         kind = tree["t"]
@@ -140,7 +150,10 @@ class _Reader:
         if end > len(self.view):
             raise ValueError("the record is shorter than its header says")
         self.offset = end
-        array = np.frombuffer(bytearray(self.view[start:end]), dtype=np.dtype(spec["d"]))
+        dtype = np.dtype(spec["d"])
+        array = np.frombuffer(self.view[start:end], dtype) if self.own else None
+        if array is None or not array.flags.aligned:
+            array = np.frombuffer(bytearray(self.view[start:end]), dtype)
         return array.reshape(spec["s"])
 
 

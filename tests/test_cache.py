@@ -36,6 +36,17 @@ def test_admits_until_full_then_never_evicts(shm_dir):
     assert (info.records_cached, info.full, info.bytes_used) == (10, True, info.capacity)
 
 
+def test_a_mutable_read_is_a_private_copy_and_the_store_stays_closable(shm_dir):
+    cache = open_store(shm_dir, 1 << 20)
+    assert cache.admit(4, record(4))
+    mine = cache.get(4, mutable=True)
+    assert isinstance(mine, bytearray) and mine == record(4)
+    mine[:4] = b"xxxx"  # the store's copy is not touched
+    assert cache.get(4) == record(4) and cache.get(4, mutable=True) == record(4)
+    assert cache.get(5, mutable=True) is None
+    cache.close()  # no view of the mapping is left behind (closing would raise BufferError)
+
+
 def test_admitting_twice_keeps_the_first_copy(shm_dir):
     cache = open_store(shm_dir, 1 << 20)
     assert cache.admit(3, record(3))

@@ -212,6 +212,20 @@ def test_the_stored_layout_round_trips_whole_values():
     assert back["pixels"].flags.writeable and isinstance(back["t"][0], torch.Tensor)
     assert back["t"][0].tolist() == value["t"][0].tolist() and back["t"][1] == [1, 2.5, "x", None, True]
     assert back["raw"] == b"\x00\x01" and isinstance(back["t"], tuple)
+    owned = encode_prepared(value)
+    back = decode_prepared(owned, own=True)  # the arrays are views of the bytearray handed over
+    assert back["pixels"].tolist() == value["pixels"].tolist() and back["pixels"].flags.writeable
+    assert np.shares_memory(back["pixels"], np.frombuffer(owned, np.uint8))
+    assert back["t"][0].tolist() == value["t"][0].tolist() and back["raw"] == b"\x00\x01"
+    for k in range(1, 9):  # a first array of k bytes that leaves the floats off an 8-byte boundary
+        odd = encode_prepared((np.zeros(k, np.uint8), np.arange(3, dtype=np.float64)))
+        if (4 + int.from_bytes(odd[:4], "little") + k) % 8:
+            break
+    floats = decode_prepared(odd, own=True)[1]  # copied, not viewed: aligned for its type
+    assert floats.tolist() == [0.0, 1.0, 2.0] and floats.flags.aligned
+    assert not np.shares_memory(floats, np.frombuffer(odd, np.uint8))
+    with pytest.raises(ValueError, match="own=True takes a bytearray"):
+        decode_prepared(bytes(owned), own=True)
     with pytest.raises(TypeError, match="cannot hold a Image"):
         encode_prepared(Image.new("L", (2, 2)))
     with pytest.raises(TypeError, match="array of Python objects"):
