@@ -23,8 +23,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from numpy.lib.format import descr_to_dtype, dtype_to_descr
 
 __all__ = ["Staged", "StagedTransform", "decode_prepared", "encode_prepared", "is_staged"]
+
+_ALIGN = 64  # where a record's first array starts (JSON allows the header's trailing spaces)
 
 
 class StagedTransform:
@@ -77,6 +80,7 @@ def encode_prepared(value: Any) -> bytearray:
     arrays: list[np.ndarray] = []
     tree = _encode(value, arrays)
     header = json.dumps(tree, separators=(",", ":")).encode()
+    header += b" " * (-(4 + len(header)) % _ALIGN)  # the first array on a boundary: viewed, not copied
     start = 4 + len(header)
     out = bytearray(start + sum(a.nbytes for a in arrays))
     out[:start] = len(header).to_bytes(4, "little") + header
@@ -124,7 +128,7 @@ def _array(array: np.ndarray, arrays: list[np.ndarray]) -> dict:
     if array.dtype.hasobject:
         raise TypeError("a prepared record cannot hold an array of Python objects")
     arrays.append(np.ascontiguousarray(array))
-    return {"d": array.dtype.str, "s": list(array.shape), "n": array.nbytes}
+    return {"d": dtype_to_descr(array.dtype), "s": list(array.shape), "n": array.nbytes}  # fields named
 
 
 class _Reader:
@@ -150,7 +154,7 @@ class _Reader:
         if end > len(self.view):
             raise ValueError("the record is shorter than its header says")
         self.offset = end
-        dtype = np.dtype(spec["d"])
+        dtype = descr_to_dtype(spec["d"])
         array = np.frombuffer(self.view[start:end], dtype) if self.own else None
         if array is None or not array.flags.aligned:
             array = np.frombuffer(bytearray(self.view[start:end]), dtype)

@@ -224,6 +224,13 @@ def test_the_stored_layout_round_trips_whole_values():
     floats = decode_prepared(odd, own=True)[1]  # copied, not viewed: aligned for its type
     assert floats.tolist() == [0.0, 1.0, 2.0] and floats.flags.aligned
     assert not np.shares_memory(floats, np.frombuffer(odd, np.uint8))
+    for k in range(1, 9):  # whatever the header's length, a record's first array is viewed, not copied
+        alone = encode_prepared({"x" * k: np.arange(3, dtype=np.float64)})
+        viewed = decode_prepared(alone, own=True)["x" * k]
+        assert viewed.tolist() == [0.0, 1.0, 2.0] and np.shares_memory(viewed, np.frombuffer(alone, np.uint8))
+    fields = np.array([(1, 2.5), (3, 4.5)], dtype=[("a", "<i4"), ("b", "<f8")])
+    assert decode_prepared(encode_prepared(fields)).tolist() == fields.tolist()  # the fields keep their names
+    assert decode_prepared(encode_prepared(fields)).dtype == fields.dtype
     with pytest.raises(ValueError, match="own=True takes a bytearray"):
         decode_prepared(bytes(owned), own=True)
     with pytest.raises(TypeError, match="cannot hold a Image"):
