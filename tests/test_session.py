@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,32 @@ def test_a_killed_session_leaves_no_torch_segment_of_its_processes():
         pids = [int(pid) for pid in proc.stdout.readline().split()]
         assert len(pids) == 2 and all((SHM / f"torch_{pid}_1_0").exists() for pid in pids)
     assert not any((SHM / f"torch_{pid}_1_0").exists() for pid in pids)
+
+
+# a job forking a process every 2 ms, each naming a segment as it starts: some are forked while it is killed
+FORKING = """
+import os, sys, time
+print(os.getpid(), flush=True)
+while True:
+    if os.fork() == 0:
+        open(f"/dev/shm/torch_{os.getpid()}_{sys.argv[1]}_0", "wb").close()
+        time.sleep(60)
+        os._exit(0)
+    time.sleep(0.002)
+"""
+
+
+def test_processes_forked_as_the_session_is_killed_leave_no_segment():
+    token = uuid.uuid4().hex
+    try:
+        for _ in range(5):
+            with session([sys.executable, "-c", FORKING, token], stdout=subprocess.PIPE, text=True) as proc:
+                proc.stdout.readline()
+                time.sleep(0.3)
+            assert not list(SHM.glob(f"torch_*_{token}_0"))
+    finally:
+        for path in SHM.glob(f"torch_*_{token}_0"):
+            path.unlink()
 
 
 def test_only_the_named_processes_segments_go(tmp_path):

@@ -3,7 +3,9 @@ shared memory torch names after its processes removed with them.
 
 Torch makes a tensor's shared memory under ``/dev/shm/torch_<pid>_...`` and unlinks the name at once; a
 process killed between the two leaves the name for good (seen once in 1,300 tests: a job killed whole while
-its worker sent a batch). The names left by the session's processes, this user's, go when it is killed."""
+its worker sent a batch). The names left by the session's processes, this user's, go when it is killed: the
+session is stopped before its processes are listed (one forked after the list would be killed unnamed), and
+swept once every one of them has ended (one killed inside its ``open`` of a name still makes the name)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -37,10 +40,13 @@ def session(argv: Sequence[str], **options: Any) -> Iterator[subprocess.Popen]:
             _release_sigint(held)  # a Ctrl-C held back is raised here, where the kill below is armed
             yield proc
         finally:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGSTOP)  # none of them forks another once listed
             pids = _tree(proc.pid)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()  # killed: at once
+            _wait_ended(pids)  # one killed inside its open of a name makes the name first: sweep after
             remove_torch_segments(pids)
 
 
@@ -50,6 +56,25 @@ def _tree(pid: int) -> list[int]:
         return [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
     except psutil.Error:
         return [pid]
+
+
+def _wait_ended(pids: list[int], timeout: float = 5.0) -> None:
+    """Until each of ``pids`` has ended (gone, or a zombie: it runs no more), ``timeout`` at most."""
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            procs.append(psutil.Process(pid))
+    deadline = time.monotonic() + timeout
+    while procs and time.monotonic() < deadline:
+        procs = [p for p in procs if _running(p)]
+        time.sleep(0.01 if procs else 0)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def remove_torch_segments(pids: Iterable[int], shm: str = "/dev/shm") -> None:
