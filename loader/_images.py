@@ -72,10 +72,10 @@ def crop(img: Image.Image, box: Box, size: int) -> Image.Image:
     return out if out.mode == "RGB" else out.convert("RGB")
 
 
-def decode_whole(raw: bytes) -> np.ndarray:
-    """The decoded pixels at full size, HxWx3 (RGB) or HxW (grey): a train record prepared."""
+def decode_whole(raw: bytes) -> Image.Image:
+    """The decoded image at full size, RGB or grey: a train record prepared is its array."""
     with _decode_errors(raw):
-        return np.asarray(_loaded(Image.open(io.BytesIO(raw))))
+        return _loaded(Image.open(io.BytesIO(raw)))
 
 
 def to_chw(img: Image.Image, flip: bool) -> torch.Tensor:

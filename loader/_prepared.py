@@ -57,9 +57,9 @@ class PreparedRecords:
             return transform.augment(decode_prepared(got.raw, own=True)), False, "samples_from_prepared"
         if got.hit or got.admitted or not self.store.accepting(index):
             return transform(got.raw), self._admit_raw(index, got), "samples_whole"
-        prepared = transform.prepare(got.raw)
+        prepared, sample = transform.prepare_augment(got.raw)
         admitted = self.store.admit(index, encode_prepared(prepared)) or self._admit_raw(index, got)
-        return transform.augment(prepared), admitted, "samples_prepared"
+        return sample, admitted, "samples_prepared"
 
     def _admit_raw(self, index: int, got: Fetched) -> bool:
         """A mix of forms: a record read from the source that has no room prepared goes to the raw store."""

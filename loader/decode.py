@@ -64,10 +64,18 @@ class TrainTransform(StagedTransform):
     identity = "decoded pixels"  # prepare has no setting: every TrainTransform shares its records
 
     def prepare(self, raw: bytes) -> np.ndarray:
-        return decode_whole(raw)
+        return np.asarray(decode_whole(raw))
 
     def augment(self, pixels: np.ndarray) -> torch.Tensor:
-        img = Image.fromarray(pixels)
+        return self._crop_flip(Image.fromarray(pixels))
+
+    def prepare_augment(self, raw: bytes) -> tuple[np.ndarray, torch.Tensor]:
+        """The crop is taken from the decoded image itself: ``augment`` would first copy the array back
+        into one (~150 us of a 500x375 record's ~2 ms miss)."""
+        img = decode_whole(raw)
+        return np.asarray(img), self._crop_flip(img)
+
+    def _crop_flip(self, img: Image.Image) -> torch.Tensor:
         img = crop(img, self._box(*img.size), self.size)
         return to_chw(img, random.random() < self.flip_p)
 

@@ -45,6 +45,14 @@ class StagedTransform:
     def __call__(self, raw: bytes) -> Any:
         return self.augment(self.prepare(raw))
 
+    def prepare_augment(self, raw: bytes) -> tuple[Any, Any]:
+        """``(self.prepare(raw), self.augment(<it>))``, the random draws as ``augment`` makes them: what a
+        miss stores and what it gives. A subclass may override it where ``augment`` can start from a form
+        ``prepare`` had before its output (the built-in train transform crops the decoded image, not its
+        array); the sample must be the same."""
+        prepared = self.prepare(raw)
+        return prepared, self.augment(prepared)
+
 
 @dataclass(frozen=True)
 class Staged(StagedTransform):

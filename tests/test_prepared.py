@@ -3,6 +3,7 @@ the stored layout, a killed worker and a restart."""
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import subprocess
@@ -40,6 +41,32 @@ def make(dataset, shm_dir, workers=2, **kw) -> DataLoader:
     if workers:
         kw["timeout"] = 120
     return DataLoader(dataset, num_workers=workers, cache_dir=shm_dir, **{"cache_bytes": 1 << 24, **kw})
+
+
+STAGED_KINDS = [
+    SMALL,
+    EvalTransform(resize=40, size=32),
+    Staged(lambda raw: np.frombuffer(raw, np.uint8), np.flip),
+]
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+@pytest.mark.parametrize("transform", STAGED_KINDS)
+def test_a_miss_prepares_and_augments_as_the_two_stages_apart(mode, transform):
+    """``prepare_augment`` (the built-in train transform crops the decoded image, not its array) stores and
+    gives what ``prepare`` then ``augment`` would, with the same random draws."""
+    buf = io.BytesIO()
+    pixels = np.random.default_rng(0).integers(0, 255, (50, 70, 3), np.uint8)
+    Image.fromarray(pixels).convert(mode).save(buf, "JPEG")
+    random.seed(5)
+    prepared = transform.prepare(buf.getvalue())
+    want = (prepared, transform.augment(prepared), random.random())
+    random.seed(5)
+    got = (*transform.prepare_augment(buf.getvalue()), random.random())
+    assert [type(v) for v in got] == [type(v) for v in want]
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+    assert got[2] == want[2]  # the same draws, no more
 
 
 @pytest.mark.multiproc
