@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from torch.utils.data import _utils
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
 from loader._ring_collate import ring_collate
@@ -18,6 +19,7 @@ from loader._serving import FileReads, ServingWorkerInit, serving
 from loader._shared_heap import heap_frozen_for_fork
 from loader._worker_random import RandomStates, RestoringWorkerInit, Stamped, StampingCollate
 from loader.cache._attached import make_room_for_workers
+from loader.system.forkgrowth import measure_growth
 
 __all__ = ["Tracking", "counting_iterator"]
 
@@ -95,6 +97,13 @@ class _CountingMultiProcessingIter(_Counting, _MultiProcessingDataLoaderIter):
     def _base_seed(self, drawn: int) -> None:
         self._started_from = drawn if self._seed is None else self._seed
 
+    def _shutdown_workers(self) -> None:
+        """Torch's, after noting what the workers took (``forkgrowth``): the next workers may fork after
+        these have gone, as those of a loader without persistent workers do each epoch."""
+        if not getattr(self, "_shutdown", True) and _utils.python_exit_status is False:
+            measure_growth()
+        super()._shutdown_workers()
+
     @property
     def _worker_queue_idx_cycle(self) -> Any:
         return self._deal
@@ -137,7 +146,7 @@ def _with_workers(loader: Any, tracking: Tracking | None, serve: FileReads | Non
         loader.collate_fn = StampingCollate(loader.collate_fn)
         iterator._turn, iterator._seed = tracking.turn, tracking.seed
     loader.worker_init_fn = init
-    make_room_for_workers()
+    make_room_for_workers(loader.num_workers)
     try:
         with heap_frozen_for_fork():
             iterator.__init__(loader)

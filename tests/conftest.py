@@ -1,5 +1,6 @@
-"""Shared fixtures: a private cache folder in /dev/shm, a check that tests leave nothing in /dev/shm, and an
-S3-compatible server (moto's) started and stopped on loopback."""
+"""Shared fixtures: a private cache folder in /dev/shm, a check that tests leave nothing in /dev/shm, no
+workers' memory growth carried from one test to the next, and an S3-compatible server (moto's) started and
+stopped on loopback."""
 
 from __future__ import annotations
 
@@ -30,6 +31,16 @@ def shm_dir():
     path.mkdir(mode=0o700)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def fresh_fork_growth(monkeypatch):
+    """Each test starts with no workers' growth measured (``loader.system.forkgrowth``): a process's figure
+    would carry the workers of earlier tests into its stores' room."""
+    import loader.system.forkgrowth as forkgrowth
+
+    monkeypatch.setattr(forkgrowth, "_most_per_worker", 0)
+    monkeypatch.setattr(forkgrowth, "_last_fork", None)
 
 
 @pytest.fixture(autouse=True)

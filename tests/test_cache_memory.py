@@ -17,6 +17,7 @@ import loader.system.memory
 from loader import DataLoader, SourceDataset
 from loader.cache._admission import AdmissionGate
 from loader.cache._layout import index_bytes
+from loader.system import forkgrowth
 from loader.system.headroom import reserve_bytes
 from loader.system.memory import MemoryView, format_bytes
 from stallbench.conditions.cgroup import StorageLimits
@@ -251,6 +252,19 @@ def test_the_store_makes_room_for_the_reserve_before_the_loader_starts_workers(
     with pytest.warns(RuntimeWarning, match="gave back"):
         assert indices(workers) == list(range(RECORDS))
     assert dl.stats().records_cached == RECORDS - short // SIZE  # the records admitted last, given back
+
+
+def test_the_store_makes_room_for_what_earlier_workers_grew_the_job_by(shm_dir, memory, monkeypatch):
+    memory(free(1 << 30, limit=LIMIT))
+    dl = make(shm_dir, 1 << 20)
+    assert indices(dl) == list(range(RECORDS)) and dl.stats().records_cached == RECORDS
+    monkeypatch.setattr(forkgrowth, "_most_per_worker", 100 * MIB)  # as measured of earlier workers
+    short = RECORDS * SIZE // 4
+    memory(free(2 * 100 * MIB + 16 * MIB - short, limit=LIMIT))  # the reserve (128 MiB) is free
+    workers = DataLoader(dl.dataset, batch_size=8, num_workers=2, cache_dir=shm_dir)
+    with pytest.warns(RuntimeWarning, match="about to as workers start"):
+        assert indices(workers) == list(range(RECORDS))
+    assert dl.stats().records_cached == RECORDS - short // SIZE  # room for two workers and the margin
 
 
 def test_a_store_with_the_reserve_free_gives_nothing_back_before_workers_start(shm_dir, memory):

@@ -365,6 +365,17 @@ def test_gauge_shortfall_is_what_keeps_the_reserve_from_being_free_read_now(monk
     assert gauge.shortfall() == shortfall and views.reads == 2
 
 
+@pytest.mark.parametrize(
+    ("headroom", "growth", "shortfall"),
+    [(200 * MIB, 140 * MIB, 0), (100 * MIB, 140 * MIB, 56 * MIB), (100 * MIB, 20 * MIB, 28 * MIB)],
+)
+def test_gauge_shortfall_makes_room_for_the_growth_expected_and_the_margin_beyond(
+    monkeypatch, headroom, growth, shortfall
+):
+    Views(monkeypatch, headroom, limit=GIB)  # 128 MiB kept free (the job's fifth, at most): margin 16 MiB
+    assert PressureGauge().shortfall(growth=growth) == shortfall  # the larger of the reserve and growth + 16
+
+
 def test_gauge_within_the_reserve_looks_for_overdrawn_five_times_as_often(monkeypatch):
     views = Views(monkeypatch, GIB)
     gauge = PressureGauge(interval=1.0)

@@ -63,15 +63,17 @@ class AdmissionGate:
         reads memory every 50 ms)."""
         return 0 if self.off else self._gauge.overdrawn(lambda: int(used[0]))
 
-    def shortfall(self, used: np.ndarray) -> int:
-        """Bytes to give back so that the reserve is free now, memory read now (``used[0]``: the store's)."""
-        return 0 if self.off else self._gauge.shortfall(lambda: int(used[0]))
+    def shortfall(self, used: np.ndarray, growth: int = 0) -> int:
+        """Bytes to give back so that the reserve is free now, memory read now (``used[0]``: the store's),
+        and room for the job to grow by ``growth`` bytes at once."""
+        return 0 if self.off else self._gauge.shortfall(lambda: int(used[0]), growth)
 
     def note_given_back(self, nbytes: int, records: int) -> None:
         """The store gave back ``nbytes`` (``records`` records); warn the first time, read memory afresh."""
         if not self.given_back and nbytes:
             warnings.warn(
-                f"the job grew into the memory the cache keeps free ({self._memory_left()}): the cache at "
+                "the job grew into the memory the cache keeps free, or is about to as workers start "
+                f"({self._memory_left()}): the cache at "
                 f"{self.path} gave back {format_bytes(nbytes)} ({records} records), which are read from "
                 "storage again",
                 RuntimeWarning,

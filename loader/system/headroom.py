@@ -113,10 +113,13 @@ class PressureGauge:
         least = min(self.reserve // 2, _LAST_MARGIN)
         return 0 if spare >= least else 2 * least - spare
 
-    def shortfall(self, held: Callable[[], int] = lambda: 0) -> int:
-        """Bytes to give back so that the reserve is free, memory read now: before the job grows at once."""
+    def shortfall(self, held: Callable[[], int] = lambda: 0, growth: int = 0) -> int:
+        """Bytes to give back so that the reserve is free, memory read now: before the job grows at once, by
+        ``growth`` bytes where that is known (workers about to fork, ``forkgrowth``), and then so that the
+        grown job stays clear of the margin at which ``overdrawn`` gives back."""
         self._read(held())
-        return max(0, self.reserve - self.spare)
+        least = min(self.reserve // 2, _LAST_MARGIN)
+        return max(0, max(self.reserve, growth + least if growth else 0) - self.spare)
 
     def _due(self, adding: int) -> bool:
         between = self.bytes_between if self.bytes_between is not None else self.reserve // 8

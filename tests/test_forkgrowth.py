@@ -1,0 +1,112 @@
+"""What forking workers costs the job in memory (``loader.system.forkgrowth``), measured on real children."""
+
+from __future__ import annotations
+
+import multiprocessing
+from typing import ClassVar
+
+import pytest
+import torch
+
+from loader import DataLoader
+from loader.system import forkgrowth
+
+MIB = 1 << 20
+PAGE = 4096
+pytestmark = pytest.mark.multiproc
+
+_shared = bytearray()  # the parent's memory, inherited by forked children
+
+
+def _allocate_then_wait(nbytes: int, ready, done) -> None:
+    held = bytearray(nbytes)
+    held[::PAGE] = b"\x01" * len(range(0, nbytes, PAGE))  # every page touched
+    ready.set()
+    done.wait(30)
+
+
+def _copy_then_wait(ready, done) -> None:
+    _shared[::PAGE] = b"\x02" * len(range(0, len(_shared), PAGE))  # each page copied on write
+    ready.set()
+    done.wait(30)
+
+
+def _run_children(target, args: tuple, count: int) -> tuple[list, object]:
+    context = multiprocessing.get_context("fork")
+    ready, done = [context.Event() for _ in range(count)], context.Event()
+    children = [context.Process(target=target, args=(*args, ready[i], done)) for i in range(count)]
+    for child in children:
+        child.start()
+    for event in ready:
+        assert event.wait(30), "a child did not start"
+    return children, done
+
+
+def _stop(children: list, done) -> None:
+    done.set()
+    for child in children:
+        child.join(30)
+        assert child.exitcode == 0
+
+
+def test_nothing_is_expected_before_this_process_forked_workers():
+    assert forkgrowth.measure_growth() == 0 and forkgrowth.growth_for(2) == 0
+
+
+def test_workers_allocations_are_the_growth_expected_of_the_next_workers_per_worker():
+    assert forkgrowth.growth_for(2) == 0  # notes the fork about to happen
+    children, done = _run_children(_allocate_then_wait, (48 * MIB,), 2)
+    try:
+        per_worker = forkgrowth.measure_growth()
+        assert 48 * MIB <= per_worker < 64 * MIB
+        assert forkgrowth.growth_for(3) >= 3 * per_worker  # measured again: the most stands
+    finally:
+        _stop(children, done)
+
+
+def test_pages_a_worker_copies_on_write_count_and_the_pages_it_shares_do_not():
+    global _shared
+    _shared = bytearray(b"\x00" * (64 * MIB))
+    try:
+        forkgrowth.growth_for(1)
+        children, done = _run_children(_copy_then_wait, (), 1)
+        try:
+            assert 64 * MIB <= forkgrowth.measure_growth() < 80 * MIB
+        finally:
+            _stop(children, done)
+        forkgrowth.growth_for(1)
+        children, done = _run_children(_allocate_then_wait, (0,), 1)  # shares all, copies nothing
+        try:
+            assert forkgrowth.family_anon() - forkgrowth._last_fork[0] < 16 * MIB
+        finally:
+            _stop(children, done)
+    finally:
+        _shared = bytearray()
+
+
+def test_the_most_measured_stands_once_the_workers_are_gone():
+    forkgrowth.growth_for(1)
+    children, done = _run_children(_allocate_then_wait, (32 * MIB,), 1)
+    measured = forkgrowth.measure_growth()
+    _stop(children, done)
+    assert measured >= 32 * MIB and forkgrowth.measure_growth() == measured
+
+
+class _Hoarding(torch.utils.data.Dataset):
+    """Each worker keeps 32 MiB once it loads a record."""
+
+    kept: ClassVar[list[bytearray]] = []
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        if not self.kept:
+            self.kept.append(bytearray(b"\x01" * (32 * MIB)))
+        return index
+
+
+def test_a_loader_notes_what_its_workers_took_before_it_shuts_them_down():
+    dl = DataLoader(_Hoarding(), batch_size=2, num_workers=1)  # workers not persistent: gone after the epoch
+    assert [b.tolist() for b in dl] == [[0, 1], [2, 3]]
+    assert forkgrowth.measure_growth() >= 32 * MIB and not multiprocessing.active_children()
