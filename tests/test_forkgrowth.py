@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
+import os
+import signal
 from typing import ClassVar
 
 import pytest
@@ -19,6 +22,7 @@ _shared = bytearray()  # the parent's memory, inherited by forked children
 
 
 def _allocate_then_wait(nbytes: int, ready, done) -> None:
+    gc.disable()  # a full collection would copy every page of the test process's heap: not this test's growth
     held = bytearray(nbytes)
     held[::PAGE] = b"\x01" * len(range(0, nbytes, PAGE))  # every page touched
     ready.set()
@@ -26,15 +30,18 @@ def _allocate_then_wait(nbytes: int, ready, done) -> None:
 
 
 def _copy_then_wait(ready, done) -> None:
+    gc.disable()
     _shared[::PAGE] = b"\x02" * len(range(0, len(_shared), PAGE))  # each page copied on write
     ready.set()
     done.wait(30)
 
 
-def _run_children(target, args: tuple, count: int) -> tuple[list, object]:
+def _run_children(target, args: tuple, count: int) -> tuple[list, list]:
+    """``count`` forked children running ``target``, each with an event of its own to end on (a child
+    killed in a shared event's wait would leave its ``set`` waiting for it for ever)."""
     context = multiprocessing.get_context("fork")
-    ready, done = [context.Event() for _ in range(count)], context.Event()
-    children = [context.Process(target=target, args=(*args, ready[i], done)) for i in range(count)]
+    ready, done = [context.Event() for _ in range(count)], [context.Event() for _ in range(count)]
+    children = [context.Process(target=target, args=(*args, ready[i], done[i])) for i in range(count)]
     for child in children:
         child.start()
     for event in ready:
@@ -42,8 +49,9 @@ def _run_children(target, args: tuple, count: int) -> tuple[list, object]:
     return children, done
 
 
-def _stop(children: list, done) -> None:
-    done.set()
+def _stop(children: list, done: list) -> None:
+    for event in done:
+        event.set()
     for child in children:
         child.join(30)
         assert child.exitcode == 0
@@ -110,3 +118,19 @@ def test_a_loader_notes_what_its_workers_took_before_it_shuts_them_down():
     dl = DataLoader(_Hoarding(), batch_size=2, num_workers=1)  # workers not persistent: gone after the epoch
     assert [b.tolist() for b in dl] == [[0, 1], [2, 3]]
     assert forkgrowth.measure_growth() >= 32 * MIB and not multiprocessing.active_children()
+
+
+def test_a_killed_and_a_stopped_worker_leave_the_measure_whole_and_nothing_waits():
+    forkgrowth.growth_for(2)
+    children, done = _run_children(_allocate_then_wait, (32 * MIB,), 2)
+    stopped, killed = children
+    os.kill(stopped.pid, signal.SIGSTOP)
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.join(30)
+    try:
+        assert 16 * MIB <= forkgrowth.measure_growth() < 32 * MIB  # the stopped one's 32 MiB over two workers
+    finally:
+        os.kill(stopped.pid, signal.SIGCONT)
+        done[0].set()
+        stopped.join(30)
+    assert (stopped.exitcode, killed.exitcode) == (0, -signal.SIGKILL)

@@ -6,7 +6,7 @@
 * ``libc``: the C calls ``os`` and ``mmap`` lack (a raw ``mmap``, ``madvise``, ``mincore``);
 * ``pagecache``: which pages of a file the page cache holds, reads that evict only what they brought in;
 * ``memory``, ``headroom``: the memory the job may still take (cgroup v1 and v2, the machine) and the
-  reserve the cache leaves for the job's own growth;
+  reserve the cache leaves for the job's own growth; ``forkgrowth``: what forking workers grew it by;
 * ``counters``: the kernel's counts of a process tree, bytes read from storage and CPU seconds (loaded
   alone from its file by a child that imports nothing else, so it imports only the standard library).
 """
