@@ -5,9 +5,9 @@ parent's pages as they first write to them, spawned ones load an interpreter eac
 is for that growth). The store admits only while the reserve is free, but the job may have grown into it
 since (an earlier loader's workers, a bigger heap), and a store that then meets the new workers' growth
 with less than the reserve free can have the job killed before any look sees it. So our loader asks every
-store attached in its process to give back what keeps the reserve from being free, or less than the growth
-measured of this process's earlier workers (``system.forkgrowth``) where that is more, just before it starts
-workers (``MinIOCache.make_room``). (Sampled every 10 ms on the digits job of ``bench_tight_budget``: its
+store attached in its process to give back what keeps the reserve free, or room for the growth measured of
+this process's earlier workers (``system.forkgrowth``) where that is more, just before it starts workers
+(``MinIOCache.make_room``). (Sampled every 10 ms on the digits job of ``bench_tight_budget``: its
 evaluation loader's two workers grew it by ~12 MiB within 10 ms of their fork.)"""
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ by 64-67 MiB; counting only what the workers hold alone said 40 MiB.
 Read from ``/proc/<pid>/smaps_rollup`` (~3.5 ms for a process that imported torch): a page of anonymous
 memory is split among the processes that map it (``Pss_Anon``), so the family's ``Pss_Anon`` sums to its
 anonymous memory, each page once. The store's pages are shared memory, not anonymous: not counted. The most
-measured per worker stands for the process's next workers; before any (a process's first workers), nothing:
-the reserve alone.
+measured per worker stands for the process's next workers (a loader without persistent workers forks anew
+each epoch, after the last epoch's workers and their memory have gone: a reading then says nothing of them);
+before any (a process's first workers), nothing: the reserve alone.
 """
 
 from __future__ import annotations
