@@ -138,8 +138,7 @@ class MinIOCache(SharedStore):
         return used - cut, int(dropped.sum())
 
     def make_room(self, growth: int = 0) -> int:
-        """Give back what keeps the memory reserve, or room for the job to grow by ``growth`` bytes, from
-        being free now (``_attached``); the bytes freed."""
+        """Give back what keeps the reserve, or room for ``growth`` bytes, from being free (``_attached``)."""
         nbytes = self._gate.shortfall(self._used, growth) if self._data_fd is not None else 0
         freed, records = self.give_back(nbytes) if nbytes else (0, 0)
         if freed:
