@@ -100,9 +100,11 @@ class _CountingMultiProcessingIter(_Counting, _MultiProcessingDataLoaderIter):
     def _shutdown_workers(self) -> None:
         """Torch's, after noting what the workers took (``forkgrowth``): the next workers may fork after
         these have gone, as those of a loader without persistent workers do each epoch."""
-        if not getattr(self, "_shutdown", True) and _utils.python_exit_status is False:
-            measure_growth()
-        super()._shutdown_workers()
+        try:
+            if not getattr(self, "_shutdown", True) and _utils.python_exit_status is False:
+                measure_growth()
+        finally:  # an interrupt while measuring still shuts the workers down
+            super()._shutdown_workers()
 
     @property
     def _worker_queue_idx_cycle(self) -> Any:

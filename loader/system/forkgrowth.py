@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from typing import NamedTuple
 
 __all__ = ["family_anon", "growth_for", "measure_growth"]
 
@@ -31,48 +30,44 @@ _most_per_worker = 0  # bytes: the most the family grew after this process forke
 _last_fork: tuple[int, int] | None = None  # the family's anonymous memory then (bytes), the workers forked
 
 
-class _Anon(NamedTuple):
-    proportional: int  # Pss_Anon: the process's share of each anonymous page it maps
-    mapped: int  # Anonymous: every anonymous page it maps, shared or not
-
-
-def _anon(pid: int) -> _Anon | None:
-    """The process's anonymous memory in bytes; None where it has exited (or its files cannot be read)."""
-    fields: dict[str, int] = {}
+def _pss_anon(pid: int) -> int:
+    """The process's share of each anonymous page it maps (bytes); 0 where it has exited (or its files
+    cannot be read)."""
     try:
         with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as rollup:
             for line in rollup:
                 name, _, rest = line.partition(":")
-                if name in ("Pss_Anon", "Anonymous"):
-                    fields[name] = int(rest.split()[0]) * 1024
+                if name == "Pss_Anon":
+                    return int(rest.split()[0]) * 1024
     except (OSError, ValueError, IndexError):
-        return None
-    if len(fields) < 2:
-        return None
-    return _Anon(fields["Pss_Anon"], fields["Anonymous"])
+        pass
+    return 0
 
 
 def family_anon() -> int:
     """The anonymous memory of this process and its running children, each page once (bytes)."""
-    family = [_anon(os.getpid())] + [_anon(child.pid) for child in multiprocessing.active_children()]
-    return sum(member.proportional for member in family if member is not None)
+    family = [os.getpid(), *(child.pid for child in multiprocessing.active_children())]
+    return sum(_pss_anon(pid) for pid in family)
 
 
-def measure_growth() -> int:
-    """What the family grew by since this process last forked workers, per worker of that fork, noted where
-    more than any measure before; the most noted (bytes; 0 before a fork)."""
+def measure_growth(now: int | None = None) -> int:
+    """What the family grew by since this process last forked workers (its anonymous memory ``now``, read
+    where not given), per worker of that fork, noted where more than any measure before; the most noted
+    (bytes; 0 before a fork)."""
     global _most_per_worker
     if _last_fork is not None:
         anon_then, workers = _last_fork
-        _most_per_worker = max(_most_per_worker, (family_anon() - anon_then) // workers)
+        now = family_anon() if now is None else now
+        _most_per_worker = max(_most_per_worker, (now - anon_then) // workers)
     return _most_per_worker
 
 
 def growth_for(workers: int) -> int:
     """The memory ``workers`` workers about to fork are expected to take (bytes), as this process's earlier
-    workers did; they are noted as the last fork."""
+    workers did; they are noted as the last fork (the family read once for both)."""
     global _last_fork
-    growth = workers * measure_growth()
+    now = family_anon()
+    growth = workers * measure_growth(now)
     if workers:
-        _last_fork = (family_anon(), workers)
+        _last_fork = (now, workers)
     return growth

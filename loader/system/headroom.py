@@ -110,7 +110,7 @@ class PressureGauge:
         if self.last is None or monotonic() - self._read_at >= interval:
             self._read(held())
         spare = self.spare - self._noted
-        least = min(self.reserve // 2, _LAST_MARGIN)
+        least = self._last_margin()
         return 0 if spare >= least else 2 * least - spare
 
     def shortfall(self, held: Callable[[], int] = lambda: 0, growth: int = 0) -> int:
@@ -118,8 +118,12 @@ class PressureGauge:
         ``growth`` bytes where that is known (workers about to fork, ``forkgrowth``), and then so that the
         grown job stays clear of the margin at which ``overdrawn`` gives back."""
         self._read(held())
-        least = min(self.reserve // 2, _LAST_MARGIN)
-        return max(0, max(self.reserve, growth + least if growth else 0) - self.spare)
+        room = growth + self._last_margin() if growth else 0
+        return max(0, max(self.reserve, room) - self.spare)
+
+    def _last_margin(self) -> int:
+        """Free memory under which the store gives back: 16 MiB, or half the reserve where that is less."""
+        return min(self.reserve // 2, _LAST_MARGIN)
 
     def _due(self, adding: int) -> bool:
         between = self.bytes_between if self.bytes_between is not None else self.reserve // 8
