@@ -4,6 +4,7 @@ holds records raw or prepared (``_prepared``), never samples: random augmentatio
 from __future__ import annotations
 
 import copy
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -121,11 +122,14 @@ class SourceDataset(Dataset):
         except CorruptRecordError:
             raw, corrupt = None, True
         if raw is not None:
+            if cache.first_hit(index):
+                self.source.evict(index)
             return Fetched(raw, True, False, time.perf_counter() - start)
         if cache is None or corrupt or not cache.accepting(index) or self._held_prepared(index):
             return Fetched(self.source.read(index), False, False, time.perf_counter() - start, corrupt)
         pauses = cache.memory_pauses
-        raw, admitted = self.source.read_admitting(index, lambda raw: cache.admit(index, raw))
+        admit = functools.partial(cache.admit, index)
+        raw, admitted = self.source.read_admitting(index, lambda raw, ours: admit(raw, evict_on_hit=ours))
         paused = cache.memory_pauses != pauses
         return Fetched(raw, False, admitted, time.perf_counter() - start, memory_pause=paused)
 

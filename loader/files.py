@@ -10,6 +10,7 @@ through one (``loader._serving``) and counts its reads in ``stats()``.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import stat
@@ -21,7 +22,7 @@ from loader.cache import CacheInfo, CorruptRecordError, MinIOCache
 from loader.cache._layout import index_bytes
 from loader.sources.file_tree import FileTreeSource, shared_listing
 from loader.system.headroom import auto_cache_bytes
-from loader.system.pagecache import read_admitting
+from loader.system.pagecache import evict_file, read_admitting
 
 __all__ = ["LARGEST_FILE", "CachedFiles"]
 
@@ -120,12 +121,15 @@ class CachedFiles:
         except CorruptRecordError:
             raw, corrupt = None, True
         if raw is not None:
+            if cache.first_hit(i):
+                evict_file(name)
             return raw, True
         if cache is None or corrupt or not cache.accepting(i):
             with io.FileIO(name) as f:
                 return f.readall(), False
+        admit = functools.partial(cache.admit, i)
         # admitted only at the listed size: a file rewritten between our stat and our read is not stored
-        raw, _ = read_admitting(name, lambda raw: len(raw) == size and cache.admit(i, raw))
+        raw, _ = read_admitting(name, lambda raw, ours: len(raw) == size and admit(raw, evict_on_hit=ours))
         return raw, False
 
 

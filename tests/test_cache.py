@@ -199,3 +199,22 @@ def test_a_reader_of_a_slot_given_back_gets_no_wrong_bytes(shm_dir):
     cache._map[HEADER_BYTES + 32 * 3 : HEADER_BYTES + 32 * 4] = stale
     with pytest.raises(CorruptRecordError, match=r"record 3 .* fails its checksum"):
         cache.get(3)
+
+
+def test_a_record_admitted_with_its_pages_left_is_held_and_its_first_hit_says_so_once(shm_dir):
+    cache = open_store(shm_dir, 1 << 20)
+    assert cache.admit(1, record(1), evict_on_hit=True) and cache.admit(2, record(2))
+    assert cache.info().records_cached == 2
+    assert cache.get(1) == record(1) and cache.get(2) == record(2)
+    assert [cache.first_hit(1), cache.first_hit(1), cache.first_hit(2)] == [True, False, False]
+    assert cache.get(1) == record(1)
+    assert open_store(shm_dir, 1 << 20).first_hit(1) is False  # said once for every process
+
+
+def test_a_record_given_back_before_its_first_hit_is_not_revived_by_it(shm_dir):
+    cache = open_store(shm_dir, 1 << 20)
+    for i in range(3):
+        assert cache.admit(i, record(i), evict_on_hit=True)
+    assert cache.give_back(len(record(2))) == (len(record(2)), 1)
+    assert cache.first_hit(2) is False and cache.get(2) is None and cache.info().records_cached == 2
+    assert cache.admit(2, record(2)) and cache.get(2) == record(2)  # admitted again later

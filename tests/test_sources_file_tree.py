@@ -139,13 +139,16 @@ def test_index_errors_and_a_vanished_file(tree):
     with pytest.raises(BadRecordError, match=re.escape(str(tree / "b.bin"))):
         source.read(3)
     with pytest.raises(BadRecordError, match=re.escape(str(tree / "b.bin"))):
-        source.read_admitting(3, lambda raw: True)
+        source.read_admitting(3, lambda raw, ours: True)
 
 
 @pytest.mark.parametrize(
-    ("admit", "warm", "left"), [(True, False, 0.0), (False, False, 1.0), (True, True, 1.0)]
+    ("admit", "warm", "ours", "left"),
+    [(True, False, True, 0.0), (False, False, True, 1.0), (True, True, False, 1.0)],
 )
-def test_evicts_only_admitted_files_and_only_pages_its_read_brought_in(tmp_path, admit, warm, left):
+def test_evicts_only_admitted_files_read_cold_and_only_when_asked(tmp_path, admit, warm, ours, left):
+    """A read that brought the file in says ``ours``; nothing goes at admission; ``evict`` (the loader's
+    call at the record's first hit) takes a file admitted by such a read, and nothing else."""
     files = []
     for i in range(4):
         files.append(str(tmp_path / f"{i}.npy"))
@@ -159,8 +162,13 @@ def test_evicts_only_admitted_files_and_only_pages_its_read_brought_in(tmp_path,
             with open(path, "rb") as f:
                 f.read()
     source = FileTreeSource(tmp_path)
-    got = [source.read_admitting(i, lambda raw: admit) for i in range(4)]
+    offered = []
+    got = [source.read_admitting(i, lambda raw, mine: offered.append(mine) or admit) for i in range(4)]
     assert got == [(bytes([i + 1]) * (1 << 20), admit) for i in range(4)]
+    assert offered == [ours] * 4 and resident_bytes(files) == 4 << 20
+    for i in range(4):
+        if admit and offered[i]:
+            source.evict(i)
     assert resident_bytes(files) / (4 << 20) == left
 
 

@@ -1,4 +1,5 @@
-"""Page-cache eviction for real (mincore): only records the cache admitted, only pages our read brought in."""
+"""Page-cache eviction for real (mincore): a read tells whether it brought every page of its record in
+(``ours``); nothing is evicted at admission; ``evict`` then evicts those pages, and no other."""
 
 from __future__ import annotations
 
@@ -60,9 +61,11 @@ def image_files(root) -> list[str]:
     return paths
 
 
-def residency_after_reads(make_source, files: list[str], admit: bool, warm: bool = False) -> float:
+def residency_after_reads(make_source, files: list[str], admit: bool, warm: bool = False) -> tuple:
     """Evict ``files`` (or read them first with ``warm``), read every record through a fresh source with
-    ``read_admitting``, return the fraction of the files' pages resident afterwards."""
+    ``read_admitting``; then ``evict`` each record admitted by a read that said ``ours`` (as the loader does
+    at its first hit). Returns (the ``ours`` of each read, the fraction of the files' pages resident after
+    the reads, and after the evictions)."""
     evict_page_cache(files)
     assert resident_bytes(files) == 0
     if warm:
@@ -71,13 +74,21 @@ def residency_after_reads(make_source, files: list[str], admit: bool, warm: bool
                 f.read()
     source = make_source()
     offered = []
-    got = [source.read_admitting(i, lambda raw: offered.append(raw) or admit) for i in range(RECORDS)]
+    got = [
+        source.read_admitting(i, lambda raw, ours: offered.append((raw, ours)) or admit)
+        for i in range(RECORDS)
+    ]
     assert got == [(payload(i), admit) for i in range(RECORDS)]
-    assert offered == [payload(i) for i in range(RECORDS)]
-    resident = resident_bytes(files) / sum(os.path.getsize(p) for p in files)
+    assert [raw for raw, _ in offered] == [payload(i) for i in range(RECORDS)]
+    size = sum(os.path.getsize(p) for p in files)
+    after_reads = resident_bytes(files) / size
+    for i, (_, ours) in enumerate(offered):
+        if admit and ours:
+            source.evict(i)
+    after_evictions = resident_bytes(files) / size
     del source, got
     gc.collect()  # a mapping left to a later collection keeps its pages: the next call could not evict them
-    return resident
+    return [ours for _, ours in offered], after_reads, after_evictions
 
 
 def test_resident_bytes_and_evict(disk):
@@ -89,12 +100,13 @@ def test_resident_bytes_and_evict(disk):
     assert resident_bytes(path) == 0
 
 
-def test_image_folder_evicts_only_admitted_records_read_cold(disk, residency):
+def test_image_folder_evicts_admitted_records_read_cold_only_when_asked(disk, residency):
     files = image_files(disk / "imgs")
     make = partial(ImageFolderSource, disk / "imgs")
-    assert residency_after_reads(make, files, admit=True) == 0.0
-    assert residency_after_reads(make, files, admit=False) == 1.0
-    assert residency_after_reads(make, files, admit=True, warm=True) == 1.0  # another job's warm pages stay
+    assert residency_after_reads(make, files, admit=True) == ([True] * RECORDS, 1.0, 0.0)
+    assert residency_after_reads(make, files, admit=False) == ([True] * RECORDS, 1.0, 1.0)
+    # another job's warm pages: not ours, never evicted
+    assert residency_after_reads(make, files, admit=True, warm=True) == ([False] * RECORDS, 1.0, 1.0)
 
 
 def read_pages(path: str, pages: list[int]) -> None:
@@ -110,28 +122,44 @@ def read_pages(path: str, pages: list[int]) -> None:
     assert resident_bytes(path) == len(pages) * PAGE
 
 
-def test_pages_resident_before_the_read_stay(disk, residency):
-    """A file whose first page alone is resident keeps that page; the pages our read brought in go."""
+def test_a_read_that_found_pages_resident_is_not_ours(disk, residency):
+    """A file whose first page alone was resident: the read is not ours, and every page stays."""
     path = image_files(disk / "imgs")[0]
     read_pages(path, [0])
-    raw, admitted = ImageFolderSource(disk / "imgs").read_admitting(0, lambda raw: True)
-    assert (raw, admitted) == (payload(0), True)
-    assert resident_bytes(path) == PAGE
+    offered = []
+    raw, admitted = ImageFolderSource(disk / "imgs").read_admitting(
+        0, lambda raw, ours: offered.append(ours) or True
+    )
+    assert (raw, admitted, offered) == (payload(0), True, [False])
+    assert resident_bytes(path) == RECORD_BYTES
 
 
-def test_pages_resident_anywhere_in_the_file_stay(disk):
-    """mincore tells each page apart: pages resident mid-file before the read stay, the rest go. (The
-    RWF_NOWAIT probe sees only a resident prefix: with it, such pages would go.)"""
+def test_pages_resident_anywhere_in_the_file_make_the_read_not_ours(disk):
+    """mincore tells each page apart: pages resident mid-file before the read make it not ours. (The
+    RWF_NOWAIT probe sees only a resident prefix: with it, such a read would be ours.)"""
     path = image_files(disk / "imgs")[0]
     read_pages(path, [5, 6, 100])
-    raw, admitted = ImageFolderSource(disk / "imgs").read_admitting(0, lambda raw: True)
-    assert (raw, admitted) == (payload(0), True)
-    assert resident_bytes(path) == 3 * PAGE
     fd = os.open(path, os.O_RDONLY)
     try:
         assert _pagecache.resident_pages(fd, RECORD_BYTES).nonzero()[0].tolist() == [5, 6, 100]
     finally:
         os.close(fd)
+    offered = []
+    raw, admitted = ImageFolderSource(disk / "imgs").read_admitting(
+        0, lambda raw, ours: offered.append(ours) or True
+    )
+    assert (raw, admitted, offered) == (payload(0), True, [False])
+
+
+def test_evict_file_evicts_the_whole_file_and_leaves_a_missing_one_alone(disk):
+    path = image_files(disk / "imgs")[0]
+    evict_page_cache(path)  # written back: fadvise evicts no dirty page
+    with open(path, "rb") as f:
+        f.read()
+    assert resident_bytes(path) == RECORD_BYTES
+    _pagecache.evict_file(path)
+    assert resident_bytes(path) == 0
+    _pagecache.evict_file(str(disk / "imgs" / "gone.jpg"))  # no error
 
 
 def test_a_failed_admission_keeps_the_pages_and_a_plain_read_evicts_nothing(disk):
@@ -148,8 +176,9 @@ def test_lmdb_never_evicts(disk):
     db = image_folder_to_lmdb(disk / "imgs", disk / "db").path
     files = [os.path.join(db, "data.mdb")]
     make = partial(LMDBSource, db)
-    assert residency_after_reads(make, files, admit=True) > 0.95
-    assert residency_after_reads(make, files, admit=False) > 0.95
+    for admit in (True, False):
+        ours, after_reads, after_evictions = residency_after_reads(make, files, admit=admit)
+        assert ours == [False] * RECORDS and after_reads > 0.95 and after_evictions > 0.95
 
 
 def _arrow_file(disk, name: str) -> str:
@@ -163,15 +192,18 @@ def _arrow_file(disk, name: str) -> str:
     return path
 
 
-def test_arrow_ipc_evicts_only_admitted_records_read_cold(disk):
+def test_arrow_ipc_evicts_admitted_records_read_cold_only_when_asked(disk):
     path = _arrow_file(disk, "data.arrow")
     make = partial(ArrowSource, path)
-    assert residency_after_reads(make, [path], admit=True) < 0.01
-    assert residency_after_reads(make, [path], admit=False) > 0.95
-    assert residency_after_reads(make, [path], admit=True, warm=True) == 1.0
+    ours, after_reads, after_evictions = residency_after_reads(make, [path], admit=True)
+    assert ours == [True] * RECORDS and after_reads > 0.95 and after_evictions < 0.01
+    ours, after_reads, after_evictions = residency_after_reads(make, [path], admit=False)
+    assert ours == [True] * RECORDS and after_reads > 0.95 and after_evictions > 0.95
+    assert residency_after_reads(make, [path], admit=True, warm=True) == ([False] * RECORDS, 1.0, 1.0)
 
 
 def test_parquet_never_evicts(disk):
     """A row group is read whole, with other records in it: its pages are left to the kernel."""
     path = _arrow_file(disk, "data.parquet")
-    assert residency_after_reads(partial(ArrowSource, path), [path], admit=True) > 0.95
+    ours, after_reads, after_evictions = residency_after_reads(partial(ArrowSource, path), [path], admit=True)
+    assert ours == [False] * RECORDS and after_reads > 0.95 and after_evictions > 0.95

@@ -7,9 +7,11 @@
     slots  (32 bytes each, one per record): offset u64, length u32, state u32, checksum u64,
                                             writer u32, generation u32
 
-A slot is EMPTY, RESERVED (space taken by a writer, payload not yet complete) or READY. A writer reserves
-under the store's lock (naming itself in ``writer`` and ``generation``), writes the payload with ``pwrite``
-and its checksum, and only then flips the slot to READY with one aligned 4-byte store, so a reader never
+A slot is EMPTY, RESERVED (space taken by a writer, payload not yet complete), READY or UNHIT (ready, and not
+read from the store yet since a read that left its pages in the page cache admitted it: its first hit
+evicts them, ``MinIOCache.first_hit``); READY and UNHIT are held. A writer reserves under the store's lock
+(naming itself in ``writer`` and ``generation``), writes the payload with ``pwrite`` and its checksum, and
+only then flips the slot to READY (or UNHIT) with one aligned 4-byte store, so a reader never
 sees a torn record. A writer killed mid-insert leaves a RESERVED slot that no reader uses, and the next
 writer of that record takes it over once the kernel says its writer is gone. ``data`` holds payloads back
 to back: the memory used is the bytes admitted, not pages per record. The checksum (xxh3-64 of the
@@ -32,15 +34,16 @@ __all__ = [
     "READY",
     "RESERVED",
     "SLOT_DTYPE",
+    "UNHIT",
     "VERSION",
     "checksum",
     "index_bytes",
 ]
 
 MAGIC = b"SBMINIO1"
-VERSION = 3
+VERSION = 4
 HEADER_BYTES = 4096
-EMPTY, RESERVED, READY = 0, 1, 2
+EMPTY, RESERVED, READY, UNHIT = 0, 1, 2, 3
 
 HEADER_DTYPE = np.dtype(
     [

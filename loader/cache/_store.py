@@ -128,7 +128,7 @@ class SharedStore:
             path=self.path,
             capacity=index_bytes(self._num_records) + self.limit,
             bytes_used=int(self._used[0]) + index_bytes(self._num_records),
-            records_cached=int(np.count_nonzero(self._state == READY)),
+            records_cached=int(np.count_nonzero(self._state >= READY)),
             full=bool(self._full[0]),
         )
 

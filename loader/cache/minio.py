@@ -4,7 +4,7 @@ Every epoch of a random-order job touches every record once, so the records to k
 of them, kept forever: each later epoch then hits exactly ``capacity / dataset`` of its reads, which is the
 best any policy can do (see docs/concepts/minio-cache.md). The one exception is memory: the kernel cannot
 reclaim the store, so where the job grows into the memory the cache keeps free, the store gives back the
-records it admitted last (``give_back``) rather than have the job killed. The store itself, where it lives
+records it admitted last (``_giveback.py``) rather than have the job killed. The store itself, where it lives
 and how each process attaches to it, is ``_store.py``'s. Nothing read back is trusted: every record is
 bounds-checked and checksummed before it is served.
 """
@@ -16,16 +16,9 @@ import os
 import struct
 import warnings
 
-from loader.cache._layout import (
-    EMPTY,
-    HEADER_BYTES,
-    READY,
-    RESERVED,
-    SLOT_DTYPE,
-    checksum,
-)
-from loader.cache._store import LOCK_TIMEOUT, CacheInfo, SharedStore, store_path
-from loader.system.libc import punch_hole
+from loader.cache._giveback import GivesBack
+from loader.cache._layout import EMPTY, HEADER_BYTES, READY, RESERVED, SLOT_DTYPE, UNHIT, checksum
+from loader.cache._store import LOCK_TIMEOUT, CacheInfo, store_path
 from loader.system.locks import LockTimeout, writer_alive, writer_id
 
 __all__ = ["LOCK_TIMEOUT", "CacheInfo", "CorruptRecordError", "MinIOCache", "store_path"]
@@ -38,7 +31,7 @@ class CorruptRecordError(ValueError):
     """A cached record failed its bounds or checksum check; it is not served."""
 
 
-class MinIOCache(SharedStore):
+class MinIOCache(GivesBack):
     """The minimal-miss policy over a shared store: safe for many processes to read and fill at once."""
 
     @property
@@ -62,7 +55,7 @@ class MinIOCache(SharedStore):
         if not 0 <= index < self._num_records:
             raise IndexError(f"record index {index} out of range for a cache of {self._num_records} records")
         offset, length, state, expected = _SLOT_HEAD.unpack_from(self._map, HEADER_BYTES + _SLOT_SIZE * index)
-        if state != READY:
+        if state != READY and state != UNHIT:
             return None
         if offset + length > self._data_bytes:
             raise CorruptRecordError(f"slot {index} of {self.path} points past the end of its data")
@@ -82,8 +75,10 @@ class MinIOCache(SharedStore):
         full = self._full_here or self._full[0]
         return not full or self._state[index] == RESERVED  # a dead writer's slot is reused even when full
 
-    def admit(self, index: int, payload: bytes) -> bool:
+    def admit(self, index: int, payload: bytes, *, evict_on_hit: bool = False) -> bool:
         """Store record ``index`` if there is room and memory to spare; True when this call admitted it.
+        ``evict_on_hit``: the read of ``payload`` left pages of its own in the page cache, to be evicted
+        once the store has shown it keeps the record (``first_hit``).
 
         The store's pages cannot be reclaimed by the kernel, so when the job's memory (its cgroup's, or the
         machine's) runs within a reserve of its limit, admission pauses, with one warning per process.
@@ -103,7 +98,22 @@ class MinIOCache(SharedStore):
         if offset is None or not self._write(payload, offset):
             return False
         self._checksum[index] = checksum(index, payload)
-        self._state[index] = READY  # one aligned 4-byte store: the record becomes visible whole
+        self._state[index] = UNHIT if evict_on_hit else READY  # one aligned 4-byte store: visible whole
+        return True
+
+    def first_hit(self, index: int) -> bool:
+        """Whether record ``index``, just read from the store, was read from it for the first time since an
+        ``admit(..., evict_on_hit=True)``: the caller evicts the admitting read's pages now. Until then they
+        stay, so a record given back before anyone read it again is still in the page cache."""
+        if self._state[index] != UNHIT:
+            return False
+        try:
+            with self._mutex.held():  # not over a give_back's EMPTY
+                if self._state[index] != UNHIT:
+                    return False
+                self._state[index] = READY
+        except (LockTimeout, OSError):  # a stopped process holds the lock: evict at a later hit
+            return False
         return True
 
     def set_limit(self, limit: int) -> int:
@@ -116,43 +126,6 @@ class MinIOCache(SharedStore):
             self._limit[0] = set_to = max(used, min(limit, self._data_capacity))
             self._full[0] = set_to <= used
         return set_to
-
-    def give_back(self, nbytes: int) -> tuple[int, int]:
-        """Free about ``nbytes`` of memory: the records admitted last are dropped (slots EMPTY, admitted
-        again later if memory allows) and their pages punched out of the data file. A record being written
-        is kept, with what lies below it. Returns the bytes freed and the records dropped.
-
-        A reader that looked a dropped slot up just before reads zeros or another record's bytes: its
-        checksum fails and the record is read from the source (``CorruptRecordError``), never served wrong.
-        """
-        try:
-            with self._mutex.held():
-                used = int(self._used[0])
-                cut = self._tail_cut(max(0, used - nbytes))
-                dropped = (self._state == READY) & (self._offset >= cut)
-                self._state[dropped] = EMPTY
-                self._used[0], self._full[0] = cut, 0
-                punch_hole(self._data_fd, cut, used)
-        except (LockTimeout, OSError):  # another process gives back, or the store is gone: no harm done
-            return 0, 0
-        return used - cut, int(dropped.sum())
-
-    def make_room(self, growth: int = 0) -> int:
-        """Give back what keeps the reserve, or room for ``growth`` bytes, from being free (``_attached``)."""
-        nbytes = self._gate.shortfall(self._used, growth) if self._data_fd is not None else 0
-        freed, records = self.give_back(nbytes) if nbytes else (0, 0)
-        if freed:
-            self._gate.note_given_back(freed, records)
-        return freed
-
-    def _tail_cut(self, target: int) -> int:
-        """Where the data may end once no more than ``target`` bytes are kept: at or above ``target`` past
-        any record still being written (RESERVED), down to the start of a record that straddles it."""
-        ends = self._offset + self._length
-        writing = (self._state == RESERVED) & (ends > target)
-        cut = max(target, int(ends[writing].max())) if writing.any() else target
-        straddles = (self._state == READY) & (self._offset < cut) & (ends > cut)
-        return int(self._offset[straddles].min()) if straddles.any() else cut
 
     def _reserve(self, index: int, length: int) -> int | None:
         """Space for ``length`` bytes of record ``index``, marked as this process's; None if none is had."""

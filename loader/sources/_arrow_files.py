@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import mmap
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -67,18 +68,29 @@ class IpcFile:
         return convert(view)
 
     def copy_admitting(
-        self, view: np.ndarray, convert: Callable[[np.ndarray], bytes], admit: Callable[[bytes], bool]
+        self, view: np.ndarray, convert: Callable[[np.ndarray], bytes], admit: Callable[[bytes, bool], bool]
     ) -> tuple[bytes, bool]:
-        """As ``copy``, then offered to ``admit``; once admitted, the pages this read brought in go."""
+        """As ``copy``, then offered to ``admit(data, ours)``, ``ours`` where this read brought in every page
+        wholly inside the value (``MappedFile.cold_inside``); those pages are then unmapped from this process
+        once admitted, and left in the page cache until the store's first hit of the record (``evict``)."""
+        mapped = self._mapped_file()
+        address = view.ctypes.data
+        ours = mapped.cold_inside(address, view.nbytes)
+        data = self.copy(view, convert)
+        admitted = admit(data, ours)
+        if admitted and ours:
+            mapped.unmap(address, view.nbytes)
+        return data, admitted
+
+    def evict(self, view: np.ndarray) -> None:
+        """Evict the value's pages from the page cache (its record was admitted by a read that brought
+        them in, and the store has since served it)."""
+        self._mapped_file().evict(view.ctypes.data, view.nbytes)
+
+    def _mapped_file(self) -> MappedFile:
         if self._mapped is None:
             self._mapped = MappedFile(self._path)
-        address = view.ctypes.data
-        was_resident = self._mapped.resident(address, view.nbytes)
-        data = self.copy(view, convert)
-        admitted = admit(data)
-        if admitted and was_resident is not None:
-            self._mapped.drop_cold(address, was_resident)
-        return data, admitted
+        return self._mapped
 
 
 class ParquetFile:
@@ -106,10 +118,13 @@ class ParquetFile:
         return sum(meta.row_group(k).column(j).total_uncompressed_size for k in range(meta.num_row_groups))
 
     def copy_admitting(
-        self, view: np.ndarray, convert: Callable[[np.ndarray], bytes], admit: Callable[[bytes], bool]
+        self, view: np.ndarray, convert: Callable[[np.ndarray], bytes], admit: Callable[[bytes, bool], bool]
     ) -> tuple[bytes, bool]:
         data = convert(view)
-        return data, admit(data)
+        return data, admit(data, False)
+
+    def evict(self, view: np.ndarray) -> None:
+        """Nothing: no read of a row group is ever the store's to evict (``copy_admitting``)."""
 
 
 def open_file(path: str) -> IpcFile | ParquetFile:
@@ -117,7 +132,8 @@ def open_file(path: str) -> IpcFile | ParquetFile:
     if is_object(path):
         return _parquet_object(path)
     try:
-        with open(path, "rb") as f:
+        with open(path, "rb", buffering=0) as f:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_RANDOM)  # 6 bytes, not a read-ahead of records
             magic = f.read(6)
     except OSError as e:
         raise SourceError(f"Arrow/Parquet file {path!r} cannot be opened: {e.strerror or e}") from e

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from loader.errors import BadRecordError
 from loader.sources.base import Source
-from loader.system.pagecache import read_admitting
+from loader.system.pagecache import evict_file, read_admitting
 
 __all__ = ["FileRecords"]
 
@@ -23,8 +23,8 @@ class FileRecords(Source):
         except OSError as e:
             raise BadRecordError(path, i, f"cannot read the file: {e.strerror or e}") from e
 
-    def read_admitting(self, index: int, admit: Callable[[bytes], bool]) -> tuple[bytes, bool]:
-        """Once admitted, the file's pages that this read brought in are evicted
+    def read_admitting(self, index: int, admit: Callable[[bytes, bool], bool]) -> tuple[bytes, bool]:
+        """A file whose pages this read brought in is ours to evict at its first hit
         (``loader.system.pagecache``)."""
         i = self.check_index(index)
         path = self.describe(i)
@@ -32,3 +32,6 @@ class FileRecords(Source):
             return read_admitting(path, admit)
         except OSError as e:
             raise BadRecordError(path, i, f"cannot read the file: {e.strerror or e}") from e
+
+    def evict(self, index: int) -> None:
+        evict_file(self.describe(self.check_index(index)))

@@ -1,5 +1,6 @@
-"""The pages of a file read through a memory map (Arrow IPC): what was resident before a copy, and evicting
-the rest once the record is admitted (see ``loader.system.pagecache``)."""
+"""The pages of a file read through a memory map (Arrow IPC): what was resident before a copy; unmapping an
+admitted record's pages from this process, and evicting them at its first hit from the store (see
+``loader.system.pagecache``)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,18 @@ import mmap
 import os
 import weakref
 
-import numpy as np
-
 from loader.system.libc import libc as _libc
-from loader.system.pagecache import PAGE, can_tell, cold_runs, drop_file, mincore
+from loader.system.pagecache import PAGE, can_tell, drop_file, mincore
 
 __all__ = ["MappedFile"]
 
 
 class MappedFile:
-    """Evicts the pages of one file that this process read through a memory map (Arrow IPC).
+    """The pages of one file that this process reads through a memory map (Arrow IPC).
 
     What was resident before a read is asked of ``mincore`` on the mapping: a read that faults pages in must
     not read ahead as a probe would. The kernel answers ``mincore`` truthfully only to the file's owner or a
-    writer (others see just their own mapped pages), so for anyone else nothing is evicted.
+    writer (others see just their own mapped pages), so for anyone else no read is known to be ours.
     """
 
     def __init__(self, path: str) -> None:
@@ -33,19 +32,14 @@ class MappedFile:
         self.can_tell = can_tell(self.fd)
         self._maps: list[tuple[int, int, int]] = []
 
-    def resident(self, address: int, length: int) -> np.ndarray | None:
-        """Per page of ``[address, address + length)``: resident now; None where the kernel will not tell."""
-        if not self.can_tell or length == 0 or self.file_offset(address) is None:
-            return None
-        start = address - address % PAGE
-        span = address + length - start
-        return mincore(start, span, self.path)
-
-    def drop_cold(self, address: int, was_resident: np.ndarray) -> None:
-        """Evict the pages from ``address`` on that were not resident before the read (``resident``)."""
-        start = address - address % PAGE
-        for first, pages in cold_runs(was_resident):
-            self.drop(start + first * PAGE, pages * PAGE)
+    def cold_inside(self, address: int, length: int) -> bool:
+        """Whether none of the pages wholly inside ``[address, address + length)`` is resident now, so that a
+        read of the range brings them all in; False where there are none or the kernel will not tell. (The
+        pages at either end are most often shared with a neighbouring value: never counted as ours.)"""
+        start, end = self._inner(address, length)
+        if not self.can_tell or end <= start or self.file_offset(start) is None:
+            return False
+        return not mincore(start, end - start, self.path).any()
 
     def file_offset(self, address: int) -> int | None:
         """Where a mapped address of this file lies in the file; None if it is not in a mapping of it."""
@@ -58,16 +52,32 @@ class MappedFile:
         self._maps.append(found)
         return found[2] + address - found[0]
 
-    def drop(self, address: int, length: int) -> None:
-        """Unmap and evict the pages holding ``[address, address + length)`` of a mapping of this file."""
-        start = address - address % PAGE
-        end = -(-(address + length) // PAGE) * PAGE
-        offset = self.file_offset(start)
-        if offset is None:
-            raise ValueError(f"address {address:#x} is not in a mapping of {self.path}")
+    def unmap(self, address: int, length: int) -> None:
+        """Unmap from this process the pages wholly inside ``[address, address + length)`` of a mapping of
+        this file; they stay in the page cache, for the kernel to reclaim as any page read once."""
+        start, end = self._inner(address, length)
+        if end <= start:
+            return
         if _libc.madvise(start, end - start, mmap.MADV_DONTNEED) != 0:
             raise OSError(ctypes.get_errno(), f"madvise failed on a mapping of {self.path}")
-        drop_file(self.fd, offset, end - start)
+
+    def evict(self, address: int, length: int) -> None:
+        """Evict from the page cache the file's pages wholly inside ``[address, address + length)`` of a
+        mapping of it (those no process maps)."""
+        start, end = self._inner(address, length)
+        if end > start:
+            drop_file(self.fd, self._offset(start), end - start)
+
+    @staticmethod
+    def _inner(address: int, length: int) -> tuple[int, int]:
+        """The pages wholly inside ``[address, address + length)``: (start, end) addresses."""
+        return -(-address // PAGE) * PAGE, (address + length) // PAGE * PAGE
+
+    def _offset(self, address: int) -> int:
+        offset = self.file_offset(address)
+        if offset is None:
+            raise ValueError(f"address {address:#x} is not in a mapping of {self.path}")
+        return offset
 
 
 def _mapping_at(address: int, path: str, inode: int) -> tuple[int, int, int] | None:

@@ -114,11 +114,14 @@ class ArrowSource(Source):
         view = self._view(index)  # first: it opens this process's reader, and names the record if it cannot
         return self._io().copy(view, self._convert)
 
-    def read_admitting(self, index: int, admit: Callable[[bytes], bool]) -> tuple[bytes, bool]:
-        """Once admitted, an IPC value's pages that this read brought in are evicted
-        (``loader.system.pagecache``)."""
+    def read_admitting(self, index: int, admit: Callable[[bytes, bool], bool]) -> tuple[bytes, bool]:
+        """An IPC value whose pages this read brought in is ours to evict at its first hit
+        (``loader.system.pagecache``); a Parquet row group's never."""
         view = self._view(index)
         return self._io().copy_admitting(view, self._convert, admit)
+
+    def evict(self, index: int) -> None:
+        self._io().evict(self._view(index))
 
     def _view(self, index: int) -> np.ndarray:
         """Record ``index``'s value, viewed where it lies (its pages not yet touched)."""

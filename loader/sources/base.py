@@ -37,15 +37,23 @@ class Source(abc.ABC):
     def read(self, index: int) -> bytes:
         """Raw bytes of record ``index`` from storage. Raises BadRecordError naming the record on failure."""
 
-    def read_admitting(self, index: int, admit: Callable[[bytes], bool]) -> tuple[bytes, bool]:
-        """Record ``index`` read from storage, offered to ``admit`` (the loader's cache): (bytes, admitted).
+    def read_admitting(self, index: int, admit: Callable[[bytes, bool], bool]) -> tuple[bytes, bool]:
+        """Record ``index`` read from storage, offered to ``admit(raw, ours)`` (the loader's cache):
+        (bytes, admitted).
 
-        A source that can tell which pages its read brought into the OS page cache evicts them once the
-        record is admitted, so memory is not spent on it twice; it never evicts a record that was not
-        admitted, nor pages that were resident before the read. This default evicts nothing.
+        ``ours`` says that this read brought every page of the record into the OS page cache (none was
+        resident before it), so that memory need not be spent on it twice: the loader then calls ``evict``
+        at the record's first hit from its cache. A record that was not admitted, or was given back before
+        that hit, keeps its pages, and so do pages that were resident before the read. This default tells
+        nothing (``ours`` False).
         """
         raw = self.read(index)
-        return raw, admit(raw)
+        return raw, admit(raw, False)
+
+    def evict(self, index: int) -> None:
+        """Evict from the page cache the pages of record ``index`` that the read which admitted it brought
+        in (it said ``ours``); called once the cache has served the record. This default evicts nothing."""
+        return
 
     @abc.abstractmethod
     def label(self, index: int) -> Any:

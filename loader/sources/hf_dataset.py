@@ -82,9 +82,13 @@ class HFDatasetSource(Source):
         part, row = self._part(index)
         return part.read(row)
 
-    def read_admitting(self, index: int, admit: Callable[[bytes], bool]) -> tuple[bytes, bool]:
+    def read_admitting(self, index: int, admit: Callable[[bytes, bool], bool]) -> tuple[bytes, bool]:
         part, row = self._part(index)
         return part.read_admitting(row, admit)
+
+    def evict(self, index: int) -> None:
+        part, row = self._part(index)
+        part.evict(row)
 
     def label(self, index: int) -> Any:
         part, row = self._part(index)

@@ -96,11 +96,12 @@ class PressureGauge:
 
         Between that margin and the reserve the store neither admits nor gives back: the reserve is for
         growth not seen yet, and a job that grew into it (an evaluation loader's workers forked) most often
-        stays there. Records given back are lost to the page cache too (their pages were dropped when they
-        were admitted), so giving back early costs reads. Measured on a 288 MiB job under a 407 MiB limit:
-        giving back at half the reserve dropped all 42 MB the store held when the evaluation workers forked,
-        and epoch 2 read 47.5 MB of the 51 MB dataset (torch's loader 0.0 MB, its page cache holding it
-        all); giving back within 16 MiB only, the store kept 25 MB and epoch 2 read 18 MB, epoch 3 1-8 MB.
+        stays there. Records given back after they were served are lost to the page cache too (their pages
+        were evicted at their first hit), so giving back early costs reads. Measured on a 288 MiB job under a
+        407 MiB limit, when records were evicted at admission: giving back at half the reserve dropped all
+        42 MB the store held when the evaluation workers forked, and epoch 2 read 47.5 MB of the 51 MB
+        dataset (torch's loader 0.0 MB, its page cache holding it all); giving back within 16 MiB only, the
+        store kept 25 MB and epoch 2 read 18 MB, epoch 3 1-8 MB.
 
         Within the reserve the memory is read five times as often (every 10 ms by default, ~44 us a read):
         sampled every 10 ms, that job's unreclaimable memory swung by 10-12 MiB from one batch to the next

@@ -1,25 +1,23 @@
-"""Give back to the kernel the page-cache pages of a record that the loader's own cache now holds (Linux).
+"""The page-cache pages of a record that the loader's own cache holds (Linux): left to the kernel until the
+store has shown that it keeps the record, then evicted.
 
 The loader's cache holds the records it admitted; the page cache should not hold them a second time. But
 only those: a record the cache did not admit keeps its pages, so spare memory serves it as it would serve
 torch's loader, and pages that were resident before our read (another job's warm pages) are never evicted.
+Nor are an admitted record's pages evicted when it is admitted: a store short of memory gives back the
+records it admitted last, and a record given back before anyone read it again would then be in neither
+cache. (Measured on the digits job of ``bench_tight_budget`` at L = D/2 + M, evicting at admission: the
+store gave back all ~26 MB it had admitted in epoch 1 when the evaluation workers forked, and ours read
+26-39 MB per later epoch where torch's loader read 8-13.) So a read that brought every page of the record
+in tells the store so (``admit(raw, ours=True)``), and the store's first hit of the record evicts them
+(``evict_file``; ``MappedFile.evict`` for a memory-mapped Arrow IPC value). Until then they are pages read
+once and not since, the first the kernel reclaims.
 
 What was resident before a read is asked of ``mincore``, which reads nothing (``resident_pages``: a fresh
 mapping of the file, never touched). The kernel answers it truthfully only to the file's owner or a writer;
 for anyone else a ``preadv2(RWF_NOWAIT)`` copies what the page cache holds up to the first page it does not
-(``resident_prefix``). That probe is the second choice: it starts reading ahead the pages it misses, and on
-a fast device some of them arrive before it stops, so they look resident and stay cached twice. The pages
-not resident before the read were brought in by it, and are evicted once the record is admitted:
-
-* a file read whole (image folder): ``posix_fadvise(DONTNEED)`` on those pages before the file is closed;
-* a value copied out of a memory map (Arrow IPC): residency comes from ``mincore`` on the mapping before the
-  copy (a probing read would read ahead into other records), and ``MappedFile.drop_cold`` (``_mapped.py``)
-  unmaps the pages that were not resident from this process (madvise DONTNEED) and then evicts them
-  (fadvise DONTNEED), because the kernel keeps mapped pages.
-
-Where residency cannot be learned (a filesystem without ``RWF_NOWAIT``; ``mincore`` on a file this user
-neither owns nor may write) nothing is evicted unless it is known to be ours. Ranges are widened to whole
-pages at their end (fadvise rounds partial pages inward).
+(``resident_prefix``): a read that found none resident is ours. Where residency cannot be learned (a
+filesystem without ``RWF_NOWAIT``), or some pages were resident, nothing is evicted.
 """
 
 from __future__ import annotations
@@ -28,7 +26,7 @@ import ctypes
 import errno
 import mmap
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 
@@ -38,8 +36,8 @@ from loader.system.libc import libc as _libc
 __all__ = [
     "PAGE",
     "can_tell",
-    "cold_runs",
     "drop_file",
+    "evict_file",
     "file_residency",
     "mincore",
     "prefetch",
@@ -108,48 +106,35 @@ def mincore(address: int, span: int, path: str) -> np.ndarray:
     return np.frombuffer(vec, np.uint8) & 1 == 1
 
 
-def cold_runs(was_resident: np.ndarray) -> Iterator[tuple[int, int]]:
-    """(first page, pages) of each run of pages that were not resident."""
-    cold = np.flatnonzero(~was_resident)
-    for run in np.split(cold, np.flatnonzero(np.diff(cold) != 1) + 1) if cold.size else ():
-        yield int(run[0]), len(run)
-
-
-def drop_pages(fd: int, was_resident: np.ndarray) -> None:
-    """Evict the file's pages that were not resident (``resident_pages`` before the read), run by run."""
-    for first, pages in cold_runs(was_resident):
-        drop_file(fd, first * PAGE, pages * PAGE)
-
-
-def _cold_start(offset: int, resident: int) -> int:
-    """The file offset of the first page our read brought in, after ``resident`` bytes found resident at
-    ``offset``: a page holding any resident byte is never counted as ours."""
-    first = offset + resident
-    return first - first % PAGE if resident == 0 else -(-first // PAGE) * PAGE
-
-
-def read_admitting(path: str, admit: Callable[[bytes], bool]) -> tuple[bytes, bool]:
-    """Read a whole file, offer it to ``admit(raw) -> bool``; when admitted, evict the pages this read
-    brought into the page cache (none that were resident before it)."""
+def read_admitting(path: str, admit: Callable[[bytes, bool], bool]) -> tuple[bytes, bool]:
+    """Read a whole file and offer it to ``admit(raw, ours) -> bool``; ``ours``: this read brought every
+    page of the file into the page cache (none was resident before it), so they are the store's to evict
+    at the record's first hit (``evict_file``)."""
     with open(path, "rb", buffering=0) as f:
         fd = f.fileno()
         size = os.fstat(fd).st_size
         before = resident_pages(fd, size)
         if before is not None:
             raw = f.readall()
-            admitted = admit(raw)
-            if admitted and not before.all():
-                drop_pages(fd, before)
-            return raw, admitted
+            return raw, admit(raw, not before.any())
         head = resident_prefix(fd, 0, size)
-        if head is None:  # this filesystem cannot tell what was resident: read, admit, evict nothing
+        if head is None:  # this filesystem cannot tell what was resident: none of it is known to be ours
             raw = f.readall()
-            return raw, admit(raw)
+            return raw, admit(raw, False)
         raw = bytes(head) + os.pread(fd, size - len(head), len(head)) if len(head) < size else bytes(head)
-        admitted = admit(raw)
-        if admitted and len(head) < size:
-            drop_file(fd, _cold_start(0, len(head)))
-    return raw, admitted
+        return raw, admit(raw, not head)
+
+
+def evict_file(path: str) -> None:
+    """Evict the file's clean, unmapped pages from the page cache; a file gone since is left alone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        drop_file(fd)
+    finally:
+        os.close(fd)
 
 
 def drop_file(fd: int, offset: int = 0, length: int = 0) -> None:
