@@ -1,12 +1,17 @@
-"""What fetching one record gave (``Fetched``), what a batch's records cost (``BatchCost``), how a fetch is
-counted (``note_fetch``), and the stand-in for a record skipped under ``on_error="skip"`` (``SKIPPED``)."""
+"""What fetching one record gave (``Fetched``), a fetch of its raw bytes through the cache (``fetch_raw``),
+what a batch's records cost (``BatchCost``), how a fetch is counted (``note_fetch``), and the stand-in for a
+record skipped under ``on_error="skip"`` (``SKIPPED``)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-__all__ = ["SKIPPED", "BatchCost", "Fetched", "note_fetch"]
+from loader.cache import CorruptRecordError, MinIOCache
+from loader.sources import Source
+
+__all__ = ["SKIPPED", "BatchCost", "Fetched", "fetch_raw", "note_fetch"]
 
 
 class _Skipped:
@@ -33,6 +38,34 @@ class Fetched(NamedTuple):
     memory_pause: bool = False  # the cache began a pause in admission because memory was short
     peer: bool = False  # sent by the node that caches it (partitioned cache)
     prepared: bool = False  # ``raw`` holds the record prepared (``loader._prepared``), not its raw bytes
+
+
+def fetch_raw(
+    cache: MinIOCache,
+    source: Source,
+    index: int,
+    start: float,
+    corrupt: bool,
+    held_elsewhere: Callable[[int], bool],
+) -> Fetched:
+    """Record ``index``'s raw bytes from ``cache`` (the first hit since a read that left the record's pages
+    in the page cache evicts them), else from ``source``, admitted where the cache accepts it and the record
+    is not ``held_elsewhere`` (prepared); ``start``: when the fetch began; ``corrupt``: a copy failed its
+    check."""
+    try:
+        raw = cache.get(index)
+    except CorruptRecordError:
+        raw, corrupt = None, True
+    if raw is not None:
+        if cache.first_hit(index):
+            source.evict(index)
+        return Fetched(raw, True, False, time.perf_counter() - start)
+    if corrupt or not cache.accepting(index) or held_elsewhere(index):
+        return Fetched(source.read(index), False, False, time.perf_counter() - start, corrupt)
+    pauses = cache.memory_pauses
+    raw, admitted = source.read_admitting(index, lambda raw, ours: cache.admit(index, raw, ours))
+    paused = cache.memory_pauses != pauses
+    return Fetched(raw, False, admitted, time.perf_counter() - start, memory_pause=paused)
 
 
 class BatchCost:

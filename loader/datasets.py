@@ -4,7 +4,6 @@ holds records raw or prepared (``_prepared``), never samples: random augmentatio
 from __future__ import annotations
 
 import copy
-import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -12,11 +11,11 @@ from typing import Any, Literal
 from torch.utils.data import Dataset
 
 from loader import sources
-from loader._fetched import SKIPPED, BatchCost, Fetched, note_fetch
+from loader._fetched import SKIPPED, BatchCost, Fetched, fetch_raw, note_fetch
 from loader._prepared import PreparedRecords
 from loader._readahead import ReadAhead
 from loader.board import StatsBoard
-from loader.cache import CorruptRecordError, MinIOCache
+from loader.cache import MinIOCache
 from loader.decode import make_transform, tokens_to_tensor
 from loader.errors import BadRecordError
 from loader.partition.peers import PeerRecords
@@ -116,22 +115,10 @@ class SourceDataset(Dataset):
         got = self._prepared.fetch(index) if self._prepared is not None else None
         if got is not None and got.hit:
             return got
-        cache, corrupt = self._cache, got is not None  # a prepared copy that failed its check
-        try:
-            raw = cache.get(index) if cache is not None else None
-        except CorruptRecordError:
-            raw, corrupt = None, True
-        if raw is not None:
-            if cache.first_hit(index):
-                self.source.evict(index)
-            return Fetched(raw, True, False, time.perf_counter() - start)
-        if cache is None or corrupt or not cache.accepting(index) or self._held_prepared(index):
+        corrupt = got is not None  # a prepared copy that failed its check
+        if self._cache is None:
             return Fetched(self.source.read(index), False, False, time.perf_counter() - start, corrupt)
-        pauses = cache.memory_pauses
-        admit = functools.partial(cache.admit, index)
-        raw, admitted = self.source.read_admitting(index, lambda raw, ours: admit(raw, evict_on_hit=ours))
-        paused = cache.memory_pauses != pauses
-        return Fetched(raw, False, admitted, time.perf_counter() - start, memory_pause=paused)
+        return fetch_raw(self._cache, self.source, index, start, corrupt, self._held_prepared)
 
     def _held_prepared(self, index: int) -> bool:
         """Whether a miss will be held prepared (the prepared store has room), so not admitted raw as well."""

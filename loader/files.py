@@ -10,7 +10,6 @@ through one (``loader._serving``) and counts its reads in ``stats()``.
 
 from __future__ import annotations
 
-import functools
 import io
 import os
 import stat
@@ -127,9 +126,8 @@ class CachedFiles:
         if cache is None or corrupt or not cache.accepting(i):
             with io.FileIO(name) as f:
                 return f.readall(), False
-        admit = functools.partial(cache.admit, i)
         # admitted only at the listed size: a file rewritten between our stat and our read is not stored
-        raw, _ = read_admitting(name, lambda raw, ours: len(raw) == size and admit(raw, evict_on_hit=ours))
+        raw, _ = read_admitting(name, lambda raw, ours: len(raw) == size and cache.admit(i, raw, ours))
         return raw, False
 
 

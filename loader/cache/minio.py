@@ -75,7 +75,7 @@ class MinIOCache(GivesBack):
         full = self._full_here or self._full[0]
         return not full or self._state[index] == RESERVED  # a dead writer's slot is reused even when full
 
-    def admit(self, index: int, payload: bytes, *, evict_on_hit: bool = False) -> bool:
+    def admit(self, index: int, payload: bytes, evict_on_hit: bool = False) -> bool:
         """Store record ``index`` if there is room and memory to spare; True when this call admitted it.
         ``evict_on_hit``: the read of ``payload`` left pages of its own in the page cache, to be evicted
         once the store has shown it keeps the record (``first_hit``).

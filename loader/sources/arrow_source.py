@@ -23,14 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from loader.errors import BadRecordError, SourceError
-from loader.sources._arrow_files import (
-    IpcFile,
-    ParquetFile,
-    binary_value,
-    open_file,
-    record_type,
-    token_value,
-)
+from loader.sources._arrow_files import IpcFile, ParquetFile, open_file
+from loader.sources._arrow_values import binary_value, record_type, token_value
 from loader.sources._fingerprint import digest
 from loader.sources._object_files import file_stat
 from loader.sources.base import Source
