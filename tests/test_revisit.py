@@ -173,6 +173,27 @@ def test_a_stopped_or_killed_lock_holder_never_hangs_the_revisit(shm_dir, how):
         holder.stdout.close()
 
 
+@pytest.mark.multiproc
+def test_a_stopped_lock_holder_never_stalls_a_first_hit(shm_dir):
+    """A hit marks its record served under the store's lock, but waits for it only briefly: with the lock
+    held by a stopped process the hit is served at once and the record marked at a later hit."""
+    s = store(shm_dir, "h", 1 << 20)
+    assert s.admit(0, b"x" * 1_000, True)
+    holder = _holds_the_lock(shm_dir, "h")
+    try:
+        os.kill(holder.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        assert s.get(0) == b"x" * 1_000 and s.first_hit(0) is False
+        assert time.monotonic() - start < s._mutex.timeout / 2  # not the lock's own wait
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(10)
+        assert [s.first_hit(0), s.first_hit(0)] == [True, False]
+    finally:
+        holder.kill()
+        holder.wait(10)
+        holder.stdout.close()
+
+
 def _slow_prepare(raw: bytes) -> torch.Tensor:
     time.sleep(0.01)  # a costly decode: the epoch is bound by preparation, whatever the device's speed
     return EVAL.prepare(raw)

@@ -25,6 +25,7 @@ __all__ = ["LOCK_TIMEOUT", "CacheInfo", "CorruptRecordError", "MinIOCache", "sto
 
 _SLOT_HEAD = struct.Struct("<QIIQ")  # offset, length, state, checksum: the head of a slot, read in one call
 _SLOT_SIZE = SLOT_DTYPE.itemsize
+_FIRST_HIT_WAIT = 0.002  # seconds a hit waits for the lock to mark its record served (held for microseconds)
 
 
 class CorruptRecordError(ValueError):
@@ -108,11 +109,11 @@ class MinIOCache(GivesBack):
         if self._state[index] != UNHIT:
             return False
         try:
-            with self._mutex.held():  # not over a give_back's EMPTY
+            with self._mutex.held(_FIRST_HIT_WAIT):  # not over a give_back's EMPTY
                 if self._state[index] != UNHIT:
                     return False
                 self._state[index] = READY
-        except (LockTimeout, OSError):  # a stopped process holds the lock: evict at a later hit
+        except (LockTimeout, OSError):  # the lock is busy (a stopped process holds it?): at a later hit
             return False
         return True
 

@@ -56,11 +56,13 @@ class StoreMutex:
         self._state: tuple[int, int | None, threading.Lock | None] = (-1, None, None)
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
+    def held(self, timeout: float | None = None) -> Iterator[None]:
+        """The lock, waited for at most ``timeout`` seconds (the mutex's own where None), else LockTimeout."""
+        wait = self.timeout if timeout is None else timeout
         fd, thread_lock = self._process_lock()
-        deadline = time.monotonic() + self.timeout
-        if not thread_lock.acquire(timeout=self.timeout):
-            raise LockTimeout(f"another thread held the lock of {self.folder} for {self.timeout:g} s")
+        deadline = time.monotonic() + wait
+        if not thread_lock.acquire(timeout=wait):
+            raise LockTimeout(f"another thread held the lock of {self.folder} for {wait:g} s")
         try:
             _flock_before(fd, deadline, self.folder)
             try:
