@@ -4,11 +4,13 @@ record skipped under ``on_error="skip"`` (``SKIPPED``)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import NamedTuple
 
 from loader.cache import CorruptRecordError, MinIOCache
+from loader.errors import BadRecordError
 from loader.sources import Source
 
 __all__ = ["SKIPPED", "BatchCost", "Fetched", "fetch_raw", "note_fetch"]
@@ -58,7 +60,8 @@ def fetch_raw(
         raw, corrupt = None, True
     if raw is not None:
         if cache.first_hit(index):
-            source.evict(index)
+            with contextlib.suppress(OSError, BadRecordError):  # advisory: the hit is served all the same
+                source.evict(index)
         return Fetched(raw, True, False, time.perf_counter() - start)
     if corrupt or not cache.accepting(index) or held_elsewhere(index):
         return Fetched(source.read(index), False, False, time.perf_counter() - start, corrupt)

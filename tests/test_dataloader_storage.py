@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 from helpers import make_jpeg_folder
 
@@ -124,3 +126,19 @@ def test_a_users_own_files_through_cache_files_leave_the_page_cache_once_served(
     assert first == [(p.read_bytes(), False) for p in paths] and again == [
         (p.read_bytes(), True) for p in paths
     ]
+
+
+def test_a_hit_is_served_whatever_evicting_its_pages_meets(cold_images, shm_dir):
+    class EvictFails(loader.ImageFolderSource):
+        def evict(self, index: int) -> None:
+            raise OSError(errno.EIO, "the device went away")
+
+    dl = DataLoader(
+        loader.SourceDataset(EvictFails(cold_images), transform=len),
+        batch_size=8,
+        cache_bytes=1 << 24,
+        cache_dir=shm_dir,
+    )
+    first = [batch[0].tolist() for batch in dl]
+    again = [batch[0].tolist() for batch in dl]
+    assert again == first and dl.stats().hits == 32
