@@ -10,6 +10,7 @@ through one (``loader._serving``) and counts its reads in ``stats()``.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import stat
@@ -113,7 +114,7 @@ class CachedFiles:
 
     @staticmethod
     def _fetch(cache: MinIOCache | None, i: int, name: str, size: int) -> tuple[bytes, bool]:
-        """(bytes, hit): from the store, else from storage, admitted while there is room."""
+        """(bytes, hit): from the store, else from storage, offered to the store (``MinIOCache.offer``)."""
         corrupt = False
         try:
             raw = cache.get(i) if cache is not None else None
@@ -123,11 +124,12 @@ class CachedFiles:
             if cache.first_hit(i):
                 evict_file(name)
             return raw, True
-        if cache is None or corrupt or not cache.accepting(i):
+        if cache is None or corrupt:
             with io.FileIO(name) as f:
                 return f.readall(), False
-        # admitted only at the listed size: a file rewritten between our stat and our read is not stored
-        raw, _ = read_admitting(name, lambda raw, ours: len(raw) == size and cache.admit(i, raw, ours))
+        # offered only at the listed size: a file rewritten between our stat and our read is not stored
+        evict = functools.partial(evict_file, name)
+        raw, _ = read_admitting(name, lambda raw, ours: len(raw) == size and cache.offer(i, raw, ours, evict))
         return raw, False
 
 

@@ -36,8 +36,9 @@ class FakeMachine:
         self.mount = root / "cgroup"
         self.meminfo(available=20 * GIB, total=32 * GIB)
 
-    def meminfo(self, available: int, total: int) -> None:
-        lines = (f"MemTotal: {total >> 10} kB", "MemFree: 1024 kB", f"MemAvailable: {available >> 10} kB")
+    def meminfo(self, available: int, total: int, free: int = 1 << 20) -> None:
+        lines = [f"MemTotal: {total >> 10} kB", f"MemFree: {free >> 10} kB"]
+        lines.append(f"MemAvailable: {available >> 10} kB")
         (self.root / "meminfo").write_text("\n".join(lines) + "\n")
 
     def join(self, version: str, path: str, mount_root: str = "/") -> None:
@@ -111,6 +112,28 @@ def test_headroom_counts_anon_and_shmem_but_not_the_file_cache(fake, version, an
     assert memory_view() == MemoryView(
         2 * GIB - anon - shmem, 2 * GIB, f"the cgroup {version} memory limit of /job/x (2.0 GiB)"
     )
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_free_is_the_limit_less_all_usage_file_cache_included(fake, version):
+    fake.join(version, "/job/x")
+    getattr(fake, version)("job/x", limit=2 * GIB, anon=200 * MIB, shmem=300 * MIB, cache=1200 * MIB)
+    fake.meminfo(available=20 * GIB, total=32 * GIB, free=10 * GIB)
+    view = memory_view()
+    assert (view.headroom, view.free) == (2 * GIB - 500 * MIB, 2 * GIB - 1700 * MIB)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_free_is_the_least_over_the_levels_and_the_machine(fake, version):
+    fake.join(version, "/job/x")
+    add = getattr(fake, version)
+    add("job", limit=3 * GIB, anon=GIB, cache=1800 * MIB)  # more headroom than its child, less free
+    add("job/x", limit=2 * GIB, anon=GIB)
+    fake.meminfo(available=20 * GIB, total=32 * GIB, free=10 * GIB)
+    view = memory_view()
+    assert (view.limit, view.free) == (2 * GIB, 3 * GIB - GIB - 1800 * MIB)
+    fake.meminfo(available=20 * GIB, total=32 * GIB, free=100 * MIB)
+    assert memory_view().free == 100 * MIB
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])

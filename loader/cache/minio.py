@@ -4,20 +4,24 @@ Every epoch of a random-order job touches every record once, so the records to k
 of them, kept forever: each later epoch then hits exactly ``capacity / dataset`` of its reads, which is the
 best any policy can do (see docs/concepts/minio-cache.md). The one exception is memory: the kernel cannot
 reclaim the store, so where the job grows into the memory the cache keeps free, the store gives back the
-records it admitted last (``_giveback.py``) rather than have the job killed. The store itself, where it lives
+records it admitted last (``_giveback.py``) rather than have the job killed, and where memory is too short
+to admit, it keeps records in the page cache instead (``_pagetier.py``). The store itself, where it lives
 and how each process attaches to it, is ``_store.py``'s. Nothing read back is trusted: every record is
 bounds-checked and checksummed before it is served.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import struct
 import warnings
+from collections.abc import Callable
 
 from loader.cache._giveback import GivesBack
-from loader.cache._layout import EMPTY, HEADER_BYTES, READY, RESERVED, SLOT_DTYPE, UNHIT, checksum
+from loader.cache._layout import HEADER_BYTES, PAGED, READY, RESERVED, SLOT_DTYPE, UNHIT, checksum
+from loader.cache._pagetier import PageTier, page_bytes
 from loader.cache._store import LOCK_TIMEOUT, CacheInfo, store_path
 from loader.system.locks import LockTimeout, writer_alive, writer_id
 
@@ -32,7 +36,7 @@ class CorruptRecordError(ValueError):
     """A cached record failed its bounds or checksum check; it is not served."""
 
 
-class MinIOCache(GivesBack):
+class MinIOCache(GivesBack, PageTier):
     """The minimal-miss policy over a shared store: safe for many processes to read and fill at once."""
 
     @property
@@ -79,7 +83,8 @@ class MinIOCache(GivesBack):
     def admit(self, index: int, payload: bytes, evict_on_hit: bool = False) -> bool:
         """Store record ``index`` if there is room and memory to spare; True when this call admitted it.
         ``evict_on_hit``: the read of ``payload`` left pages of its own in the page cache, to be evicted
-        once the store has shown it keeps the record (``first_hit``).
+        once the store has shown it keeps the record (``first_hit``); so are a kept record's
+        (``_pagetier``).
 
         The store's pages cannot be reclaimed by the kernel, so when the job's memory (its cgroup's, or the
         machine's) runs within a reserve of its limit, admission pauses, with one warning per process.
@@ -88,6 +93,7 @@ class MinIOCache(GivesBack):
             return False
         if self._gate.memory_short(len(payload), self._used):
             return False
+        evict_on_hit = evict_on_hit or self._state[index] == PAGED
         try:
             offset = self._reserve(index, len(payload))
         except LockTimeout as exc:
@@ -101,6 +107,17 @@ class MinIOCache(GivesBack):
         self._checksum[index] = checksum(index, payload)
         self._state[index] = UNHIT if evict_on_hit else READY  # one aligned 4-byte store: visible whole
         return True
+
+    def offer(self, index: int, payload: bytes, ours: bool, evict: Callable[[], None]) -> bool:
+        """Offer record ``index``, just read from its source, to the store: True where admitted (``admit``).
+        Where not, its pages stay in the page cache, or, where memory is short and they do not fit there
+        (``keeps_pages``), ``evict()`` drops them now; an eviction that fails is advisory, never an error."""
+        if self.admit(index, payload, ours):
+            return True
+        if not self.keeps_pages(index, len(payload), ours):
+            with contextlib.suppress(OSError, ValueError):  # the file is gone, or the record is bad
+                evict()
+        return False
 
     def first_hit(self, index: int) -> bool:
         """Whether record ``index``, just read from the store, was read from it for the first time since an
@@ -136,12 +153,14 @@ class MinIOCache(GivesBack):
             if state == RESERVED and self._reclaimable(index, length):
                 self._writer[index], self._generation[index] = me  # a dead writer's: space reused
                 return int(self._offset[index])
-            if self._full[0] or state != EMPTY:
+            if self._full[0] or state > PAGED:
                 return None
             used = int(self._used[0])
             if used + length > self._limit[0]:
                 self._full[0] = 1
                 return None
+            if state == PAGED:  # kept in the page cache until now: the store holds it from here
+                self._paged[0] = max(0, int(self._paged[0]) - page_bytes(length))
             self._used[0] = used + length  # space first: a writer killed now only wastes it
             self._offset[index], self._length[index] = used, length
             self._writer[index], self._generation[index] = me

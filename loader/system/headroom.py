@@ -16,6 +16,7 @@ _MIB = 1 << 20
 _LIMIT_SHARE, _OWN_SHARE = 20, 5  # a 20th of the limit; a 5th of the job's own memory: see reserve_for_limit
 _OWN_FLOOR, _OWN_CAP = 16 * _MIB, 128 * _MIB
 _LAST_MARGIN = 16 * _MIB  # see PressureGauge.overdrawn
+_PAGE_SLACK = 4 * _MIB  # see PressureGauge.pages_fit
 
 
 def reserve_bytes(view: MemoryView) -> int:
@@ -75,6 +76,7 @@ class PressureGauge:
         self.bytes_between = bytes_between
         self.last: MemoryView | None = None
         self.spare = 0
+        self._paged = 0
         self._read_at = 0.0
         self._noted = 0
         self.reserve = 0  # what to keep free, as of the last read
@@ -89,6 +91,17 @@ class PressureGauge:
         if not is_short:
             self._noted += adding
         return is_short
+
+    def pages_fit(self, nbytes: int, paged: int, held: Callable[[], int] = lambda: 0) -> bool:
+        """Whether records kept in the page cache, ``paged`` bytes of them now, can take ``nbytes`` more and
+        leave 4 MiB of the spare memory (``spare``: file pages no process maps count as free, these too).
+        Bytes it said fit count as taken until the next read."""
+        if self.last is None or self._due(0):
+            self._read(held())
+        fits = self.spare - paged - self._paged - nbytes >= _PAGE_SLACK
+        if fits:
+            self._paged += nbytes
+        return fits
 
     def overdrawn(self, held: Callable[[], int] = lambda: 0) -> int:
         """Bytes to give back now: where the job came within 16 MiB of its limit (or half the reserve, where
@@ -142,5 +155,5 @@ class PressureGauge:
         own = view.limit - view.headroom - held
         self._own_peak = max(self._own_peak, own)
         self.last, self.spare = view, view.headroom - (self._own_peak - own)
-        self._read_at, self._noted = monotonic(), 0
+        self._read_at, self._noted, self._paged = monotonic(), 0, 0
         self.reserve = reserve_for_limit(view.limit, self._own_peak)

@@ -3,13 +3,17 @@
 The cache lives in /dev/shm: its pages are shmem, which the kernel cannot reclaim without swap, so a cache
 that outgrows the job's memory gets the job killed. What the cache may take is therefore a limit less the
 usage the kernel cannot reclaim: anon memory and shmem count; the page cache of files (``active_file`` and
-``inactive_file`` in ``memory.stat``) does not, as the kernel drops it before it kills. Every memory cgroup
+``inactive_file`` in ``memory.stat``) does not, as the kernel drops it before it kills, except the pages
+processes map (``mapped_file``: code and data of the libraries, ~76 MiB where torch is imported), which the
+job faults straight back in, read from storage again and again (docs/concepts/minio-cache.md). Every cgroup
 from the job's own up to the hierarchy's root can hold a limit (v1 or v2), and the machine can run out
 before any of them, so the headroom is the smallest of them all and of the machine's MemAvailable.
 
 The cgroup files are found once per process (and again after a fork, since a worker may be moved), so a
 view costs a handful of small file reads. Where they cannot be read, only /proc/meminfo counts: a memory
-view never raises.
+view never raises. Beside the headroom a view gives the memory nothing uses yet (``free``: the limit less
+all usage, file cache included; the machine's MemFree), the tightest over the same levels: what the page
+cache can still grow into before the kernel reclaims anything (``loader/cache/_pagetier.py``).
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ import functools
 import os
 import posixpath
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import humanize
+
+from loader.system._cgroups import V1, V2, CgroupLevel, CgroupVersion, levels, memberships, mounts
 
 __all__ = ["MemoryView", "format_bytes", "memory_view"]
 
@@ -29,45 +35,18 @@ _PROC_CGROUP = "/proc/self/cgroup"  # module constants so that tests can point t
 _MOUNTINFO = "/proc/self/mountinfo"
 _MEMINFO = "/proc/meminfo"
 _NO_LIMIT = 1 << 62  # v1 writes "no limit" as 2**63 rounded down to a page
-_MEMINFO_KB = re.compile(rb"^(MemTotal|MemAvailable):\s+(\d+) kB$", re.M)
+_MEMINFO_KB = re.compile(rb"^(MemTotal|MemFree|MemAvailable):\s+(\d+) kB$", re.M)
 
 
 @dataclass(frozen=True)
 class MemoryView:
-    """Memory the job can still take (``headroom``) under the ``limit`` that binds, named by ``source``."""
+    """Memory the job can still take (``headroom``) under the ``limit`` that binds, named by ``source``; and
+    memory that nothing uses under any limit (``free``)."""
 
     headroom: int
     limit: int
     source: str
-
-
-@dataclass(frozen=True)
-class _Version:
-    """The files of one cgroup version: limits (the smallest binds), usage, and reclaimable file cache."""
-
-    name: str
-    limits: tuple[str, ...]
-    usage: str
-    file_cache: re.Pattern[bytes]
-
-
-# usage_in_bytes counts the cgroup's descendants (v1), so does its file cache under the total_ keys
-_V1 = _Version(
-    "v1",
-    ("memory.limit_in_bytes",),
-    "memory.usage_in_bytes",
-    re.compile(rb"^total_(?:in)?active_file (\d+)$", re.M),
-)
-_V2 = _Version(
-    "v2", ("memory.max", "memory.high"), "memory.current", re.compile(rb"^(?:in)?active_file (\d+)$", re.M)
-)
-
-
-@dataclass(frozen=True)
-class _Level:
-    version: _Version
-    directory: str
-    name: str  # the cgroup's path in its hierarchy, as /proc/self/cgroup writes it
+    free: int = field(default=0, compare=False)
 
 
 def _read(path: str) -> bytes:
@@ -78,79 +57,32 @@ def _read(path: str) -> bytes:
         os.close(fd)
 
 
-def _unescape(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)  # mountinfo writes a space as \040
-
-
-def _memberships(text: str) -> dict[str, str]:
-    """The job's memory cgroup path per version, from /proc/self/cgroup."""
-    found: dict[str, str] = {}
-    for line in text.splitlines():
-        hierarchy, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            found["v1"] = path
-        elif hierarchy == "0" and not controllers:
-            found["v2"] = path
-    return found
-
-
-def _mounts(text: str) -> dict[str, tuple[str, str]]:
-    """(root inside the hierarchy, mount point) of the memory hierarchy per version, from mountinfo."""
-    found: dict[str, tuple[str, str]] = {}
-    for line in text.splitlines():
-        fields, tail = line.split(" - ", 1)
-        fstype, _, options = tail.split(" ", 2)
-        root, point = (_unescape(f) for f in fields.split()[3:5])
-        if fstype == "cgroup" and "memory" in options.split(","):
-            found.setdefault("v1", (root, point))
-        elif fstype == "cgroup2":
-            found.setdefault("v2", (root, point))
-    return found
-
-
-def _levels(version: _Version, path: str, root: str, point: str) -> tuple[_Level, ...]:
-    """The job's cgroup and its ancestors up to the mount point, each that has the version's limit file."""
-    base = root.rstrip("/")
-    inside = path[len(base) :] if path == root or path.startswith(base + "/") else path  # else: a namespace's
-    start = posixpath.normpath(posixpath.join(point, inside.lstrip("/")))
-    if not (start + "/").startswith(point.rstrip("/") + "/") or not os.path.isdir(start):
-        start = point  # the path names a cgroup this mount does not show; what it shows is the job's own
-    levels, directory = [], start
-    while True:
-        if os.path.exists(posixpath.join(directory, version.limits[0])):
-            name = posixpath.normpath(posixpath.join(root, posixpath.relpath(directory, point)))
-            levels.append(_Level(version, directory, name))
-        if directory == point or directory == "/":
-            return tuple(levels)
-        directory = posixpath.dirname(directory)
-
-
 @functools.lru_cache(maxsize=1)
-def _hierarchy() -> tuple[_Level, ...]:
+def _hierarchy() -> tuple[CgroupLevel, ...]:
     """This process's memory cgroup and its ancestors; none when their files cannot be found or read."""
     try:
-        memberships = _memberships(Path(_PROC_CGROUP).read_text())
-        mounts = _mounts(Path(_MOUNTINFO).read_text())
+        member_of = memberships(Path(_PROC_CGROUP).read_text())
+        mounted = mounts(Path(_MOUNTINFO).read_text())
     except (OSError, ValueError):
         return ()
-    for version in (_V1, _V2):  # v1 first: on a hybrid machine, v2 has no memory controller
-        if version.name in memberships and version.name in mounts:
-            levels = _levels(version, memberships[version.name], *mounts[version.name])
-            if levels:
-                return levels
+    for version in (V1, V2):  # v1 first: on a hybrid machine, v2 has no memory controller
+        if version.name in member_of and version.name in mounted:
+            found = levels(version, member_of[version.name], *mounted[version.name])
+            if found:
+                return found
     return ()
 
 
 os.register_at_fork(after_in_child=_hierarchy.cache_clear)
 
 
-def _limit(version: _Version, directory: str) -> int | None:
+def _limit(version: CgroupVersion, directory: str) -> int | None:
     limits = [_read(posixpath.join(directory, name)).strip() for name in version.limits]
     values = [int(v) for v in limits if v != b"max" and int(v) < _NO_LIMIT]
     return min(values, default=None)
 
 
-def _level_view(level: _Level) -> MemoryView | None:
+def _level_view(level: CgroupLevel) -> MemoryView | None:
     """Headroom under this cgroup's limit; None when it has none or its files cannot be read."""
     version = level.version
     try:
@@ -161,31 +93,30 @@ def _level_view(level: _Level) -> MemoryView | None:
         stat = _read(posixpath.join(level.directory, "memory.stat"))
     except (OSError, ValueError):
         return None
-    unreclaimable = usage - sum(int(n) for n in version.file_cache.findall(stat))
+    mapped = sum(map(int, version.mapped.findall(stat)))
+    unreclaimable = usage - max(0, sum(map(int, version.file_cache.findall(stat))) - mapped)
     source = f"the cgroup {version.name} memory limit of {level.name} ({format_bytes(limit)})"
-    return MemoryView(max(0, limit - unreclaimable), limit, source)
+    return MemoryView(max(0, limit - unreclaimable), limit, source, max(0, limit - usage))
 
 
 def _machine() -> MemoryView:
     try:
-        kb = {key: int(value) for key, value in _MEMINFO_KB.findall(_read(_MEMINFO))}
-        available, total = kb[b"MemAvailable"] << 10, kb[b"MemTotal"] << 10
+        kb = {key: int(value) << 10 for key, value in _MEMINFO_KB.findall(_read(_MEMINFO))}
+        available, total, free = kb[b"MemAvailable"], kb[b"MemTotal"], kb[b"MemFree"]
     except (OSError, KeyError):  # not Linux, or a kernel older than MemAvailable
         import psutil  # here: on Linux no process of the job needs it (0.8 MiB)
 
         memory = psutil.virtual_memory()
-        available, total = memory.available, memory.total
-    return MemoryView(available, total, "the machine's MemAvailable")
+        available, total, free = memory.available, memory.total, memory.free
+    return MemoryView(available, total, "the machine's MemAvailable", free)
 
 
 def memory_view() -> MemoryView:
-    """The tightest of the job's memory cgroups (v1 or v2) and the machine's MemAvailable, read now."""
-    tightest = _machine()
-    for level in _hierarchy():
-        view = _level_view(level)
-        if view is not None and view.headroom < tightest.headroom:
-            tightest = view
-    return tightest
+    """The tightest of the job's memory cgroups (v1 or v2) and the machine's MemAvailable, read now; its
+    ``free`` the least of theirs."""
+    views = [_machine(), *filter(None, map(_level_view, _hierarchy()))]
+    tightest = min(views, key=lambda view: view.headroom)  # the first of equals: the machine
+    return replace(tightest, free=min(view.free for view in views))
 
 
 def format_bytes(n: int) -> str:
