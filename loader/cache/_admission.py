@@ -62,9 +62,9 @@ class AdmissionGate:
         """Whether memory is too short for the store to admit anything now (``used[0]``: what it holds)."""
         return self._gauge.short(0, lambda: int(used[0]))
 
-    def pages_fit(self, nbytes: int, paged: int, used: np.ndarray) -> bool:
-        """Whether ``nbytes`` more kept in the page cache fit beside ``paged`` (``PressureGauge``)."""
-        return self._gauge.pages_fit(nbytes, paged, lambda: int(used[0]))
+    def page_room(self, used: np.ndarray) -> int:
+        """Bytes that records kept in the page cache may take in all (``PressureGauge.page_room``)."""
+        return self._gauge.page_room(lambda: int(used[0]))
 
     def overdrawn(self, used: np.ndarray) -> int:
         """Bytes the store should give back now, ``used[0]`` being what it holds (0 almost always: the gauge

@@ -58,15 +58,16 @@ class PageTier(SharedStore):
             self._mark(index, PAGED, EMPTY, -pages)
         if self._gate.off or not self._gate.memory_tight(self._used):
             return True  # memory to spare: the kernel keeps what it can, as it would for torch's loader
-        fits = self._gate.pages_fit(pages, int(self._paged[0]), self._used)
-        return fits and self._mark(index, EMPTY, PAGED, pages)
+        return self._mark(index, EMPTY, PAGED, pages, room=self._gate.page_room(self._used))
 
-    def _mark(self, index: int, was: int, now: int, pages: int) -> bool:
-        """Move record ``index`` from state ``was`` to ``now``, counting ``pages`` more (or fewer) bytes kept;
-        False where its state is no longer ``was`` or the lock is busy (a stopped process holds it?)."""
+    def _mark(self, index: int, was: int, now: int, pages: int, room: int | None = None) -> bool:
+        """Move record ``index`` from state ``was`` to ``now``, counting ``pages`` more (or fewer) bytes kept,
+        within ``room`` bytes kept in all (None: no bound); False where its state is no longer ``was``, there
+        is no room, or the lock is busy (a stopped process holds it?)."""
         try:
             with self._mutex.held(_MARK_WAIT):
-                if self._state[index] != was:
+                fits = room is None or int(self._paged[0]) + pages <= room
+                if self._state[index] != was or not fits:
                     return False
                 self._state[index] = now
                 self._paged[0] = max(0, int(self._paged[0]) + pages)

@@ -76,7 +76,6 @@ class PressureGauge:
         self.bytes_between = bytes_between
         self.last: MemoryView | None = None
         self.spare = 0
-        self._paged = 0
         self._read_at = 0.0
         self._noted = 0
         self.reserve = 0  # what to keep free, as of the last read
@@ -92,16 +91,12 @@ class PressureGauge:
             self._noted += adding
         return is_short
 
-    def pages_fit(self, nbytes: int, paged: int, held: Callable[[], int] = lambda: 0) -> bool:
-        """Whether records kept in the page cache, ``paged`` bytes of them now, can take ``nbytes`` more and
-        leave 4 MiB of the spare memory (``spare``: file pages no process maps count as free, these too).
-        Bytes it said fit count as taken until the next read."""
+    def page_room(self, held: Callable[[], int] = lambda: 0) -> int:
+        """Bytes that records kept in the page cache may take in all: the spare memory (``spare``, in which
+        file pages no process maps count as free, the kept ones too) less 4 MiB."""
         if self.last is None or self._due(0):
             self._read(held())
-        fits = self.spare - paged - self._paged - nbytes >= _PAGE_SLACK
-        if fits:
-            self._paged += nbytes
-        return fits
+        return max(0, self.spare - _PAGE_SLACK)
 
     def overdrawn(self, held: Callable[[], int] = lambda: 0) -> int:
         """Bytes to give back now: where the job came within 16 MiB of its limit (or half the reserve, where
@@ -155,5 +150,5 @@ class PressureGauge:
         own = view.limit - view.headroom - held
         self._own_peak = max(self._own_peak, own)
         self.last, self.spare = view, view.headroom - (self._own_peak - own)
-        self._read_at, self._noted, self._paged = monotonic(), 0, 0
+        self._read_at, self._noted = monotonic(), 0
         self.reserve = reserve_for_limit(view.limit, self._own_peak)

@@ -4,16 +4,14 @@ The cache lives in /dev/shm: its pages are shmem, which the kernel cannot reclai
 that outgrows the job's memory gets the job killed. What the cache may take is therefore a limit less the
 usage the kernel cannot reclaim: anon memory and shmem count; the page cache of files (``active_file`` and
 ``inactive_file`` in ``memory.stat``) does not, as the kernel drops it before it kills, except the pages
-processes map (``mapped_file``: code and data of the libraries, ~76 MiB where torch is imported), which the
-job faults straight back in, read from storage again and again (docs/concepts/minio-cache.md). Every cgroup
+processes map (``mapped_file``: the libraries' code and data, 76 MiB in a process that imports torch, charged
+to the cgroup that first read them), which the job would fault straight back in from storage. Every cgroup
 from the job's own up to the hierarchy's root can hold a limit (v1 or v2), and the machine can run out
 before any of them, so the headroom is the smallest of them all and of the machine's MemAvailable.
 
 The cgroup files are found once per process (and again after a fork, since a worker may be moved), so a
 view costs a handful of small file reads. Where they cannot be read, only /proc/meminfo counts: a memory
-view never raises. Beside the headroom a view gives the memory nothing uses yet (``free``: the limit less
-all usage, file cache included; the machine's MemFree), the tightest over the same levels: what the page
-cache can still grow into before the kernel reclaims anything (``loader/cache/_pagetier.py``).
+view never raises.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ import functools
 import os
 import posixpath
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import humanize
@@ -35,18 +33,16 @@ _PROC_CGROUP = "/proc/self/cgroup"  # module constants so that tests can point t
 _MOUNTINFO = "/proc/self/mountinfo"
 _MEMINFO = "/proc/meminfo"
 _NO_LIMIT = 1 << 62  # v1 writes "no limit" as 2**63 rounded down to a page
-_MEMINFO_KB = re.compile(rb"^(MemTotal|MemFree|MemAvailable):\s+(\d+) kB$", re.M)
+_MEMINFO_KB = re.compile(rb"^(MemTotal|MemAvailable):\s+(\d+) kB$", re.M)
 
 
 @dataclass(frozen=True)
 class MemoryView:
-    """Memory the job can still take (``headroom``) under the ``limit`` that binds, named by ``source``; and
-    memory that nothing uses under any limit (``free``)."""
+    """Memory the job can still take (``headroom``) under the ``limit`` that binds, named by ``source``."""
 
     headroom: int
     limit: int
     source: str
-    free: int = field(default=0, compare=False)
 
 
 def _read(path: str) -> bytes:
@@ -96,27 +92,29 @@ def _level_view(level: CgroupLevel) -> MemoryView | None:
     mapped = sum(map(int, version.mapped.findall(stat)))
     unreclaimable = usage - max(0, sum(map(int, version.file_cache.findall(stat))) - mapped)
     source = f"the cgroup {version.name} memory limit of {level.name} ({format_bytes(limit)})"
-    return MemoryView(max(0, limit - unreclaimable), limit, source, max(0, limit - usage))
+    return MemoryView(max(0, limit - unreclaimable), limit, source)
 
 
 def _machine() -> MemoryView:
     try:
-        kb = {key: int(value) << 10 for key, value in _MEMINFO_KB.findall(_read(_MEMINFO))}
-        available, total, free = kb[b"MemAvailable"], kb[b"MemTotal"], kb[b"MemFree"]
+        kb = {key: int(value) for key, value in _MEMINFO_KB.findall(_read(_MEMINFO))}
+        available, total = kb[b"MemAvailable"] << 10, kb[b"MemTotal"] << 10
     except (OSError, KeyError):  # not Linux, or a kernel older than MemAvailable
         import psutil  # here: on Linux no process of the job needs it (0.8 MiB)
 
         memory = psutil.virtual_memory()
-        available, total, free = memory.available, memory.total, memory.free
-    return MemoryView(available, total, "the machine's MemAvailable", free)
+        available, total = memory.available, memory.total
+    return MemoryView(available, total, "the machine's MemAvailable")
 
 
 def memory_view() -> MemoryView:
-    """The tightest of the job's memory cgroups (v1 or v2) and the machine's MemAvailable, read now; its
-    ``free`` the least of theirs."""
-    views = [_machine(), *filter(None, map(_level_view, _hierarchy()))]
-    tightest = min(views, key=lambda view: view.headroom)  # the first of equals: the machine
-    return replace(tightest, free=min(view.free for view in views))
+    """The tightest of the job's memory cgroups (v1 or v2) and the machine's MemAvailable, read now."""
+    tightest = _machine()
+    for level in _hierarchy():
+        view = _level_view(level)
+        if view is not None and view.headroom < tightest.headroom:
+            tightest = view
+    return tightest
 
 
 def format_bytes(n: int) -> str:
