@@ -96,8 +96,7 @@ def test_tight_budget(benchmark, data: Path, own_memory: int, budget: str) -> No
     total = {k: [sum(e["seconds"] for e in job) for job in jobs] for k, jobs in runs.items()}
     ratios = [t / o for t, o in zip(total["torch"], total["ours"], strict=True)]
     rows = [
-        [k, [len(job) for job in jobs], [f"{t:.1f}" for t in total[k]], _later_reads(jobs)]
-        + [_held(jobs, "cached_bytes"), _held(jobs, "paged_bytes")]
+        [k, [len(job) for job in jobs], [f"{t:.1f}" for t in total[k]], _later_reads(jobs), *_held(jobs)]
         for k, jobs in runs.items()
     ]
     print(
@@ -116,6 +115,6 @@ def _later_reads(jobs: list[list[dict]]) -> list[str]:
     return [f"{statistics.mean(e['storage_bytes'] for e in job[1:]) / 1e6:.1f}" for job in jobs]
 
 
-def _held(jobs: list[list[dict]], what: str) -> list[str]:
-    """What ours held at the end of each job: in its store (``cached_bytes``) or the page cache."""
-    return [f"{job[-1][what] / 1e6:.1f}" for job in jobs]
+def _held(jobs: list[list[dict]]) -> list[list[str]]:
+    """What ours held at the end of each job: in its store, and in the page cache."""
+    return [[f"{job[-1][what] / 1e6:.1f}" for job in jobs] for what in ("cached_bytes", "paged_bytes")]
