@@ -36,6 +36,8 @@ _MARK_WAIT = 0.002  # seconds a read waits for the store's lock to mark its reco
 
 def page_bytes(nbytes: int | np.ndarray) -> int:
     """The bytes of whole pages that ``nbytes`` of a file take in the page cache (summed over an array)."""
+    if isinstance(nbytes, int):
+        return -(-nbytes // PAGE) * PAGE  # a read's: numpy would cost more than the rest of the decision
     return int(np.sum(-(-np.asarray(nbytes, np.int64) // PAGE) * PAGE))
 
 
@@ -58,7 +60,10 @@ class PageTier(SharedStore):
             self._mark(index, PAGED, EMPTY, -pages)
         if self._gate.off or not self._gate.memory_tight(self._used):
             return True  # memory to spare: the kernel keeps what it can, as it would for torch's loader
-        return self._mark(index, EMPTY, PAGED, pages, room=self._gate.page_room(self._used))
+        room = self._gate.page_room(self._used)
+        if int(self._paged[0]) + pages > room:
+            return False  # full: decided without the lock, as most reads are once it filled
+        return self._mark(index, EMPTY, PAGED, pages, room)
 
     def _mark(self, index: int, was: int, now: int, pages: int, room: int | None = None) -> bool:
         """Move record ``index`` from state ``was`` to ``now``, counting ``pages`` more (or fewer) bytes kept,
