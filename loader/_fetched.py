@@ -64,11 +64,15 @@ def fetch_raw(
             with contextlib.suppress(OSError, BadRecordError):  # advisory: the hit is served all the same
                 source.evict(index)
         return Fetched(raw, True, False, time.perf_counter() - start)
-    if corrupt or held_elsewhere(index):
+    if corrupt or held_elsewhere(index) or not (cache.accepting(index) or cache.tier_pays()):
         return Fetched(source.read(index), False, False, time.perf_counter() - start, corrupt)
     pauses = cache.memory_pauses
     evict = functools.partial(source.evict, index)
-    raw, admitted = source.read_admitting(index, lambda raw, ours: cache.offer(index, raw, ours, evict))
+
+    def offer(raw: bytes, ours: bool) -> bool:
+        return cache.offer(index, raw, ours, evict, time.perf_counter() - start)
+
+    raw, admitted = source.read_admitting(index, offer)
     paused = cache.memory_pauses != pauses
     return Fetched(raw, False, admitted, time.perf_counter() - start, memory_pause=paused)
 

@@ -14,6 +14,7 @@ import functools
 import io
 import os
 import stat
+import time
 import warnings
 from collections.abc import Iterable
 from typing import Literal
@@ -124,12 +125,15 @@ class CachedFiles:
             if cache.first_hit(i):
                 evict_file(name)
             return raw, True
-        if cache is None or corrupt:
+        if cache is None or corrupt or not (cache.accepting(i) or cache.tier_pays()):
             with io.FileIO(name) as f:
                 return f.readall(), False
-        # offered only at the listed size: a file rewritten between our stat and our read is not stored
-        evict = functools.partial(evict_file, name)
-        raw, _ = read_admitting(name, lambda raw, ours: len(raw) == size and cache.offer(i, raw, ours, evict))
+        evict, start = functools.partial(evict_file, name), time.perf_counter()
+
+        def offer(raw: bytes, ours: bool) -> bool:  # at the listed size: a file rewritten since is not stored
+            return len(raw) == size and cache.offer(i, raw, ours, evict, time.perf_counter() - start)
+
+        raw, _ = read_admitting(name, offer)
         return raw, False
 
 

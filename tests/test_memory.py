@@ -48,17 +48,8 @@ class FakeMachine:
         mount = f"35 31 0:32 {mount_root} {self.mount} rw,relatime - {fstype}\n"
         (self.root / "mountinfo").write_text("30 1 8:1 / / rw - ext4 /dev/vda rw\n" + mount)
 
-    def v1(
-        self,
-        rel: str,
-        limit: int = V1_NO_LIMIT,
-        anon: int = 0,
-        shmem: int = 0,
-        cache: int = 0,
-        mapped: int = 0,
-    ) -> None:
-        """A v1 cgroup whose usage is ``anon + shmem + cache``; ``cache`` is the file cache, reclaimable but
-        for the ``mapped`` part of it."""
+    def v1(self, rel: str, limit: int = V1_NO_LIMIT, anon: int = 0, shmem: int = 0, cache: int = 0) -> None:
+        """A v1 cgroup whose usage is ``anon + shmem + cache``; ``cache`` is the file cache, reclaimable."""
         stat = {
             "cache": shmem + cache,
             "shmem": shmem,
@@ -67,8 +58,6 @@ class FakeMachine:
             "total_shmem": shmem,
             "total_active_file": cache - cache // 3,
             "total_inactive_file": cache // 3,
-            "mapped_file": 5 * GIB,  # this level's own
-            "total_mapped_file": mapped,
         }
         self._write(
             rel, {"memory.limit_in_bytes": limit, "memory.usage_in_bytes": anon + shmem + cache}, stat
@@ -82,10 +71,9 @@ class FakeMachine:
         shmem: int = 0,
         cache: int = 0,
         high: int | None = None,
-        mapped: int = 0,
     ) -> None:
         """A v2 cgroup; ``None`` limits are written "max"."""
-        stat = {"anon": anon, "file": shmem + cache, "shmem": shmem, "file_mapped": mapped}
+        stat = {"anon": anon, "file": shmem + cache, "shmem": shmem}
         stat |= {"active_file": cache // 2, "inactive_file": cache - cache // 2}
         files = {"memory.max": limit, "memory.high": high, "memory.current": anon + shmem + cache}
         self._write(rel, {k: "max" if v is None else v for k, v in files.items()}, stat)
@@ -123,14 +111,6 @@ def test_headroom_counts_anon_and_shmem_but_not_the_file_cache(fake, version, an
     assert memory_view() == MemoryView(
         2 * GIB - anon - shmem, 2 * GIB, f"the cgroup {version} memory limit of /job/x (2.0 GiB)"
     )
-
-
-@pytest.mark.parametrize("version", ["v1", "v2"])
-def test_file_pages_that_processes_map_count_as_used(fake, version):
-    """The libraries' code and data, mapped: the kernel could drop them, but the job would read them back."""
-    fake.join(version, "/job")
-    getattr(fake, version)("job", limit=2 * GIB, anon=500 * MIB, cache=1200 * MIB, mapped=300 * MIB)
-    assert memory_view().headroom == 2 * GIB - 500 * MIB - 300 * MIB
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])

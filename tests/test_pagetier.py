@@ -18,6 +18,7 @@ from loader import DataLoader
 from loader.cache import MinIOCache
 from loader.cache._layout import EMPTY, PAGED, UNHIT, index_bytes
 from loader.cache._pagetier import page_bytes
+from loader.cache._tiercost import TierCost
 from loader.system.memory import MemoryView
 from loader.system.pagecache import PAGE
 from stallbench.conditions.limits import probe_storage_conditions
@@ -39,6 +40,13 @@ def headroom(monkeypatch):
         monkeypatch.setattr(loader.system.memory, "memory_view", lambda: view)
 
     return set_to
+
+
+@pytest.fixture
+def tier_pays(monkeypatch):
+    """The tier pays whatever the reads cost here (a local disk's reads are quick: whether it pays is
+    measured, and tested on its own)."""
+    monkeypatch.setattr(TierCost, "pays", lambda self: True)
 
 
 def open_store(shm_dir) -> MinIOCache:
@@ -102,15 +110,47 @@ def test_an_offer_evicts_what_is_neither_admitted_nor_kept_and_survives_a_failin
     store = open_store(shm_dir)
     evicted = []
     with pytest.warns(RuntimeWarning, match="memory is short"):
-        assert not store.offer(2, b"z" * 100, True, lambda: evicted.append(2))
+        assert not store.offer(2, b"z" * 100, True, lambda: evicted.append(2), 1e-3)
     assert evicted == [2]
 
     def fails() -> None:
         raise OSError("the device went away")
 
-    assert not store.offer(3, b"z" * 100, True, fails)  # advisory: no error reaches the read
-    assert not store.offer(4, b"z" * 100, False, lambda: evicted.append(4))  # not ours: left alone
+    assert not store.offer(3, b"z" * 100, True, fails, 1e-3)  # advisory: no error reaches the read
+    assert not store.offer(4, b"z" * 100, False, lambda: evicted.append(4), 1e-3)  # not ours: left alone
     assert evicted == [2]
+
+
+def test_the_tier_is_kept_to_only_while_a_read_from_storage_costs_4_times_its_work():
+    cost = TierCost()
+    for _ in range(31):
+        cost.note_read(1e-5)
+        cost.note_work(1e-4)
+    assert cost.pays()  # too few measured to tell
+    cost.note_read(1e-5)
+    cost.note_work(1e-4)
+    assert not cost.pays()
+    for _ in range(200):  # the storage slowed down: reads of 1 ms
+        cost.note_read(1e-3)
+    assert cost.pays() and cost.read_seconds == pytest.approx(1e-3, rel=0.01)
+
+
+@pytest.mark.filterwarnings("ignore:memory is short:RuntimeWarning")
+def test_where_reads_from_storage_are_quick_a_read_is_neither_kept_nor_evicted(shm_dir, headroom):
+    """Small records from fast storage: the tier's work would cost more than the hits it buys."""
+    headroom(SLACK)
+    store = open_store(shm_dir)
+    evicted = []
+
+    def evict() -> None:
+        time.sleep(1e-3)  # the tier's work: 1 ms a read, against reads of 10 us
+        evicted.append(1)
+
+    for i in range(32):
+        store.offer(i % N, b"z" * 100, True, evict, 1e-5)
+    assert len(evicted) == 32 and not store.tier_pays()
+    store.offer(0, b"z" * 100, True, evict, 1e-5)
+    assert len(evicted) == 32
 
 
 def test_page_bytes_count_whole_pages():
@@ -164,7 +204,7 @@ def cold_images(tmp_path):
 @pytest.mark.filterwarnings("ignore:memory is short:RuntimeWarning")  # said once per process
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_short_memory_keeps_some_records_in_the_page_cache_and_reads_only_the_rest(
-    cold_images, shm_dir, headroom, num_workers
+    cold_images, shm_dir, headroom, tier_pays, num_workers
 ):
     """The kept records stay in the page cache and come from memory in epoch 2; every other record read
     leaves it at once, so nothing pushes the kept ones out."""
@@ -198,7 +238,7 @@ def test_short_memory_keeps_some_records_in_the_page_cache_and_reads_only_the_re
 
 
 @pytest.mark.filterwarnings("ignore:memory is short:RuntimeWarning")
-def test_a_users_own_files_are_kept_in_the_page_cache_too(cold_images, shm_dir, headroom):
+def test_a_users_own_files_are_kept_in_the_page_cache_too(cold_images, shm_dir, headroom, tier_pays):
     paths = sorted(cold_images.rglob("*.jpg"))
     headroom(SLACK + page_bytes([p.stat().st_size for p in paths[:5]]))
     files = loader.CachedFiles(cold_images, index_bytes(32) + (1 << 20), cache_dir=shm_dir)

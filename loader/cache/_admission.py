@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from loader.cache._tiercost import TierCost
 from loader.system.headroom import PressureGauge
 from loader.system.memory import format_bytes
 
@@ -33,6 +34,7 @@ class AdmissionGate:
         self.given_back = 0  # bytes this process's store gave back: the job grew into the reserve
         self._paused_until = 0.0
         self._gauge = PressureGauge()
+        self.tier_cost = TierCost()  # whether keeping records in the page cache pays (``_pagetier``)
 
     def open(self) -> bool:
         """Whether admission is neither off nor paused now."""

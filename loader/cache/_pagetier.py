@@ -22,6 +22,10 @@ Pages another reader brought in are never evicted: only a read that brought ever
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Callable
+
 import numpy as np
 
 from loader.cache._layout import EMPTY, PAGED
@@ -42,12 +46,39 @@ def page_bytes(nbytes: int | np.ndarray) -> int:
 
 
 class PageTier(SharedStore):
-    """A shared store that also keeps, where memory is short, some records in the page cache."""
+    """A shared store that also keeps, where memory is short, some records in the page cache (``admit`` is
+    the store's policy's: ``MinIOCache``)."""
 
     @property
     def paged(self) -> int:
         """Bytes (whole pages) of the records kept in the page cache now, over every process."""
         return int(self._paged[0])
+
+    def offer(
+        self, index: int, payload: bytes, ours: bool, evict: Callable[[], None], seconds: float
+    ) -> bool:
+        """Offer record ``index``, read from its source in ``seconds``, to the store: True where admitted
+        (``admit``). Where not, its pages stay in the page cache, or, where memory is short and they do not
+        fit there (``keeps_pages``), ``evict()`` drops them now, while that pays (``tier_pays``); an eviction
+        that fails is advisory, never an error."""
+        if self.admit(index, payload, ours):
+            return True
+        cost = self._gate.tier_cost
+        if ours:
+            cost.note_read(seconds)
+        if not ours or not cost.pays():
+            return False
+        start = time.perf_counter()
+        if not self.keeps_pages(index, len(payload), ours):
+            with contextlib.suppress(OSError, ValueError):  # the file is gone, or the record is bad
+                evict()
+        cost.note_work(time.perf_counter() - start)
+        return False
+
+    def tier_pays(self) -> bool:
+        """Whether a read the store would not admit should still be probed and offered, for the page cache
+        (``_tiercost.py``): False once this process measured that the tier costs more than it saves."""
+        return self._gate.tier_cost.pays()
 
     def keeps_pages(self, index: int, nbytes: int, ours: bool) -> bool:
         """Whether the pages that a read of record ``index`` (``nbytes``, not admitted to the store) left in

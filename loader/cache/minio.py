@@ -12,12 +12,10 @@ bounds-checked and checksummed before it is served.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import struct
 import warnings
-from collections.abc import Callable
 
 from loader.cache._giveback import GivesBack
 from loader.cache._layout import HEADER_BYTES, PAGED, READY, RESERVED, SLOT_DTYPE, UNHIT, checksum
@@ -107,17 +105,6 @@ class MinIOCache(GivesBack, PageTier):
         self._checksum[index] = checksum(index, payload)
         self._state[index] = UNHIT if evict_on_hit else READY  # one aligned 4-byte store: visible whole
         return True
-
-    def offer(self, index: int, payload: bytes, ours: bool, evict: Callable[[], None]) -> bool:
-        """Offer record ``index``, just read from its source, to the store: True where admitted (``admit``).
-        Where not, its pages stay in the page cache, or, where memory is short and they do not fit there
-        (``keeps_pages``), ``evict()`` drops them now; an eviction that fails is advisory, never an error."""
-        if self.admit(index, payload, ours):
-            return True
-        if not self.keeps_pages(index, len(payload), ours):
-            with contextlib.suppress(OSError, ValueError):  # the file is gone, or the record is bad
-                evict()
-        return False
 
     def first_hit(self, index: int) -> bool:
         """Whether record ``index``, just read from the store, was read from it for the first time since an

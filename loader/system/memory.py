@@ -3,9 +3,7 @@
 The cache lives in /dev/shm: its pages are shmem, which the kernel cannot reclaim without swap, so a cache
 that outgrows the job's memory gets the job killed. What the cache may take is therefore a limit less the
 usage the kernel cannot reclaim: anon memory and shmem count; the page cache of files (``active_file`` and
-``inactive_file`` in ``memory.stat``) does not, as the kernel drops it before it kills, except the pages
-processes map (``mapped_file``: the libraries' code and data, 76 MiB in a process that imports torch, charged
-to the cgroup that first read them), which the job would fault straight back in from storage. Every cgroup
+``inactive_file`` in ``memory.stat``) does not, as the kernel drops it before it kills. Every memory cgroup
 from the job's own up to the hierarchy's root can hold a limit (v1 or v2), and the machine can run out
 before any of them, so the headroom is the smallest of them all and of the machine's MemAvailable.
 
@@ -25,8 +23,6 @@ from pathlib import Path
 
 import humanize
 
-from loader.system._cgroups import V1, V2, CgroupLevel, CgroupVersion, levels, memberships, mounts
-
 __all__ = ["MemoryView", "format_bytes", "memory_view"]
 
 _PROC_CGROUP = "/proc/self/cgroup"  # module constants so that tests can point them at fixtures
@@ -45,6 +41,35 @@ class MemoryView:
     source: str
 
 
+@dataclass(frozen=True)
+class _Version:
+    """The files of one cgroup version: limits (the smallest binds), usage, and reclaimable file cache."""
+
+    name: str
+    limits: tuple[str, ...]
+    usage: str
+    file_cache: re.Pattern[bytes]
+
+
+# usage_in_bytes counts the cgroup's descendants (v1), so does its file cache under the total_ keys
+_V1 = _Version(
+    "v1",
+    ("memory.limit_in_bytes",),
+    "memory.usage_in_bytes",
+    re.compile(rb"^total_(?:in)?active_file (\d+)$", re.M),
+)
+_V2 = _Version(
+    "v2", ("memory.max", "memory.high"), "memory.current", re.compile(rb"^(?:in)?active_file (\d+)$", re.M)
+)
+
+
+@dataclass(frozen=True)
+class _Level:
+    version: _Version
+    directory: str
+    name: str  # the cgroup's path in its hierarchy, as /proc/self/cgroup writes it
+
+
 def _read(path: str) -> bytes:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -53,32 +78,79 @@ def _read(path: str) -> bytes:
         os.close(fd)
 
 
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)  # mountinfo writes a space as \040
+
+
+def _memberships(text: str) -> dict[str, str]:
+    """The job's memory cgroup path per version, from /proc/self/cgroup."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        hierarchy, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            found["v1"] = path
+        elif hierarchy == "0" and not controllers:
+            found["v2"] = path
+    return found
+
+
+def _mounts(text: str) -> dict[str, tuple[str, str]]:
+    """(root inside the hierarchy, mount point) of the memory hierarchy per version, from mountinfo."""
+    found: dict[str, tuple[str, str]] = {}
+    for line in text.splitlines():
+        fields, tail = line.split(" - ", 1)
+        fstype, _, options = tail.split(" ", 2)
+        root, point = (_unescape(f) for f in fields.split()[3:5])
+        if fstype == "cgroup" and "memory" in options.split(","):
+            found.setdefault("v1", (root, point))
+        elif fstype == "cgroup2":
+            found.setdefault("v2", (root, point))
+    return found
+
+
+def _levels(version: _Version, path: str, root: str, point: str) -> tuple[_Level, ...]:
+    """The job's cgroup and its ancestors up to the mount point, each that has the version's limit file."""
+    base = root.rstrip("/")
+    inside = path[len(base) :] if path == root or path.startswith(base + "/") else path  # else: a namespace's
+    start = posixpath.normpath(posixpath.join(point, inside.lstrip("/")))
+    if not (start + "/").startswith(point.rstrip("/") + "/") or not os.path.isdir(start):
+        start = point  # the path names a cgroup this mount does not show; what it shows is the job's own
+    levels, directory = [], start
+    while True:
+        if os.path.exists(posixpath.join(directory, version.limits[0])):
+            name = posixpath.normpath(posixpath.join(root, posixpath.relpath(directory, point)))
+            levels.append(_Level(version, directory, name))
+        if directory == point or directory == "/":
+            return tuple(levels)
+        directory = posixpath.dirname(directory)
+
+
 @functools.lru_cache(maxsize=1)
-def _hierarchy() -> tuple[CgroupLevel, ...]:
+def _hierarchy() -> tuple[_Level, ...]:
     """This process's memory cgroup and its ancestors; none when their files cannot be found or read."""
     try:
-        member_of = memberships(Path(_PROC_CGROUP).read_text())
-        mounted = mounts(Path(_MOUNTINFO).read_text())
+        memberships = _memberships(Path(_PROC_CGROUP).read_text())
+        mounts = _mounts(Path(_MOUNTINFO).read_text())
     except (OSError, ValueError):
         return ()
-    for version in (V1, V2):  # v1 first: on a hybrid machine, v2 has no memory controller
-        if version.name in member_of and version.name in mounted:
-            found = levels(version, member_of[version.name], *mounted[version.name])
-            if found:
-                return found
+    for version in (_V1, _V2):  # v1 first: on a hybrid machine, v2 has no memory controller
+        if version.name in memberships and version.name in mounts:
+            levels = _levels(version, memberships[version.name], *mounts[version.name])
+            if levels:
+                return levels
     return ()
 
 
 os.register_at_fork(after_in_child=_hierarchy.cache_clear)
 
 
-def _limit(version: CgroupVersion, directory: str) -> int | None:
+def _limit(version: _Version, directory: str) -> int | None:
     limits = [_read(posixpath.join(directory, name)).strip() for name in version.limits]
     values = [int(v) for v in limits if v != b"max" and int(v) < _NO_LIMIT]
     return min(values, default=None)
 
 
-def _level_view(level: CgroupLevel) -> MemoryView | None:
+def _level_view(level: _Level) -> MemoryView | None:
     """Headroom under this cgroup's limit; None when it has none or its files cannot be read."""
     version = level.version
     try:
@@ -89,8 +161,7 @@ def _level_view(level: CgroupLevel) -> MemoryView | None:
         stat = _read(posixpath.join(level.directory, "memory.stat"))
     except (OSError, ValueError):
         return None
-    mapped = sum(map(int, version.mapped.findall(stat)))
-    unreclaimable = usage - max(0, sum(map(int, version.file_cache.findall(stat))) - mapped)
+    unreclaimable = usage - sum(int(n) for n in version.file_cache.findall(stat))
     source = f"the cgroup {version.name} memory limit of {level.name} ({format_bytes(limit)})"
     return MemoryView(max(0, limit - unreclaimable), limit, source)
 
