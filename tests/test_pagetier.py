@@ -10,7 +10,6 @@ import time
 
 import numpy as np
 import pytest
-from helpers import make_jpeg_folder
 
 import loader
 import loader.system.memory
@@ -21,8 +20,7 @@ from loader.cache._pagetier import page_bytes
 from loader.cache._tiercost import TierCost
 from loader.system.memory import MemoryView
 from loader.system.pagecache import PAGE
-from stallbench.conditions.limits import probe_storage_conditions
-from stallbench.conditions.storage import evict_page_cache, resident_bytes
+from stallbench.conditions.storage import resident_bytes
 
 MIB = 1 << 20
 LIMIT = 2560 * MIB  # the reserve is 5% of it, 128 MiB: any headroom under that is short for the store
@@ -60,6 +58,7 @@ def test_with_memory_to_spare_pages_are_left_to_the_kernel(shm_dir, headroom):
     store = open_store(shm_dir)
     assert store.keeps_pages(3, 5_000, ours=True)
     assert store._state[3] == EMPTY and store.paged == 0
+    assert not store.tier_pays()  # a read the store does not admit is a plain read, as before the tier
 
 
 def test_where_memory_is_short_records_are_kept_while_their_pages_fit(shm_dir, headroom):
@@ -73,6 +72,7 @@ def test_where_memory_is_short_records_are_kept_while_their_pages_fit(shm_dir, h
     assert [int(store._state[i]) for i in range(3)] == [PAGED, PAGED, EMPTY]
     assert store.paged == 3 * PAGE and store.info().bytes_paged == 3 * PAGE
     assert store.info().records_cached == 0  # kept in the page cache is not held by the store
+    assert store.tier_pays()
 
 
 def test_pages_another_reader_brought_in_are_never_evicted(shm_dir, headroom):
@@ -82,16 +82,18 @@ def test_pages_another_reader_brought_in_are_never_evicted(shm_dir, headroom):
     assert store._state[5] == EMPTY and store.paged == 0
 
 
-def test_a_kept_record_found_cold_is_kept_again_only_where_it_fits(shm_dir, headroom):
-    headroom(SLACK + 2 * PAGE)
+def test_a_kept_record_found_cold_is_kept_no_longer_nor_more_than_are_kept_then(shm_dir, headroom):
+    """What the kernel leaves kept records is learned: where it took one, no more are kept than are kept
+    then, and each kept record found still there lets one more in."""
+    headroom(SLACK + 4 * PAGE)
     store = open_store(shm_dir)
     assert store.keeps_pages(0, 100, ours=True) and store.keeps_pages(1, 100, ours=True)
-    assert store.keeps_pages(1, 100, ours=False)  # read warm: still kept
-    assert store.keeps_pages(1, 100, ours=True)  # cold, and room for it: kept again
-    assert store._state[1] == PAGED and store.paged == 2 * PAGE
-    headroom(SLACK + PAGE)  # the job grew: the kernel took record 1's pages back
-    assert not store.keeps_pages(1, 100, ours=True)
+    assert not store.keeps_pages(1, 100, ours=True)  # found cold: the kernel took its pages
     assert store._state[1] == EMPTY and store.paged == PAGE
+    assert not store.keeps_pages(2, 100, ours=True)  # memory says 3 more pages, the kernel left 1
+    assert store.keeps_pages(0, 100, ours=False)  # a kept record found warm: room for one more
+    assert store.keeps_pages(2, 100, ours=True) and store.paged == 2 * PAGE
+    assert [int(store._state[i]) for i in range(3)] == [PAGED, EMPTY, PAGED]
 
 
 def test_a_kept_record_the_store_admits_later_leaves_the_page_cache_at_its_first_hit(shm_dir, headroom):
@@ -189,16 +191,6 @@ def test_a_stopped_lock_holder_never_stalls_a_read_and_a_killed_one_frees_the_ti
         holder.kill()
         holder.wait(10)
         holder.stdout.close()
-
-
-@pytest.fixture
-def cold_images(tmp_path):
-    reason = probe_storage_conditions(tmp_path)["page_cache_eviction"]
-    if reason is not None:
-        pytest.fail(f"this test needs page cache eviction on {tmp_path}: {reason}")
-    root = make_jpeg_folder(tmp_path / "imgs", per_class=16, size=(400, 300))
-    evict_page_cache(root)
-    return root
 
 
 @pytest.mark.filterwarnings("ignore:memory is short:RuntimeWarning")  # said once per process

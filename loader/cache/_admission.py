@@ -64,6 +64,14 @@ class AdmissionGate:
         """Whether memory is too short for the store to admit anything now (``used[0]``: what it holds)."""
         return self._gauge.short(0, lambda: int(used[0]))
 
+    def kept_survived(self, nbytes: int) -> None:
+        """A kept record, ``nbytes`` of pages, was found in the page cache (``PressureGauge.page_room``)."""
+        self._gauge.kept_survived(nbytes)
+
+    def kept_lost(self, paged: int) -> None:
+        """A kept record was found cold; ``paged`` bytes are kept now (``PressureGauge.page_room``)."""
+        self._gauge.kept_lost(paged)
+
     def page_room(self, used: np.ndarray) -> int:
         """Bytes that records kept in the page cache may take in all (``PressureGauge.page_room``)."""
         return self._gauge.page_room(lambda: int(used[0]))

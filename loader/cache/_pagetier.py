@@ -11,12 +11,14 @@ loader: 41-50 MB read per later epoch of a 45 MB dataset. The same job evicting 
 first 5,000 files right after each read: 27 MB, and 33 s to the target against 56 s.)
 
 So where memory is short (the store would not admit), a record read from storage is kept in the page cache
-while memory that nothing uses is left (``MemoryView.free``, less what the job's own memory rose above at
-its peak, less a slack): marked PAGED in the store's index, for every process and job that shares it. The
+while the records so kept leave 4 MiB of the spare memory (the gauge's: the headroom at the job's peak, in
+which file pages count as free): marked PAGED in the store's index, for every process and job that shares
+it. The
 pages of any other record read are evicted once it is read, so they never push a kept record out. The
 reserve the store leaves free is not wasted then, and the kernel takes those pages back, rather than kill,
-where the job does grow into it. A kept record found cold (none of its pages resident: the kernel took
-them) is kept no longer, unless memory is free again, so the tier shrinks to what the kernel leaves it.
+where the job does grow into it. What the kernel leaves the tier is learned as it goes: a kept record found
+cold (none of its pages resident: the kernel took them) is kept no longer, and the process keeps no more
+than are kept then; each kept record found warm lets it keep one more (``PressureGauge.page_room``).
 Pages another reader brought in are never evicted: only a read that brought every page in is ``ours``.
 """
 
@@ -63,10 +65,12 @@ class PageTier(SharedStore):
         that fails is advisory, never an error."""
         if self.admit(index, payload, ours):
             return True
+        if not ours:
+            self.keeps_pages(index, len(payload), ours)  # a kept record found warm lets one more in
+            return False
         cost = self._gate.tier_cost
-        if ours:
-            cost.note_read(seconds)
-        if not ours or not cost.pays():
+        cost.note_read(seconds)
+        if not cost.pays():
             return False
         start = time.perf_counter()
         if not self.keeps_pages(index, len(payload), ours):
@@ -76,19 +80,25 @@ class PageTier(SharedStore):
         return False
 
     def tier_pays(self) -> bool:
-        """Whether a read the store would not admit should still be probed and offered, for the page cache
-        (``_tiercost.py``): False once this process measured that the tier costs more than it saves."""
-        return self._gate.tier_cost.pays()
+        """Whether a read the store would not admit should still be probed and offered, for the page cache:
+        memory is short for the store, and this process has not measured the tier to cost more than it saves
+        (``_tiercost.py``). Otherwise such a read is a plain read, as it was before the tier."""
+        gate = self._gate
+        return not gate.off and gate.tier_cost.pays() and gate.memory_tight(self._used)
 
     def keeps_pages(self, index: int, nbytes: int, ours: bool) -> bool:
         """Whether the pages that a read of record ``index`` (``nbytes``, not admitted to the store) left in
         the page cache should stay; ``ours``: the read brought every one of them in. A caller told False
         evicts them now."""
-        if not ours:
-            return True  # warm: a kept record, or pages another reader brought in
         pages = page_bytes(nbytes)
+        if not ours:  # warm: pages another reader brought in, or a kept record's, still there
+            if self._state[index] == PAGED:
+                self._gate.kept_survived(pages)
+            return True
         if self._state[index] == PAGED:  # kept, and found cold: the kernel took its pages back
             self._mark(index, PAGED, EMPTY, -pages)
+            self._gate.kept_lost(self.paged)
+            return False
         if self._gate.off or not self._gate.memory_tight(self._used):
             return True  # memory to spare: the kernel keeps what it can, as it would for torch's loader
         room = self._gate.page_room(self._used)

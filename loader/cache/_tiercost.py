@@ -1,14 +1,14 @@
 """Whether keeping records in the page cache pays in this process: measured, not assumed.
 
-Keeping records in the page cache (``_pagetier.py``) costs each read from storage a decision and, for most,
-an eviction (a residency probe, now and then the store's lock, a ``posix_fadvise``: some 20-40 us), and it
-buys hits from memory for a share of the later reads. Where a read from storage takes about as long (small
-records from fast storage), it costs more than it saves. Measured on ``bench_fetch_bound``'s small_files
-case (8 KB records, storage at 200 MB/s): with the tier ours took 1.2-1.5x torch's epoch time, reading 15%
-fewer bytes; without it 0.8-1.04x. On the digits job of ``bench_tight_budget`` (3.6 KB records, 5 MB/s:
-reads of ~0.7 ms) it cut the time to the target by 3-16%. So each process times its reads from storage and
-the tier's work on them, and keeps to the tier while a read takes at least 4 times that work (running
-averages; the first 32 of each are taken to pay).
+Keeping records in the page cache (``_pagetier.py``) costs each read from storage a decision and, for most, an
+eviction (a residency probe, now and then the store's lock, a ``posix_fadvise``: some 20-40 us), and it buys
+hits from memory for a share of the later reads. Where a read from storage takes about as long (small records
+from fast storage), it costs more than it saves. Measured on ``bench_fetch_bound``'s small_files case (8 KB
+records, storage at 200 MB/s): with the tier ours took 1.23-1.56x torch's time per later epoch, though it read
+15% fewer bytes; without it 0.74-1.05x. On the digits job of ``bench_tight_budget`` (3.6 KB records, 5 MB/s:
+reads of ~0.7 ms) it cut the time to the target by 3-16%. So each process times its reads from storage and the
+tier's work on them, and keeps to the tier while a read takes at least 4 times that work (running averages;
+the first 32 of each are taken to pay).
 """
 
 from __future__ import annotations
