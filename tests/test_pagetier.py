@@ -44,7 +44,7 @@ def headroom(monkeypatch):
 def tier_pays(monkeypatch):
     """The tier pays whatever the reads cost here (a local disk's reads are quick: whether it pays is
     measured, and tested on its own)."""
-    monkeypatch.setattr(TierCost, "pays", lambda self: True)
+    monkeypatch.setattr(TierCost, "pays", lambda self, misses_per_kept: True)
 
 
 def open_store(shm_dir) -> MinIOCache:
@@ -123,18 +123,19 @@ def test_an_offer_evicts_what_is_neither_admitted_nor_kept_and_survives_a_failin
     assert evicted == [2]
 
 
-def test_the_tier_is_kept_to_only_while_a_read_from_storage_costs_4_times_its_work():
+def test_the_tier_pays_where_the_reads_it_saves_outweigh_its_work_on_every_miss():
     cost = TierCost()
     for _ in range(31):
-        cost.note_read(1e-5)
+        cost.note_read(4e-4, 3_000)
         cost.note_work(1e-4)
-    assert cost.pays()  # too few measured to tell
-    cost.note_read(1e-5)
+    assert cost.pays(10.0)  # too few measured to tell
+    cost.note_read(4e-4, 3_000)
     cost.note_work(1e-4)
-    assert not cost.pays()
+    assert cost.pays(1.5) and cost.pays(4.0) and not cost.pays(5.0)  # a read is 4 works
+    assert cost.record_bytes == pytest.approx(3_000)
     for _ in range(200):  # the storage slowed down: reads of 1 ms
-        cost.note_read(1e-3)
-    assert cost.pays() and cost.read_seconds == pytest.approx(1e-3, rel=0.01)
+        cost.note_read(1e-3, 3_000)
+    assert cost.pays(9.0) and cost.read_seconds == pytest.approx(1e-3, rel=0.01)
 
 
 @pytest.mark.filterwarnings("ignore:memory is short:RuntimeWarning")

@@ -69,8 +69,8 @@ class PageTier(SharedStore):
             self.keeps_pages(index, len(payload), ours)  # a kept record found warm lets one more in
             return False
         cost = self._gate.tier_cost
-        cost.note_read(seconds)
-        if not cost.pays():
+        cost.note_read(seconds, len(payload))
+        if not cost.pays(self._misses_per_kept()):
             return False
         start = time.perf_counter()
         if not self.keeps_pages(index, len(payload), ours):
@@ -84,7 +84,15 @@ class PageTier(SharedStore):
         memory is short for the store, and this process has not measured the tier to cost more than it saves
         (``_tiercost.py``). Otherwise such a read is a plain read, as it was before the tier."""
         gate = self._gate
-        return not gate.off and gate.tier_cost.pays() and gate.memory_tight(self._used)
+        return not gate.off and gate.memory_tight(self._used) and gate.tier_cost.pays(self._misses_per_kept())
+
+    def _misses_per_kept(self) -> float:
+        """Per record the tier's room can keep, the records neither it nor the store holds (at least 1), from
+        the average record read from storage."""
+        record = max(1.0, self._gate.tier_cost.record_bytes)
+        kept = max(1.0, self._gate.page_room(self._used) / page_bytes(int(record)))
+        held = int(self._used[0]) / record
+        return max(1.0, (self._num_records - held - kept) / kept)
 
     def keeps_pages(self, index: int, nbytes: int, ours: bool) -> bool:
         """Whether the pages that a read of record ``index`` (``nbytes``, not admitted to the store) left in
