@@ -5,7 +5,6 @@ record skipped under ``on_error="skip"`` (``SKIPPED``)."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -52,9 +51,9 @@ def fetch_raw(
     held_elsewhere: Callable[[int], bool],
 ) -> Fetched:
     """Record ``index``'s raw bytes from ``cache`` (the first hit since a read that left the record's pages
-    in the page cache evicts them), else from ``source``, offered to the cache (``MinIOCache.offer``:
-    admitted, or its pages kept in the page cache or evicted) unless it is ``held_elsewhere`` (prepared);
-    ``start``: when the fetch began; ``corrupt``: a copy failed its check."""
+    in the page cache evicts them), else from ``source``, admitted where the cache accepts it and the record
+    is not ``held_elsewhere`` (prepared); ``start``: when the fetch began; ``corrupt``: a copy failed its
+    check."""
     try:
         raw = cache.get(index)
     except CorruptRecordError:
@@ -64,15 +63,10 @@ def fetch_raw(
             with contextlib.suppress(OSError, BadRecordError):  # advisory: the hit is served all the same
                 source.evict(index)
         return Fetched(raw, True, False, time.perf_counter() - start)
-    if corrupt or held_elsewhere(index) or not (cache.accepting(index) or cache.tier_pays()):
+    if corrupt or not cache.accepting(index) or held_elsewhere(index):
         return Fetched(source.read(index), False, False, time.perf_counter() - start, corrupt)
     pauses = cache.memory_pauses
-    evict = functools.partial(source.evict, index)
-
-    def offer(raw: bytes, ours: bool) -> bool:
-        return cache.offer(index, raw, ours, evict, time.perf_counter() - start)
-
-    raw, admitted = source.read_admitting(index, offer)
+    raw, admitted = source.read_admitting(index, lambda raw, ours: cache.admit(index, raw, ours))
     paused = cache.memory_pauses != pauses
     return Fetched(raw, False, admitted, time.perf_counter() - start, memory_pause=paused)
 

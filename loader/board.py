@@ -123,7 +123,6 @@ class StatsBoard:
             records_cached=sum(c.records_cached for c in caches),
             cache_bytes_used=sum(c.bytes_used for c in caches),
             cache_capacity=sum(c.capacity for c in caches),
-            page_cache_bytes=sum(c.bytes_paged for c in caches),
         )
         if form is not None:
             values.update(cache_form=form.form, cache_form_reason=form.reason, cache_form_epochs=form.epochs)

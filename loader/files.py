@@ -10,11 +10,9 @@ through one (``loader._serving``) and counts its reads in ``stats()``.
 
 from __future__ import annotations
 
-import functools
 import io
 import os
 import stat
-import time
 import warnings
 from collections.abc import Iterable
 from typing import Literal
@@ -115,7 +113,7 @@ class CachedFiles:
 
     @staticmethod
     def _fetch(cache: MinIOCache | None, i: int, name: str, size: int) -> tuple[bytes, bool]:
-        """(bytes, hit): from the store, else from storage, offered to the store (``MinIOCache.offer``)."""
+        """(bytes, hit): from the store, else from storage, admitted while there is room."""
         corrupt = False
         try:
             raw = cache.get(i) if cache is not None else None
@@ -125,15 +123,11 @@ class CachedFiles:
             if cache.first_hit(i):
                 evict_file(name)
             return raw, True
-        if cache is None or corrupt or not (cache.accepting(i) or cache.tier_pays()):
+        if cache is None or corrupt or not cache.accepting(i):
             with io.FileIO(name) as f:
                 return f.readall(), False
-        evict, start = functools.partial(evict_file, name), time.perf_counter()
-
-        def offer(raw: bytes, ours: bool) -> bool:  # at the listed size: a file rewritten since is not stored
-            return len(raw) == size and cache.offer(i, raw, ours, evict, time.perf_counter() - start)
-
-        raw, _ = read_admitting(name, offer)
+        # admitted only at the listed size: a file rewritten between our stat and our read is not stored
+        raw, _ = read_admitting(name, lambda raw, ours: len(raw) == size and cache.admit(i, raw, ours))
         return raw, False
 
 

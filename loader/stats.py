@@ -20,9 +20,7 @@ class LoaderStats:
     includes reads served by the OS page cache. ``records_admitted`` counts admissions by this loader;
     ``records_cached`` is what the shared cache holds, from any job. ``records_corrupt`` counts cached records
     that failed their bounds or checksum check: each was read from the source instead, never served.
-    ``memory_pauses`` counts the times a process stopped admitting for a while because memory was short;
-    ``page_cache_bytes`` is what the cache keeps in the OS page cache instead, where memory is too short for
-    it to admit (its records' whole pages: ``loader/cache/_pagetier.py``).
+    ``memory_pauses`` counts the times a process stopped admitting for a while because memory was short.
     With ``partition_cache``, ``bytes_from_peers`` / ``peer_hits`` are the records other nodes' caches sent
     (the three sources of bytes: ``bytes_from_cache``, ``bytes_from_peers``, ``bytes_from_source``), and
     ``partition`` has the exchange's own counts. ``cache_sizing`` says how ``cache_bytes="auto"`` chose
@@ -61,7 +59,6 @@ class LoaderStats:
     records_cached: int = 0
     cache_bytes_used: int = 0
     cache_capacity: int = 0
-    page_cache_bytes: int = 0
     cache_sizing: str = ""
     cache_form: str = ""  # "raw", "prepared" or "mixed": what the cache holds ("" without a cache)
     cache_form_reason: str = ""  # why, with the measured numbers

@@ -1,6 +1,6 @@
 """Shared fixtures: a private cache folder in /dev/shm, a check that tests leave nothing in /dev/shm, no
-workers' memory growth carried from one test to the next, a folder of JPEGs none of whose pages is in the
-page cache, and an S3-compatible server (moto's) started and stopped on loopback."""
+workers' memory growth carried from one test to the next, and an S3-compatible server (moto's) started and
+stopped on loopback."""
 
 from __future__ import annotations
 
@@ -22,23 +22,6 @@ _WATCHED = ("stallbench-", "sbtest-", "torch_", "pym-")
 
 def _shm_entries() -> set[str]:
     return {p.name for p in SHM.iterdir() if p.name.startswith(_WATCHED)} if SHM.is_dir() else set()
-
-
-@pytest.fixture
-def cold_images(tmp_path: Path) -> Path:
-    """32 JPEGs of 400x300 in 2 classes, none of their pages in the page cache."""
-    from helpers import make_jpeg_folder
-
-    from stallbench.conditions.limits import probe_storage_conditions
-    from stallbench.conditions.storage import evict_page_cache, resident_bytes
-
-    reason = probe_storage_conditions(tmp_path)["page_cache_eviction"]
-    if reason is not None:
-        pytest.fail(f"this test needs page cache eviction on {tmp_path}: {reason}")
-    root = make_jpeg_folder(tmp_path / "imgs", per_class=16, size=(400, 300))
-    evict_page_cache(root)
-    assert resident_bytes(root) == 0
-    return root
 
 
 @pytest.fixture

@@ -5,15 +5,28 @@ from __future__ import annotations
 import errno
 
 import pytest
+from helpers import make_jpeg_folder
 
 import loader
 from loader import DataLoader
 from loader.cache._layout import index_bytes
-from stallbench.conditions.storage import resident_bytes
+from stallbench.conditions.limits import probe_storage_conditions
+from stallbench.conditions.storage import evict_page_cache, resident_bytes
 
 
 def folder_bytes(root) -> int:
     return sum(p.stat().st_size for p in root.rglob("*.jpg"))
+
+
+@pytest.fixture
+def cold_images(tmp_path):
+    reason = probe_storage_conditions(tmp_path)["page_cache_eviction"]
+    if reason is not None:
+        pytest.fail(f"this test needs page cache eviction on {tmp_path}: {reason}")
+    root = make_jpeg_folder(tmp_path / "imgs", per_class=16, size=(400, 300))
+    evict_page_cache(root)
+    assert resident_bytes(root) == 0
+    return root
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

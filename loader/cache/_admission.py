@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from loader.cache._tiercost import TierCost
 from loader.system.headroom import PressureGauge
 from loader.system.memory import format_bytes
 
@@ -34,7 +33,6 @@ class AdmissionGate:
         self.given_back = 0  # bytes this process's store gave back: the job grew into the reserve
         self._paused_until = 0.0
         self._gauge = PressureGauge()
-        self.tier_cost = TierCost()  # whether keeping records in the page cache pays (``_pagetier``)
 
     def open(self) -> bool:
         """Whether admission is neither off nor paused now."""
@@ -59,22 +57,6 @@ class AdmissionGate:
                 stacklevel=3,
             )
         return True
-
-    def memory_tight(self, used: np.ndarray) -> bool:
-        """Whether memory is too short for the store to admit anything now (``used[0]``: what it holds)."""
-        return self._gauge.short(0, lambda: int(used[0]))
-
-    def kept_survived(self, nbytes: int) -> None:
-        """A kept record, ``nbytes`` of pages, was found in the page cache (``PressureGauge.page_room``)."""
-        self._gauge.kept_survived(nbytes)
-
-    def kept_lost(self, paged: int) -> None:
-        """A kept record was found cold; ``paged`` bytes are kept now (``PressureGauge.page_room``)."""
-        self._gauge.kept_lost(paged)
-
-    def page_room(self, used: np.ndarray) -> int:
-        """Bytes that records kept in the page cache may take in all (``PressureGauge.page_room``)."""
-        return self._gauge.page_room(lambda: int(used[0]))
 
     def overdrawn(self, used: np.ndarray) -> int:
         """Bytes the store should give back now, ``used[0]`` being what it holds (0 almost always: the gauge

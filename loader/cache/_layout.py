@@ -3,22 +3,21 @@
 ``index`` (mmap'ed by every process that uses the store)::
 
     header (4096 bytes): magic, version, capacity, num_records, data_capacity, used, full, fingerprint,
-                         limit, paged
+                         limit
     slots  (32 bytes each, one per record): offset u64, length u32, state u32, checksum u64,
                                             writer u32, generation u32
 
-A slot is EMPTY, PAGED (not held: its record is kept in the page cache instead, ``_pagetier.py``; ``paged``
-counts their pages' bytes), RESERVED (space taken by a writer, payload not yet complete), READY or UNHIT
-(ready, and not read from the store yet since a read that left its pages in the page cache admitted it: its
-first hit evicts them, ``MinIOCache.first_hit``); READY and UNHIT are held (``state >= READY``). A writer
-reserves under the store's lock (naming itself in ``writer`` and ``generation``), writes the payload with
-``pwrite`` and its checksum, and only then flips the slot to READY (or UNHIT) with one aligned 4-byte store,
-so a reader never sees a torn record. A writer killed mid-insert leaves a RESERVED slot that no reader uses,
-and the next writer of that record takes it over once the kernel says its writer is gone. ``data`` holds
-payloads back to back: the memory used is the bytes admitted, not pages per record. The checksum (xxh3-64 of
-the payload, seeded with the record's index) is checked on every read, so neither damaged bytes nor a slot
-moved to another record's place is ever served. ``limit`` is how much of ``data_capacity`` the store may fill
-now: a cache of two stores (raw and prepared records) moves room from one to the other by moving their limits
+A slot is EMPTY, RESERVED (space taken by a writer, payload not yet complete), READY or UNHIT (ready, and not
+read from the store yet since a read that left its pages in the page cache admitted it: its first hit
+evicts them, ``MinIOCache.first_hit``); READY and UNHIT are held. A writer reserves under the store's lock
+(naming itself in ``writer`` and ``generation``), writes the payload with ``pwrite`` and its checksum, and
+only then flips the slot to READY (or UNHIT) with one aligned 4-byte store, so a reader never
+sees a torn record. A writer killed mid-insert leaves a RESERVED slot that no reader uses, and the next
+writer of that record takes it over once the kernel says its writer is gone. ``data`` holds payloads back
+to back: the memory used is the bytes admitted, not pages per record. The checksum (xxh3-64 of the
+payload, seeded with the record's index) is checked on every read, so neither damaged bytes nor a slot moved
+to another record's place is ever served. ``limit`` is how much of ``data_capacity`` the store may fill now:
+a cache of two stores (raw and prepared records) moves room from one to the other by moving their limits
 (``MinIOCache.set_limit``), without touching their files.
 """
 
@@ -32,7 +31,6 @@ __all__ = [
     "HEADER_BYTES",
     "HEADER_DTYPE",
     "MAGIC",
-    "PAGED",
     "READY",
     "RESERVED",
     "SLOT_DTYPE",
@@ -43,9 +41,9 @@ __all__ = [
 ]
 
 MAGIC = b"SBMINIO1"
-VERSION = 5
+VERSION = 4
 HEADER_BYTES = 4096
-EMPTY, PAGED, RESERVED, READY, UNHIT = 0, 1, 2, 3, 4
+EMPTY, RESERVED, READY, UNHIT = 0, 1, 2, 3
 
 HEADER_DTYPE = np.dtype(
     [
@@ -60,7 +58,6 @@ HEADER_DTYPE = np.dtype(
         ("pad2", "<u4"),
         ("fingerprint", "S64"),
         ("limit", "<u8"),
-        ("paged", "<u8"),
     ]
 )
 SLOT_DTYPE = np.dtype(

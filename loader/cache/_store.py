@@ -41,7 +41,6 @@ class CacheInfo:
     bytes_used: int
     records_cached: int
     full: bool
-    bytes_paged: int = 0  # records kept in the page cache instead (``_pagetier.py``), in whole pages
 
 
 def store_path(cache_dir: str | os.PathLike, fingerprint: str) -> Path:
@@ -131,7 +130,6 @@ class SharedStore:
             bytes_used=int(self._used[0]) + index_bytes(self._num_records),
             records_cached=int(np.count_nonzero(self._state >= READY)),
             full=bool(self._full[0]),
-            bytes_paged=int(self._paged[0]),
         )
 
     def destroy(self) -> None:
@@ -181,8 +179,10 @@ class SharedStore:
         self._header = np.frombuffer(self._map, HEADER_DTYPE, count=1)
         check_header(self._header, self.path, self._fingerprint, self._num_records)
         # views of the header's fields, made once: a field lookup on each admission costs a microsecond
-        self._full, self._used, self._limit, self._paged = (
-            self._header[f] for f in ("full", "used", "limit", "paged")
+        self._full, self._used, self._limit = (
+            self._header["full"],
+            self._header["used"],
+            self._header["limit"],
         )
         self._data_capacity = int(self._header["data_capacity"][0])
         if size != index_bytes(self._num_records):

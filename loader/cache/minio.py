@@ -4,8 +4,7 @@ Every epoch of a random-order job touches every record once, so the records to k
 of them, kept forever: each later epoch then hits exactly ``capacity / dataset`` of its reads, which is the
 best any policy can do (see docs/concepts/minio-cache.md). The one exception is memory: the kernel cannot
 reclaim the store, so where the job grows into the memory the cache keeps free, the store gives back the
-records it admitted last (``_giveback.py``) rather than have the job killed, and where memory is too short
-to admit, it keeps records in the page cache instead (``_pagetier.py``). The store itself, where it lives
+records it admitted last (``_giveback.py``) rather than have the job killed. The store itself, where it lives
 and how each process attaches to it, is ``_store.py``'s. Nothing read back is trusted: every record is
 bounds-checked and checksummed before it is served.
 """
@@ -18,8 +17,7 @@ import struct
 import warnings
 
 from loader.cache._giveback import GivesBack
-from loader.cache._layout import HEADER_BYTES, PAGED, READY, RESERVED, SLOT_DTYPE, UNHIT, checksum
-from loader.cache._pagetier import PageTier, page_bytes
+from loader.cache._layout import EMPTY, HEADER_BYTES, READY, RESERVED, SLOT_DTYPE, UNHIT, checksum
 from loader.cache._store import LOCK_TIMEOUT, CacheInfo, store_path
 from loader.system.locks import LockTimeout, writer_alive, writer_id
 
@@ -34,7 +32,7 @@ class CorruptRecordError(ValueError):
     """A cached record failed its bounds or checksum check; it is not served."""
 
 
-class MinIOCache(GivesBack, PageTier):
+class MinIOCache(GivesBack):
     """The minimal-miss policy over a shared store: safe for many processes to read and fill at once."""
 
     @property
@@ -81,8 +79,7 @@ class MinIOCache(GivesBack, PageTier):
     def admit(self, index: int, payload: bytes, evict_on_hit: bool = False) -> bool:
         """Store record ``index`` if there is room and memory to spare; True when this call admitted it.
         ``evict_on_hit``: the read of ``payload`` left pages of its own in the page cache, to be evicted
-        once the store has shown it keeps the record (``first_hit``); so are a kept record's
-        (``_pagetier``).
+        once the store has shown it keeps the record (``first_hit``).
 
         The store's pages cannot be reclaimed by the kernel, so when the job's memory (its cgroup's, or the
         machine's) runs within a reserve of its limit, admission pauses, with one warning per process.
@@ -91,7 +88,6 @@ class MinIOCache(GivesBack, PageTier):
             return False
         if self._gate.memory_short(len(payload), self._used):
             return False
-        evict_on_hit = evict_on_hit or self._state[index] == PAGED
         try:
             offset = self._reserve(index, len(payload))
         except LockTimeout as exc:
@@ -140,14 +136,12 @@ class MinIOCache(GivesBack, PageTier):
             if state == RESERVED and self._reclaimable(index, length):
                 self._writer[index], self._generation[index] = me  # a dead writer's: space reused
                 return int(self._offset[index])
-            if self._full[0] or state > PAGED:
+            if self._full[0] or state != EMPTY:
                 return None
             used = int(self._used[0])
             if used + length > self._limit[0]:
                 self._full[0] = 1
                 return None
-            if state == PAGED:  # kept in the page cache until now: the store holds it from here
-                self._paged[0] = max(0, int(self._paged[0]) - page_bytes(length))
             self._used[0] = used + length  # space first: a writer killed now only wastes it
             self._offset[index], self._length[index] = used, length
             self._writer[index], self._generation[index] = me

@@ -65,15 +65,15 @@ class IpcFile:
     ) -> tuple[bytes, bool]:
         """As ``copy``, then offered to ``admit(data, ours)``, ``ours`` where this read brought in every page
         wholly inside the value (``MappedFile.cold_inside``); those pages are then unmapped from this process
-        and left in the page cache until the store evicts them (``evict``): at its first hit of the record,
-        or at once where it neither admits it nor keeps its pages."""
+        once admitted, and left in the page cache until the store's first hit of the record (``evict``)."""
         mapped = self._mapped_file()
         address = view.ctypes.data
         ours = mapped.cold_inside(address, view.nbytes)
         data = self.copy(view, convert)
-        if ours:  # before the offer: a store that does not keep the record may evict the pages at once
+        admitted = admit(data, ours)
+        if admitted and ours:
             mapped.unmap(address, view.nbytes)
-        return data, admit(data, ours)
+        return data, admitted
 
     def evict(self, view: np.ndarray) -> None:
         """Evict the value's pages from the page cache (its record was admitted by a read that brought

@@ -16,7 +16,6 @@ _MIB = 1 << 20
 _LIMIT_SHARE, _OWN_SHARE = 20, 5  # a 20th of the limit; a 5th of the job's own memory: see reserve_for_limit
 _OWN_FLOOR, _OWN_CAP = 16 * _MIB, 128 * _MIB
 _LAST_MARGIN = 16 * _MIB  # see PressureGauge.overdrawn
-_PAGE_SLACK = 4 * _MIB  # see PressureGauge.pages_fit
 
 
 def reserve_bytes(view: MemoryView) -> int:
@@ -76,7 +75,6 @@ class PressureGauge:
         self.bytes_between = bytes_between
         self.last: MemoryView | None = None
         self.spare = 0
-        self._page_ceiling = float("inf")  # what the kernel leaves kept records, as learned (page_room)
         self._read_at = 0.0
         self._noted = 0
         self.reserve = 0  # what to keep free, as of the last read
@@ -91,24 +89,6 @@ class PressureGauge:
         if not is_short:
             self._noted += adding
         return is_short
-
-    def page_room(self, held: Callable[[], int] = lambda: 0) -> int:
-        """Bytes that records kept in the page cache may take in all: the spare memory (``spare``, in which
-        file pages count as free, the kept ones too) less 4 MiB, and no more than the kernel has been seen to
-        leave them. Other file pages share that memory, and the kernel reclaims those it likes, so the room is
-        learned as well: where it took a kept record's pages, no more are kept than are kept then
-        (``kept_lost``); each kept record found still there lets one more in (``kept_survived``)."""
-        if self.last is None or self._due(0):
-            self._read(held())
-        return max(0, min(self.spare - _PAGE_SLACK, self._page_ceiling))
-
-    def kept_survived(self, nbytes: int) -> None:
-        """A kept record of ``nbytes`` of pages was found in the page cache: room for as many more."""
-        self._page_ceiling += nbytes
-
-    def kept_lost(self, paged: int) -> None:
-        """The kernel took a kept record's pages; ``paged`` bytes are kept now: the most to keep from here."""
-        self._page_ceiling = min(self._page_ceiling, paged)
 
     def overdrawn(self, held: Callable[[], int] = lambda: 0) -> int:
         """Bytes to give back now: where the job came within 16 MiB of its limit (or half the reserve, where
