@@ -1,6 +1,6 @@
-"""What fetching one record gave (``Fetched``), a fetch of its raw bytes through the cache (``fetch_raw``),
-what a batch's records cost (``BatchCost``), how a fetch is counted (``note_fetch``), and the stand-in for a
-record skipped under ``on_error="skip"`` (``SKIPPED``)."""
+"""What fetching one record gave (``Fetched``), a fetch of its raw bytes through the cache (``fetch_raw``; its
+hit half, ``served``, is also ``CachedFiles``'), what a batch's records cost (``BatchCost``), how a fetch is
+counted (``note_fetch``), and the stand-in for a record skipped under ``on_error="skip"`` (``SKIPPED``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from loader.cache import CorruptRecordError, MinIOCache
 from loader.errors import BadRecordError
 from loader.sources import Source
 
-__all__ = ["SKIPPED", "BatchCost", "Fetched", "fetch_raw", "note_fetch"]
+__all__ = ["SKIPPED", "BatchCost", "Fetched", "fetch_raw", "note_fetch", "served"]
 
 
 class _Skipped:
@@ -42,6 +42,20 @@ class Fetched(NamedTuple):
     prepared: bool = False  # ``raw`` holds the record prepared (``loader._prepared``), not its raw bytes
 
 
+def served(cache: MinIOCache, index: int, evict: Callable[[], None]) -> tuple[bytes | None, bool]:
+    """(record ``index``'s bytes from ``cache`` or None, whether its copy there failed its check). The first
+    hit since a read that left the record's pages in the page cache calls ``evict()``: advisory, a failure
+    of it never fails the hit."""
+    try:
+        raw = cache.get(index)
+    except CorruptRecordError:
+        return None, True
+    if raw is not None and cache.first_hit(index):
+        with contextlib.suppress(OSError, BadRecordError):  # the file is gone, or the record is bad
+            evict()
+    return raw, False
+
+
 def fetch_raw(
     cache: MinIOCache,
     source: Source,
@@ -54,14 +68,9 @@ def fetch_raw(
     in the page cache evicts them), else from ``source``, admitted where the cache accepts it and the record
     is not ``held_elsewhere`` (prepared); ``start``: when the fetch began; ``corrupt``: a copy failed its
     check."""
-    try:
-        raw = cache.get(index)
-    except CorruptRecordError:
-        raw, corrupt = None, True
+    raw, damaged = served(cache, index, lambda: source.evict(index))
+    corrupt = corrupt or damaged
     if raw is not None:
-        if cache.first_hit(index):
-            with contextlib.suppress(OSError, BadRecordError):  # advisory: the hit is served all the same
-                source.evict(index)
         return Fetched(raw, True, False, time.perf_counter() - start)
     if corrupt or not cache.accepting(index) or held_elsewhere(index):
         return Fetched(source.read(index), False, False, time.perf_counter() - start, corrupt)

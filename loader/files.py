@@ -17,7 +17,8 @@ import warnings
 from collections.abc import Iterable
 from typing import Literal
 
-from loader.cache import CacheInfo, CorruptRecordError, MinIOCache
+from loader._fetched import served
+from loader.cache import CacheInfo, MinIOCache
 from loader.cache._layout import index_bytes
 from loader.sources.file_tree import FileTreeSource, shared_listing
 from loader.system.headroom import auto_cache_bytes
@@ -114,14 +115,8 @@ class CachedFiles:
     @staticmethod
     def _fetch(cache: MinIOCache | None, i: int, name: str, size: int) -> tuple[bytes, bool]:
         """(bytes, hit): from the store, else from storage, admitted while there is room."""
-        corrupt = False
-        try:
-            raw = cache.get(i) if cache is not None else None
-        except CorruptRecordError:
-            raw, corrupt = None, True
+        raw, corrupt = served(cache, i, lambda: evict_file(name)) if cache is not None else (None, False)
         if raw is not None:
-            if cache.first_hit(i):
-                evict_file(name)
             return raw, True
         if cache is None or corrupt or not cache.accepting(i):
             with io.FileIO(name) as f:

@@ -142,3 +142,19 @@ def test_a_hit_is_served_whatever_evicting_its_pages_meets(cold_images, shm_dir)
     first = [batch[0].tolist() for batch in dl]
     again = [batch[0].tolist() for batch in dl]
     assert again == first and dl.stats().hits == 32
+
+
+def test_a_users_own_file_is_served_from_the_store_whatever_evicting_its_pages_meets(
+    cold_images, shm_dir, monkeypatch
+):
+    """``CachedFiles`` serves a hit through the same path as our datasets: an eviction that fails is
+    advisory."""
+
+    def evict_fails(path: str) -> None:
+        raise OSError(errno.EIO, f"the device went away under {path}")
+
+    monkeypatch.setattr(loader.files, "evict_file", evict_fails)
+    files = loader.CachedFiles(cold_images, 1 << 24, cache_dir=shm_dir)
+    paths = sorted(cold_images.rglob("*.jpg"))
+    assert [files.read(p)[1] for p in paths] == [False] * 32
+    assert [files.read(p) for p in paths] == [(p.read_bytes(), True) for p in paths]
