@@ -12,15 +12,24 @@ bytes per epoch <= 2% of the dataset beyond the records each rank's split chose 
 it); epoch time, independent / partitioned (median of the epochs), >= 1.0 in every round at 200 MB/s and >=
 1.3 at 100 MB/s.
 
+stallbench's nodes what-if is checked against the same runs (``test_nodes_what_if_against_two_nodes``): an
+analysis of one emulated node (the same job on one core, the bench's two nodes sharing the machine's two,
+under the same throttle, ``--memory-limit auto`` so that the page cache does not hold the data) predicts the
+epoch of two such nodes; each figure of one round of the two runs is within ``WHAT_IF_TOLERANCE`` of it:
+independent caches (median of epochs 2-4), the partitioned cache's second epoch (every remote record from
+the peers) and the ratio of the two runs' epochs, with the split the loader chose.
+
     python -m pytest benchmarks/bench_partition.py -p no:cacheprovider --benchmark-enable -s
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -37,6 +46,7 @@ SCRIPT = Path(__file__).with_name("_partition_job.py")
 RECORDS, RECORD_BYTES, EPOCHS, ROUNDS = 3000, 114688, 4, 3
 MIN_SPEEDUP = {200_000_000: 1.0, 100_000_000: 1.3}  # storage read bandwidth: independent / partitioned
 MAX_STORAGE_SHARE = 0.02
+WHAT_IF_TOLERANCE = 0.25  # |predicted / measured - 1|: a job's epochs vary 10-15% from round to round
 
 
 @pytest.fixture(scope="module")
@@ -112,3 +122,47 @@ def test_partitioned_cache_two_nodes(benchmark, data: Path, read_bps: int) -> No
           + ", ".join(f"{r:.2f}" for r in ratios))  # fmt: skip
     assert worst <= MAX_STORAGE_SHARE, f"partitioned caches read {worst:.2%} of D beyond their split"
     assert min(ratios) >= MIN_SPEEDUP[read_bps], f"independent / partitioned epoch time per round: {ratios}"
+
+
+def analyze_one_node(data: Path, read_bps: int) -> dict:
+    """``stallbench analyze`` of one emulated node on one core: its nodes what-if row for two nodes."""
+    tmp = job_tmpdir()
+    report = Path(tmp) / "report.json"
+    argv = [sys.executable, "-m", "stallbench", "analyze", "--data", str(data), "--cache", "50%",
+            "--transform", "none", "--compute", "emulated:0", "--batch-size", "32", "--workers", "2",
+            "--epochs", str(EPOCHS), "--storage-bandwidth", f"{read_bps // 1_000_000}MB/s",
+            "--memory-limit", "auto", "--no-progress", "--json", str(report)]  # fmt: skip
+    one_core = {min(os.sched_getaffinity(0))}
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=900, env=child_env(tmp),
+                              cwd=tmp, preexec_fn=lambda: os.sched_setaffinity(0, one_core))  # fmt: skip
+        if done.returncode != 0:
+            pytest.fail(f"stallbench analyze exited {done.returncode}:\n{done.stderr[-3000:]}", pytrace=False)
+        rows = json.loads(report.read_text())["loaders"][0]["nodes_predictions"]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return next(row for row in rows if row["nodes"] == 2)
+
+
+@pytest.mark.parametrize("read_bps", list(MIN_SPEEDUP))
+def test_nodes_what_if_against_two_nodes(data: Path, read_bps: int) -> None:
+    predicted = analyze_one_node(data, read_bps)
+    runs = {p: run(data, p, read_bps) for p in (True, False)}
+    epochs = {p: per_epoch(runs[p], "seconds", max) for p in runs}
+    split = max(per_epoch(runs[True], "storage_share", max)[2:])  # the loader's split, from epoch 3
+    with_split = predicted["partitioned_epoch_seconds"] if predicted["storage_share"] else None
+    partitioned = with_split if split and with_split else predicted["peers_only_epoch_seconds"]
+    figures = {  # name: (predicted, measured)
+        "independent epoch": (predicted["independent_epoch_seconds"], statistics.median(epochs[False][1:])),
+        "partitioned epoch, peers only": (predicted["peers_only_epoch_seconds"], epochs[True][1]),
+        "independent / partitioned": (
+            predicted["independent_epoch_seconds"] / partitioned,
+            statistics.median(epochs[False][1:]) / statistics.median(epochs[True][1:]),
+        ),
+    }
+    print(f"\nnodes what-if, 2 nodes, storage {read_bps / 1e6:.0f} MB/s: split predicted "
+          f"{predicted['storage_share']:.0%}, chosen by the loader {split:.0%}")  # fmt: skip
+    rows = [[name, f"{p:.2f}", f"{m:.2f}", f"{p / m - 1:+.0%}"] for name, (p, m) in figures.items()]
+    print(plain_table(["figure", "predicted", "measured", "off by"], rows))
+    off = {name: p / m - 1 for name, (p, m) in figures.items()}
+    assert all(abs(x) <= WHAT_IF_TOLERANCE for x in off.values()), off

@@ -16,7 +16,7 @@ from torch.utils.data import DistributedSampler
 import loader
 from loader.partition.inbox import Inbox
 from loader.partition.plan import CHUNK, Layout, chunks_for, order_of
-from loader.partition.split import Split, SplitChooser
+from loader.partition.split import Split, SplitChooser, split_share
 from tests.helpers import make_jpeg_folder
 
 
@@ -82,6 +82,14 @@ def test_the_split_reads_storage_only_where_it_is_about_as_fast_as_the_peers():
     assert {s.share for s in chooser(50, 100, split_epoch=0.7)} == {0.0}
     # a split measured slower than the peers alone (1.2 s against 1 s, past the noise) is dropped
     assert [s.share for s in chooser(100, 100, split_epoch=1.2)] == [0.0, 0.0, pytest.approx(0.5), 0.0, 0.0]
+
+
+def test_the_split_rule_is_one_function_of_the_two_rates():
+    # the rule the chooser above applies and stallbench's nodes what-if predicts with
+    assert split_share(100e6, 100e6) == pytest.approx(0.5)
+    assert split_share(150e6, 100e6) == pytest.approx(0.6)
+    assert split_share(80e6, 100e6) == pytest.approx(80 / 180)  # at SPLIT_WHEN: shared
+    assert split_share(79e6, 100e6) == 0.0  # below it: the peers are clearly faster
 
 
 def test_the_inbox_publishes_the_split_for_the_workers(tmp_path):

@@ -15,7 +15,6 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from stallbench.analysis.nodes import nodes_what_if
 from stallbench.analysis.results import (
     SCHEMA,
     Breakdown,
@@ -23,6 +22,7 @@ from stallbench.analysis.results import (
     FormPrediction,
     LoaderReport,
     Machine,
+    NodesPrediction,
     Prediction,
     Roofline,
     RunRecord,
@@ -93,7 +93,15 @@ def make_report(loader: str, epoch: float, fetch: float, storage: int, **changes
 @pytest.fixture
 def pair() -> tuple[LoaderReport, LoaderReport]:
     forms = (FormPrediction("raw", 9.25, True), FormPrediction("prepared", 4.5, False))
-    nodes = nodes_what_if(WORKLOAD, "cached")
+    # D = 2 GB on the device, 1.5 GB of records, C = 1 GB: partitioned max(0, 1 - N C / 1.5 GB) of 2 GB,
+    # independent (1 - 1 / 1.5) of 2 GB = 666.67 MB whatever N; 2 nodes read 12% of the remote from storage
+    third = 2 * GB // 3
+    nodes = (
+        NodesPrediction(1, third, third, third, third, 9.25, 9.25, 0.0, 9.25),
+        NodesPrediction(2, 40 * 10**6, 20 * 10**6, third, round(third / 2), 5.5, 9.25, 0.12, 6.0),
+        NodesPrediction(4, 0, 0, third, round(third / 4), 3.0, 9.25, 0.0, 3.0),
+        NodesPrediction(8, 0, 0, third, round(third / 8), 1.5, 9.25, 0.0, 1.5),
+    )
     cached = make_report("cached", 9.25, 2.0, GB, nodes_predictions=nodes, form_predictions=forms)
     return make_report("torch", 15.25, 8.0, 3 * GB // 2), cached
 
@@ -146,16 +154,30 @@ def test_nodes_what_if_lines_are_the_cached_loaders_only(pair):
     torch_part, cached_part = text.split("advice (torch)")
     assert "nodes what-if" not in torch_part  # torch's loader has no partitioned cache
     lines = cached_part.splitlines()
-    head = lines.index(
-        "nodes what-if (cached): predicted storage read per steady epoch, N nodes with 1.00 GB of cache each"
+    head = next(i for i, line in enumerate(lines) if line.startswith("nodes what-if (cached)"))
+    top = next(i for i in range(head, len(lines)) if lines[i].split()[:2] == ["nodes", "partitioned"])
+    assert " ".join(" ".join(lines[head:top]).split()) == (
+        "nodes what-if (cached): predicted steady epoch, N nodes with 1.00 GB of cache each sharing the "
+        "storage; partitioned (partition_cache=True; split: remote records read from storage) or independent"
     )
-    # D = 2 GB on the device, 1.5 GB of records, C = 1 GB: partitioned max(0, 1 - N C / 1.5 GB) of 2 GB,
-    # independent (1 - 1 / 1.5) of 2 GB = 666.67 MB whatever N
-    assert lines[head + 1].split() == ["nodes", "partitioned,", "all", "nodes", "per", "node", "independent,",
-                                       "all", "nodes", "per", "node"]  # fmt: skip
-    assert lines[head + 2].split() == ["1", "666.67", "MB", "666.67", "MB", "666.67", "MB", "666.67", "MB"]
-    assert lines[head + 3].split() == ["2", "0", "Bytes", "0", "Bytes", "666.67", "MB", "333.33", "MB"]
-    assert lines[head + 5].split() == ["8", "0", "Bytes", "0", "Bytes", "666.67", "MB", "83.33", "MB"]
+    header = [
+        "nodes",
+        "partitioned",
+        "storage",
+        "per",
+        "node",
+        "split",
+        "independent",
+        "storage",
+        "per",
+        "node",
+    ]
+    assert lines[top].split() == header
+    assert lines[top + 1].split() == ["1", "9.25", "s", "666.67", "MB", "666.67", "MB", "0.0%", "9.25", "s",
+                                       "666.67", "MB", "666.67", "MB"]  # fmt: skip
+    assert lines[top + 2].split() == ["2", "5.50", "s", "40.00", "MB", "20.00", "MB", "12.0%", "9.25", "s",
+                                       "666.67", "MB", "333.33", "MB"]  # fmt: skip
+    assert lines[top + 4].split()[:4] == ["8", "1.50", "s", "0"]
 
 
 def test_the_form_what_if_is_the_cached_loaders_one_line_with_the_form_run_starred(pair):
@@ -241,10 +263,14 @@ def test_json_round_trip_holds_the_schema(pair):
     assert [n["nodes"] for n in cached["nodes_predictions"]] == [1, 2, 4, 8]
     assert cached["nodes_predictions"][1] == {
         "nodes": 2,
-        "partitioned_storage_bytes": 0,
-        "partitioned_storage_bytes_per_node": 0,
-        "independent_storage_bytes": 666_666_667,
-        "independent_storage_bytes_per_node": 333_333_334,
+        "partitioned_storage_bytes": 40_000_000,
+        "partitioned_storage_bytes_per_node": 20_000_000,
+        "independent_storage_bytes": 666_666_666,
+        "independent_storage_bytes_per_node": 333_333_333,
+        "partitioned_epoch_seconds": 5.5,
+        "independent_epoch_seconds": 9.25,
+        "storage_share": 0.12,
+        "peers_only_epoch_seconds": 6.0,
     }
     ratios = obj["ratios_to_baseline"]
     assert set(ratios) == {"cached"}

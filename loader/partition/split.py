@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SPLIT_WHEN", "Split", "SplitChooser"]
+__all__ = ["SPLIT_WHEN", "Split", "SplitChooser", "split_share"]
 
 SPLIT_WHEN = 0.8  # storage at least this fraction of the peers' rate: both paths share the records
 NOISE = 0.15  # a split epoch this much slower than the peers' alone drops it (a job's epochs vary 10%)
@@ -71,6 +71,12 @@ class SplitChooser:
 
     def _share(self, epoch: int) -> float:
         s, p = self.storage_rate, self.peer_rate
-        if epoch < 2 or self._dropped or not s or not p or s < SPLIT_WHEN * p:
-            return 0.0
-        return s / (s + p)
+        return 0.0 if epoch < 2 or self._dropped or not s or not p else split_share(s, p)
+
+
+def split_share(storage_rate: float, peer_rate: float) -> float:
+    """The share of remote records read from storage, from the two paths' rates (bytes/s, both positive):
+    ``S / (S + P)`` where storage is about as fast as the peers or faster, else none."""
+    if storage_rate < SPLIT_WHEN * peer_rate:
+        return 0.0
+    return storage_rate / (storage_rate + peer_rate)

@@ -48,7 +48,8 @@ def loader_report(m: Measurement) -> LoaderReport:
     cold = steady(list(m.runs["cold"].epochs))
     storage = int(fmean(e.storage_bytes for e in cold))
     hits, misses = sum(e.hits for e in cold), sum(e.misses for e in cold)
-    measured = whatif.Measured(w, b, machine, m.model, storage)
+    cpu = fmean(e.cpu_seconds for e in cold)
+    measured = whatif.Measured(w, b, machine, m.model, storage, cpu)
     predictions = whatif.what_if(measured) if m.what_if else ()
     forms = whatif.form_what_if(measured, m.runs["cold"]) if m.what_if else ()
     said = advice.advise(measured, predictions, forms) if m.what_if else m.said
@@ -56,13 +57,13 @@ def loader_report(m: Measurement) -> LoaderReport:
         loader=m.loader, workload=w, runs=tuple(m.runs.values()), breakdown=b, storage_bytes=storage,
         dataset_bytes=w.dataset_bytes, record_bytes=w.record_bytes,
         hit_rate=measured_hit_rate(m.loader, hits, misses, storage, w.dataset_bytes),
-        cpu_utilisation=fmean(e.cpu_seconds for e in cold) / (b.epoch_seconds * machine.cores)
+        cpu_utilisation=cpu / (b.epoch_seconds * machine.cores)
         if b.epoch_seconds else 0.0,
         samples_per_s=fmean(e.samples for e in cold) / b.epoch_seconds, machine=machine,
         roofline=whatif.roofline(measured), predictions=predictions,
         advice=f"{m.note} {said}" if m.note else said,
         prefetch_predictions=whatif.prefetch_what_if(measured) if m.what_if else (),
-        nodes_predictions=nodes.nodes_what_if(w, m.model) if m.what_if else (),
+        nodes_predictions=nodes.nodes_what_if(measured) if m.what_if else (),
         form_predictions=forms,
         **m.extra,
     )  # fmt: skip

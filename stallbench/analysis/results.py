@@ -161,14 +161,21 @@ class PrefetchPrediction:
 
 @dataclass(frozen=True)
 class NodesPrediction:
-    """Storage bytes per steady epoch on ``nodes`` nodes, each with the measured cache: partitioned across
-    them (``partition_cache=True``) or independent; device bytes, all nodes together and per node."""
+    """A steady epoch on ``nodes`` nodes, each with the measured cache: partitioned across them
+    (``partition_cache=True``) or independent. Storage in device bytes, all nodes together and per node;
+    seconds of a node's epoch; ``storage_share``: the remote records partitioned nodes read from storage
+    instead of taking them from the peers (``loader.partition.split``), in the partitioned epoch and
+    storage bytes; ``peers_only_epoch_seconds``: the partitioned epoch that takes them all from the peers."""
 
     nodes: int
     partitioned_storage_bytes: int
     partitioned_storage_bytes_per_node: int
     independent_storage_bytes: int
     independent_storage_bytes_per_node: int
+    partitioned_epoch_seconds: float
+    independent_epoch_seconds: float
+    storage_share: float
+    peers_only_epoch_seconds: float
 
 
 @dataclass(frozen=True)

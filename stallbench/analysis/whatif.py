@@ -66,6 +66,7 @@ class Measured:
     machine: Machine
     loader: Loader
     storage_bytes: int | None = None  # measured per steady epoch (kernel count); None: use the model alone
+    cpu_seconds: float | None = None  # measured per steady epoch, the job and its workers; None: not known
 
     def __post_init__(self) -> None:
         check_kind(self.loader)

@@ -136,20 +136,24 @@ def _form_lines(r: LoaderReport) -> list[str]:
 
 
 def _nodes_lines(r: LoaderReport, label: str) -> list[str]:
-    """The nodes what-if: storage per steady epoch of N nodes, each with the cache as run, the cache
-    partitioned across them or independent; all nodes together and per node."""
+    """The nodes what-if: a steady epoch of N nodes, each with the cache as run, the cache partitioned
+    across them or independent: a node's epoch, storage read by all nodes together and per node."""
     if not r.nodes_predictions:
         return []
     cache = format_bytes(r.workload.cache_bytes)
     head = (
-        f"nodes what-if{label}: predicted storage read per steady epoch, N nodes with {cache} of cache each"
+        f"nodes what-if{label}: predicted steady epoch, N nodes with {cache} of cache each sharing the "
+        "storage; partitioned (partition_cache=True; split: remote records read from storage) or independent"
     )
-    header = ["partitioned, all nodes", "per node", "independent, all nodes", "per node"]
+    header = ["partitioned", "storage", "per node", "split", "independent", "storage", "per node"]
     rows: list[Row] = []
     for p in r.nodes_predictions:
         partitioned = (p.partitioned_storage_bytes, p.partitioned_storage_bytes_per_node)
         independent = (p.independent_storage_bytes, p.independent_storage_bytes_per_node)
-        rows.append((f"  {p.nodes}", [format_bytes(n) for n in (*partitioned, *independent)]))
+        cells = [sec(p.partitioned_epoch_seconds), *map(format_bytes, partitioned), pct(p.storage_share)]
+        rows.append(
+            (f"  {p.nodes}", [*cells, sec(p.independent_epoch_seconds), *map(format_bytes, independent)])
+        )
     return [*textwrap.wrap(head, WIDTH, subsequent_indent="  "), *grid("  nodes", header, rows, WIDTH), ""]
 
 
