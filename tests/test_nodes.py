@@ -176,10 +176,10 @@ def test_no_node_is_faster_than_its_share_of_the_steps():
 
 
 def test_a_failed_exchange_probe_leaves_the_rows_out_with_a_warning(monkeypatch):
-    def fails(record_bytes: int) -> float:
+    def fails() -> float:
         raise RuntimeError("the exchange probe exited with 1: no gloo")
 
-    monkeypatch.setattr(nodes_module, "measure_exchange_cpu", fails)
+    monkeypatch.setattr(nodes_module, "exchange_cost", fails)
     with pytest.warns(
         RuntimeWarning, match="the nodes what-if is left out: the exchange probe exited with 1"
     ):

@@ -7,44 +7,75 @@ takes it from there (about 250 us of CPU per 112 KB record on this machine, ``be
 is measured, not assumed: two processes, one gloo group over loopback as ``partition_cache`` makes one,
 each a node of its own, serve each other the records they own from memory through that exchange, and each
 takes the other's from its inbox in its own shuffled order, as its workers would. The cost is what a
-process spent (its threads' sending and receiving and its taking: ``time.process_time``) per byte it
-received: a node on N nodes sends about as much as it receives. Over loopback the exchange is bound by that
-CPU, so its rate here says nothing more (and depends on how the two processes share the cores); between
-real nodes the network adds a limit of its own, which no measurement on one machine shows.
+process spent (its threads' sending and receiving and its taking: ``time.process_time``) per record it
+received: a node on N nodes sends about as much as it receives. Two rounds, of small and of large records,
+give a cost per record (the inbox's file, the digest, a message's share) and one per byte (the copies), so
+any record size has its cost without a probe of its own. Over loopback the exchange is bound by that CPU, so
+its rate here says nothing more; between real nodes the network adds a limit of its own, which no
+measurement on one machine shows.
+
+The probe takes about 3 s (two processes that import torch), so its result is kept for this boot in the
+user's private folder in /dev/shm (``exchange-cost.json``, checked as every file there is) and measured again
+after a reboot, or where the file is missing, damaged or not ours.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
+import math
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["measure_exchange_cpu"]
+from stallbench.jobs.loader_alone import load_alone
 
-PROBE_BYTES = 24 << 20  # records exchanged by the two processes together, about
-MIN_RECORDS, MAX_RECORDS = 64, 1024
+__all__ = ["ExchangeCost", "exchange_cost", "measure_exchange_cost"]
+
+SIZES = ((8192, 512), (1 << 20, 64))  # (record bytes, records) of the probe's two rounds
 TIMEOUT_S = 120
+KEPT = "exchange-cost.json"
+_private = load_alone("system/private.py")
 
 
-def measure_exchange_cpu(record_bytes: int, *, timeout: float = TIMEOUT_S) -> float:
-    """CPU seconds per byte a node takes from a peer, records of ``record_bytes`` through the exchange
-    between two processes on loopback (the larger of the two processes' costs). A process that fails,
-    or does not finish within ``timeout`` seconds (a stopped one), fails the probe with a RuntimeError;
-    both are then killed and their inboxes removed."""
-    if record_bytes <= 0:
-        raise ValueError(f"record_bytes must be positive, got {record_bytes!r}")
-    records = max(MIN_RECORDS, min(MAX_RECORDS, PROBE_BYTES // record_bytes))
-    records += records % 2
+@dataclass(frozen=True)
+class ExchangeCost:
+    """CPU seconds a node spends on a record it takes from a peer: per record, and per byte of it."""
+
+    per_record_s: float
+    per_byte_s: float
+
+    def per_byte(self, record_bytes: int) -> float:
+        """CPU seconds per byte of records of ``record_bytes``."""
+        return self.per_record_s / record_bytes + self.per_byte_s
+
+
+def exchange_cost() -> ExchangeCost:
+    """The cost kept for this boot, or measured now (and kept)."""
+    kept = _read_kept()
+    if kept is not None:
+        return kept
+    cost = measure_exchange_cost()
+    _keep(cost)
+    return cost
+
+
+def measure_exchange_cost(*, timeout: float = TIMEOUT_S) -> ExchangeCost:
+    """Both rounds through the exchange between two processes on loopback (per round, the larger of the two
+    processes' costs). A process that fails, or does not finish within ``timeout`` seconds (a stopped one),
+    fails the probe with a RuntimeError; both are then killed and their inboxes removed."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    argv = [sys.executable, "-m", __name__, str(port), str(record_bytes), str(records), str(round(timeout))]
+    argv = [sys.executable, "-m", __name__, str(port), str(round(timeout))]
     pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ranks = [subprocess.Popen([*argv, str(r)], **pipes) for r in (0, 1)]
     try:
@@ -53,15 +84,17 @@ def measure_exchange_cpu(record_bytes: int, *, timeout: float = TIMEOUT_S) -> fl
         for p in ranks:
             p.kill()
         outs = [p.communicate() for p in ranks]  # what they wrote, and their pipes closed
-        _sweep_inboxes()
+        _remove_inboxes(p.pid for p in ranks)
     if not finished:
         raise RuntimeError(f"the exchange probe took over {timeout:g} s")
     failed = [(p.returncode, err) for p, (_, err) in zip(ranks, outs, strict=True) if p.returncode]
     if failed:  # the one that said why first, rather than the one killed here after it
         code, err = sorted(failed, key=lambda f: not f[1].strip())[0]
         raise RuntimeError(f"the exchange probe exited with {code}: {err.strip()[-500:]}")
-    found = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
-    return max(f["cpu_seconds"] / f["bytes"] for f in found)
+    rounds = zip(*(json.loads(out.strip().splitlines()[-1]) for out, _ in outs), strict=True)
+    (small, small_cpu), (large, large_cpu) = ((s, max(r)) for (s, _), r in zip(SIZES, rounds, strict=True))
+    per_byte = max(0.0, (large_cpu - small_cpu) / (large - small))
+    return ExchangeCost(max(0.0, small_cpu - per_byte * small), per_byte)
 
 
 def _wait(ranks: list[subprocess.Popen], timeout: float) -> bool:
@@ -76,20 +109,50 @@ def _wait(ranks: list[subprocess.Popen], timeout: float) -> bool:
 
 
 def _inboxes() -> Path:
-    """Where a loader's inboxes are by default, and the probe's."""
-    from loader.system.private import user_dir
-
-    return user_dir(Path("/dev/shm"), "cache_dir")
+    """Where a loader's inboxes are by default, the probe's, and the kept cost."""
+    return _private.user_dir(Path("/dev/shm"), "cache_dir")
 
 
-def _sweep_inboxes() -> None:
-    from loader.partition.inbox import Inbox
+def _remove_inboxes(pids: Iterable[int]) -> None:
+    """The inboxes of the probe's processes, gone now (a killed one leaves its own)."""
+    for pid in pids:
+        for inbox in _inboxes().glob(f"peers-r*-p{pid}-*"):
+            shutil.rmtree(inbox, ignore_errors=True)
 
-    Inbox.sweep(_inboxes())
+
+def _boot() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
 
-def _node(port: int, record_bytes: int, records: int, timeout: int, rank: int) -> dict[str, float]:
-    """One process of the probe: serve the records it owns, take the other's, in its own order."""
+def _read_kept() -> ExchangeCost | None:
+    """The kept cost, where it is this boot's, ours and whole; else None."""
+    try:
+        fd = _private.open_private(_inboxes(), KEPT, os.O_RDONLY)
+    except (FileNotFoundError, PermissionError):
+        return None
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(4096)
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        kept = json.loads(raw)
+        cost = ExchangeCost(float(kept["per_record_s"]), float(kept["per_byte_s"]))
+        if kept["boot"] == _boot() and all(math.isfinite(x) and x >= 0 for x in asdict(cost).values()):
+            return cost
+    return None
+
+
+def _keep(cost: ExchangeCost) -> None:
+    """Written whole under a name of this process, then renamed over the kept file."""
+    folder = _inboxes()
+    tmp = folder / f".{KEPT}-{os.getpid()}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(tmp, flags, 0o600), "w") as f:
+        json.dump({"boot": _boot(), **asdict(cost)}, f)
+    os.replace(tmp, folder / KEPT)
+
+
+def _node(port: int, timeout: int, rank: int) -> list[float]:
+    """One process of the probe: each round, serve the records it owns and take the other's, in its own
+    order; the CPU it spent per record taken, per round."""
     import torch.distributed as dist
 
     from loader.partition.exchange import Exchange
@@ -97,35 +160,36 @@ def _node(port: int, record_bytes: int, records: int, timeout: int, rank: int) -
     from loader.partition.plan import Layout
     from loader.partition.split import Split
 
-    init = f"tcp://127.0.0.1:{port}"
     wait = datetime.timedelta(seconds=timeout)  # an orphan whose peer is gone ends by itself
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=wait)
-    layout = Layout((0, 1), rank)
-    owned = {i: os.urandom(record_bytes) for i in range(rank, records, 2)}
-    orders = [random.Random(r).sample(range(records), records) for r in (0, 1)]
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=wait
+    )
+    layout, owned, costs = Layout((0, 1), rank), {}, []
     inbox = Inbox.make(_inboxes(), rank)
     try:
         exchange = Exchange(dist.group.WORLD, layout, inbox, owned.__getitem__, ahead=2 * 32)
-        dist.barrier()
-        cpu = time.process_time()
-        exchange.start_epoch(orders.__getitem__, Split())
-        received = 0
-        for index in orders[rank]:
-            if not layout.local(index):
-                record = inbox.take(index, layout.owner(index), timeout=timeout)
-                if record is None:
+        for record_bytes, records in SIZES:
+            owned.clear()
+            owned.update({i: os.urandom(record_bytes) for i in range(rank, records, 2)})
+            orders = [random.Random(r).sample(range(records), records) for r in (0, 1)]
+            dist.barrier()
+            cpu = time.process_time()
+            exchange.start_epoch(orders.__getitem__, Split())
+            remote = [i for i in orders[rank] if not layout.local(i)]
+            for index in remote:
+                if inbox.take(index, layout.owner(index), timeout=timeout) is None:
                     raise RuntimeError(f"the exchange probe's record {index} never came")
-                received += len(record)
-        cpu = time.process_time() - cpu
-        dist.barrier()
+            costs.append((time.process_time() - cpu) / len(remote))
+            dist.barrier()
+            exchange.end_epoch()
     finally:
         inbox.remove()
-    return {"bytes": received, "cpu_seconds": cpu}
+    return costs
 
 
 if __name__ == "__main__":
     try:
-        print(json.dumps(_node(*(int(a) for a in sys.argv[1:6]))), flush=True)
+        print(json.dumps(_node(*(int(a) for a in sys.argv[1:4]))), flush=True)
     except Exception as e:
         print(f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
         os._exit(1)

@@ -38,30 +38,31 @@ from __future__ import annotations
 
 import warnings
 
-from loader.partition.split import split_share
-from stallbench.analysis.exchange_cost import measure_exchange_cpu
+from stallbench.analysis.exchange_cost import exchange_cost
 from stallbench.analysis.prep_term import prep_seconds
 from stallbench.analysis.results import NodesPrediction
 from stallbench.analysis.whatif import Measured
 from stallbench.jobs.kinds import check_kind
+from stallbench.jobs.loader_alone import load_alone
 from stallbench.simulate import floor_storage_bytes
 
 __all__ = ["NODE_COUNTS", "nodes_what_if"]
 
 NODE_COUNTS = (1, 2, 4, 8)
+split_share = load_alone("partition/split.py").split_share  # the loader's own rule, without torch
 
 
 def nodes_what_if(m: Measured, exchange_cpu: float | None = None) -> tuple[NodesPrediction, ...]:
     """For 1, 2, 4 and 8 nodes, storage bytes and seconds of a steady epoch with the cache partitioned and
     with independent caches; none for a loader without our cache or a workload without a cache size.
-    ``exchange_cpu``: CPU seconds per byte a node takes from its peers, measured here
-    (``measure_exchange_cpu``) when not given."""
+    ``exchange_cpu``: CPU seconds per byte a node takes from its peers, measured here (``exchange_cost``,
+    at the workload's record size) when not given."""
     w = m.workload
     if not check_kind(m.loader).cached or w.cache_bytes is None:
         return ()
     if exchange_cpu is None:
         try:
-            exchange_cpu = measure_exchange_cpu(max(1, w.record_bytes // w.samples))
+            exchange_cpu = exchange_cost().per_byte(max(1, w.record_bytes // w.samples))
         except RuntimeError as e:
             warnings.warn(f"the nodes what-if is left out: {e}", RuntimeWarning, stacklevel=2)
             return ()
