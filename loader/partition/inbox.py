@@ -47,19 +47,14 @@ class Inbox:
     @classmethod
     def make(cls, parent: Path, rank: int) -> Inbox:
         """A fresh inbox in ``parent``, after removing those there whose rank's process is gone."""
-        cls.sweep(parent)
+        for entry in parent.glob("peers-r*-p*-s*-*"):
+            if not _maker_alive(entry.name):
+                shutil.rmtree(entry, ignore_errors=True)
         import psutil  # here, not at the top: only a partitioned job needs it (0.8 MiB in every process)
 
         me = psutil.Process()
         prefix = f"peers-r{rank}-p{me.pid}-s{_started(me)}-"
         return cls(Path(tempfile.mkdtemp(prefix=prefix, dir=parent)))
-
-    @staticmethod
-    def sweep(parent: Path) -> None:
-        """Remove the inboxes in ``parent`` whose rank's process is gone (a killed rank leaves its own)."""
-        for entry in parent.glob("peers-r*-p*-s*-*"):
-            if not _maker_alive(entry.name):
-                shutil.rmtree(entry, ignore_errors=True)
 
     def put(self, index: int, record: bytes | memoryview) -> None:
         """Stage ``record`` for a worker (called by the exchange thread)."""
