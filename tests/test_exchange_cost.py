@@ -59,6 +59,10 @@ def test_the_cost_is_kept_for_the_boot_and_measured_again_when_damaged_or_stale(
         assert exchange_cost() == measured  # measured again, and kept in its place
         assert exchange_cost() == measured and json.loads(KEPT.read_text())["per_record_s"] == 1e-4
     KEPT.unlink()
+    (FOLDER / f".{module.KEPT}-{os.getpid()}").write_text("left by a dead process of this pid")
+    assert exchange_cost() == measured and exchange_cost() == measured  # kept all the same
+    assert KEPT.exists() and [p.name for p in FOLDER.glob(f".{module.KEPT}-*")] == []
+    KEPT.unlink()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGKILL])

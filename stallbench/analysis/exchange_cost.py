@@ -141,13 +141,17 @@ def _read_kept() -> ExchangeCost | None:
 
 
 def _keep(cost: ExchangeCost) -> None:
-    """Written whole under a name of this process, then renamed over the kept file."""
+    """Written whole under a name of this process (one a dead process of the same pid left is removed
+    first: the folder is ours alone), then renamed over the kept file; where that fails (a full /dev/shm),
+    the cost is only not kept."""
     folder = _inboxes()
     tmp = folder / f".{KEPT}-{os.getpid()}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    with os.fdopen(os.open(tmp, flags, 0o600), "w") as f:
-        json.dump({"boot": _boot(), **asdict(cost)}, f)
-    os.replace(tmp, folder / KEPT)
+    with contextlib.suppress(OSError):
+        tmp.unlink(missing_ok=True)
+        with os.fdopen(os.open(tmp, flags, 0o600), "w") as f:
+            json.dump({"boot": _boot(), **asdict(cost)}, f)
+        os.replace(tmp, folder / KEPT)
 
 
 def _node(port: int, timeout: int, rank: int) -> list[float]:
