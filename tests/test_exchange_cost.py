@@ -54,7 +54,8 @@ def test_the_cost_is_kept_for_the_boot_and_measured_again_when_damaged_or_stale(
     boot = json.loads(KEPT.read_text())["boot"]
     stale = {"boot": "another boot", "per_record_s": 1e-3, "per_byte_s": 1e-9}
     negative = {"boot": boot, "per_record_s": -1, "per_byte_s": 0}
-    for damage in ("{not json", json.dumps(stale), json.dumps(negative)):
+    missing = {"boot": boot, "per_record_s": 1e-3}
+    for damage in ("{not json", json.dumps(stale), json.dumps(negative), json.dumps(missing), "[1, 2]"):
         KEPT.write_text(damage)
         assert exchange_cost() == measured  # measured again, and kept in its place
         assert exchange_cost() == measured and json.loads(KEPT.read_text())["per_record_s"] == 1e-4

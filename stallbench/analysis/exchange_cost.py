@@ -132,7 +132,7 @@ def _read_kept() -> ExchangeCost | None:
         return None
     with os.fdopen(fd, "rb") as f:
         raw = f.read(4096)
-    with contextlib.suppress(ValueError, TypeError, AttributeError):
+    with contextlib.suppress(ValueError, TypeError, LookupError, AttributeError):
         kept = json.loads(raw)
         cost = ExchangeCost(float(kept["per_record_s"]), float(kept["per_byte_s"]))
         if kept["boot"] == _boot() and all(math.isfinite(x) and x >= 0 for x in asdict(cost).values()):
