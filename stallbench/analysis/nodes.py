@@ -85,13 +85,14 @@ class _Nodes:
         w = self.m.workload
         independent = self._floor(1)  # an independent cache: C/D of what its node reads
         storage, exchanged = self._floor(nodes), w.record_bytes * (nodes - 1) / nodes**2
-        alone = self._seconds(nodes, storage, exchanged)
+        alone = seconds = self._seconds(nodes, storage, exchanged)
         share = self._share(nodes, exchanged, alone)
         if share:
             held = min(1.0, nodes * w.cache_bytes / w.record_bytes)  # the remote records a peer would send
             split = storage + round(share * held * w.dataset_bytes * (nodes - 1) / nodes)
-            if self._seconds(nodes, split, exchanged * (1 - share)) <= alone:
-                storage, exchanged = split, exchanged * (1 - share)
+            with_split = self._seconds(nodes, split, exchanged * (1 - share))
+            if with_split <= alone:
+                storage, seconds = split, with_split
             else:
                 share = 0.0
         return NodesPrediction(
@@ -100,7 +101,7 @@ class _Nodes:
             partitioned_storage_bytes_per_node=round(storage / nodes),
             independent_storage_bytes=independent,
             independent_storage_bytes_per_node=round(independent / nodes),
-            partitioned_epoch_seconds=self._seconds(nodes, storage, exchanged),
+            partitioned_epoch_seconds=seconds,
             independent_epoch_seconds=self._seconds(nodes, independent, 0.0),
             storage_share=share,
             peers_only_epoch_seconds=alone,
