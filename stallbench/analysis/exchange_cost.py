@@ -15,8 +15,10 @@ its rate here says nothing more; between real nodes the network adds a limit of 
 measurement on one machine shows.
 
 The probe takes about 3 s (two processes that import torch), so its result is kept for this boot in the
-user's private folder in /dev/shm (``exchange-cost.json``, checked as every file there is) and measured again
-after a reboot, or where the file is missing, damaged or not ours.
+user's private cache folder (``$XDG_CACHE_HOME/stallbench/exchange-cost.json``, ``~/.cache`` by default,
+checked as the loader checks its own files) and measured again after a reboot, or where the file is
+missing, damaged or not ours. The probe's inboxes live in a scratch folder of its own in /dev/shm
+(``stallbench.jobs.run.scratch_cache_dir``), removed after it.
 """
 
 from __future__ import annotations
@@ -32,11 +34,11 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from stallbench.jobs.loader_alone import load_alone
+from stallbench.jobs.run import scratch_cache_dir
 
 __all__ = ["ExchangeCost", "exchange_cost", "measure_exchange_cost"]
 
@@ -75,7 +77,8 @@ def measure_exchange_cost(*, timeout: float = TIMEOUT_S) -> ExchangeCost:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    argv = [sys.executable, "-m", __name__, str(port), str(round(timeout))]
+    inboxes = scratch_cache_dir()
+    argv = [sys.executable, "-m", __name__, str(inboxes), str(port), str(round(timeout))]
     pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ranks = [subprocess.Popen([*argv, str(r)], **pipes) for r in (0, 1)]
     try:
@@ -84,7 +87,7 @@ def measure_exchange_cost(*, timeout: float = TIMEOUT_S) -> ExchangeCost:
         for p in ranks:
             p.kill()
         outs = [p.communicate() for p in ranks]  # what they wrote, and their pipes closed
-        _remove_inboxes(p.pid for p in ranks)
+        shutil.rmtree(inboxes, ignore_errors=True)
     if not finished:
         raise RuntimeError(f"the exchange probe took over {timeout:g} s")
     failed = [(p.returncode, err) for p, (_, err) in zip(ranks, outs, strict=True) if p.returncode]
@@ -108,16 +111,11 @@ def _wait(ranks: list[subprocess.Popen], timeout: float) -> bool:
     return False
 
 
-def _inboxes() -> Path:
-    """Where a loader's inboxes are by default, the probe's, and the kept cost."""
-    return _private.user_dir(Path("/dev/shm"), "cache_dir")
-
-
-def _remove_inboxes(pids: Iterable[int]) -> None:
-    """The inboxes of the probe's processes, gone now (a killed one leaves its own)."""
-    for pid in pids:
-        for inbox in _inboxes().glob(f"peers-r*-p{pid}-*"):
-            shutil.rmtree(inbox, ignore_errors=True)
+def _kept_folder() -> Path:
+    """This user's private ``stallbench`` folder in their cache folder (made 0700, or checked)."""
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    home.mkdir(parents=True, exist_ok=True)
+    return _private.private_dir(home, "stallbench")
 
 
 def _boot() -> str:
@@ -127,8 +125,8 @@ def _boot() -> str:
 def _read_kept() -> ExchangeCost | None:
     """The kept cost, where it is this boot's, ours and whole; else None."""
     try:
-        fd = _private.open_private(_inboxes(), KEPT, os.O_RDONLY)
-    except (FileNotFoundError, PermissionError):
+        fd = _private.open_private(_kept_folder(), KEPT, os.O_RDONLY)
+    except OSError:  # none kept, not ours, or no cache folder to be had
         return None
     with os.fdopen(fd, "rb") as f:
         raw = f.read(4096)
@@ -142,19 +140,19 @@ def _read_kept() -> ExchangeCost | None:
 
 def _keep(cost: ExchangeCost) -> None:
     """Written whole under a name of this process (one a dead process of the same pid left is removed
-    first: the folder is ours alone), then renamed over the kept file; where that fails (a full /dev/shm),
-    the cost is only not kept."""
-    folder = _inboxes()
-    tmp = folder / f".{KEPT}-{os.getpid()}"
+    first: the folder is ours alone), then renamed over the kept file; where that fails (a full disk, a
+    home that cannot be written), the cost is only not kept."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     with contextlib.suppress(OSError):
+        folder = _kept_folder()
+        tmp = folder / f".{KEPT}-{os.getpid()}"
         tmp.unlink(missing_ok=True)
         with os.fdopen(os.open(tmp, flags, 0o600), "w") as f:
             json.dump({"boot": _boot(), **asdict(cost)}, f)
         os.replace(tmp, folder / KEPT)
 
 
-def _node(port: int, timeout: int, rank: int) -> list[float]:
+def _node(inboxes: Path, port: int, timeout: int, rank: int) -> list[float]:
     """One process of the probe: each round, serve the records it owns and take the other's, in its own
     order; the CPU it spent per record taken, per round."""
     import torch.distributed as dist
@@ -169,7 +167,7 @@ def _node(port: int, timeout: int, rank: int) -> list[float]:
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=wait
     )
     layout, owned, costs = Layout((0, 1), rank), {}, []
-    inbox = Inbox.make(_inboxes(), rank)
+    inbox = Inbox.make(inboxes, rank)
     try:
         exchange = Exchange(dist.group.WORLD, layout, inbox, owned.__getitem__, ahead=2 * 32)
         for record_bytes, records in SIZES:
@@ -193,7 +191,7 @@ def _node(port: int, timeout: int, rank: int) -> list[float]:
 
 if __name__ == "__main__":
     try:
-        print(json.dumps(_node(*(int(a) for a in sys.argv[1:4]))), flush=True)
+        print(json.dumps(_node(Path(sys.argv[1]), *(int(a) for a in sys.argv[2:5]))), flush=True)
     except Exception as e:
         print(f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
         os._exit(1)
