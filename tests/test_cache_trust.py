@@ -296,3 +296,21 @@ def test_a_store_removed_between_epochs_leaves_training_on_storage(shm_dir):
     before = dl.stats()
     assert sorted(raw for batch, _ in dl for raw in batch) == sorted(source.records)
     assert dl.stats().hits == before.hits  # nothing was served from the removed store
+
+
+def test_a_new_private_file_is_written_whole_and_never_over_a_name_already_there(tmp_path):
+    from loader.system.private import write_new
+
+    path = tmp_path / "new"
+    parts = [b"head", memoryview(os.urandom(3 << 20)), b"tail"]
+    write_new(path, parts)
+    assert path.read_bytes() == b"".join(bytes(p) for p in parts)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    with pytest.raises(FileExistsError):
+        write_new(path, [b"other"])  # the file there is left as it was
+    assert path.read_bytes() == b"".join(bytes(p) for p in parts)
+    planted = tmp_path / "planted"
+    planted.symlink_to(tmp_path / "target")
+    with pytest.raises(FileExistsError):
+        write_new(planted, [b"through the link"])
+    assert not (tmp_path / "target").exists()

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import xxhash
 
 from loader.partition.split import Split
-from loader.system.private import open_private
+from loader.system.private import open_private, write_new
 
 if TYPE_CHECKING:
     import psutil
@@ -59,7 +59,7 @@ class Inbox:
     def put(self, index: int, record: bytes | memoryview) -> None:
         """Stage ``record`` for a worker (called by the exchange thread)."""
         tmp = self.path / f".t-{index}-{os.getpid()}"
-        _write_new(tmp, [_DIGEST.pack(xxhash.xxh3_64_intdigest(record)), record])
+        write_new(tmp, [_DIGEST.pack(xxhash.xxh3_64_intdigest(record)), record])
         try:
             for k in range(_MAX_COPIES):
                 with contextlib.suppress(FileExistsError):
@@ -118,7 +118,7 @@ class Inbox:
         """Publish the next epoch's split for the workers (before they start it): written whole, then
         renamed into place, so a worker reads the old split or the new one."""
         tmp = self.path / f".t-split-{os.getpid()}"
-        _write_new(tmp, [_SPLIT.pack(split.epoch, split.share)])
+        write_new(tmp, [_SPLIT.pack(split.epoch, split.share)])
         os.replace(tmp, self.path / "split")
 
     def split(self, known: tuple[int, Split]) -> tuple[int, Split]:
@@ -143,21 +143,6 @@ class Inbox:
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
-
-
-def _write_new(path: Path, parts: list[bytes | memoryview]) -> None:
-    """A new private file at ``path`` (none there, no link followed) holding ``parts`` whole: one call where
-    the kernel takes it all (a tmpfs does)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        left = sum(len(p) for p in parts)
-        done = os.writev(fd, parts)
-        if done < left:
-            joined = b"".join(parts)
-            while done < left:
-                done += os.write(fd, joined[done:])
-    finally:
-        os.close(fd)
 
 
 def _read_rest(fd: int) -> bytes:

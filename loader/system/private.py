@@ -16,7 +16,7 @@ import stat
 import warnings
 from pathlib import Path
 
-__all__ = ["UntrustedCacheError", "check_private", "open_private", "private_dir", "user_dir"]
+__all__ = ["UntrustedCacheError", "check_private", "open_private", "private_dir", "user_dir", "write_new"]
 
 _FOREIGN_BITS = 0o077  # any access for group or others
 _NAMES = 16  # per-user names tried before giving up: stallbench-<uid>, then stallbench-<uid>-1 ...
@@ -89,6 +89,21 @@ def open_private(folder: Path, name: str, flags: int) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def write_new(path: Path, parts: list[bytes | memoryview]) -> None:
+    """A new private file at ``path`` (none there, no link followed) holding ``parts`` whole: one call where
+    the kernel takes it all (a tmpfs does)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        left = sum(len(p) for p in parts)
+        done = os.writev(fd, parts)
+        if done < left:
+            joined = b"".join(parts)
+            while done < left:
+                done += os.write(fd, joined[done:])
+    finally:
+        os.close(fd)
 
 
 def check_private(st: os.stat_result, path: Path, *, want: int) -> None:

@@ -142,13 +142,11 @@ def _keep(cost: ExchangeCost) -> None:
     """Written whole under a name of this process (one a dead process of the same pid left is removed
     first: the folder is ours alone), then renamed over the kept file; where that fails (a full disk, a
     home that cannot be written), the cost is only not kept."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     with contextlib.suppress(OSError):
         folder = _kept_folder()
         tmp = folder / f".{KEPT}-{os.getpid()}"
         tmp.unlink(missing_ok=True)
-        with os.fdopen(os.open(tmp, flags, 0o600), "w") as f:
-            json.dump({"boot": _boot(), **asdict(cost)}, f)
+        _private.write_new(tmp, [json.dumps({"boot": _boot(), **asdict(cost)}).encode()])
         os.replace(tmp, folder / KEPT)
 
 
