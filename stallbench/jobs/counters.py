@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
-from stallbench.jobs.loader_alone import load_alone, path
+from pathlib import Path
+
+from stallbench.jobs.loader_alone import load_alone
 
 __all__ = ["PATH", "cpu_seconds", "storage_read_bytes"]
 
-PATH = path("system/counters.py")  # for a child that loads it alone too (the storage reader)
 _counters = load_alone("system/counters.py")
+PATH = Path(_counters.__file__)  # for a child that loads it alone too (the storage reader)
 cpu_seconds = _counters.cpu_seconds
 storage_read_bytes = _counters.storage_read_bytes

@@ -4,7 +4,7 @@ Importing one as ``loader.<name>`` runs ``loader/__init__.py``, which brings tor
 bootstrap would load them into every process of a script that never uses them, before the script's own
 imports, and the command line would start with torch. So the few such modules stallbench's own processes
 use (the kernel's counters, the partitioned cache's split rule) are loaded here on their own, found without
-importing ``loader``; ``path`` gives a file to a child that does the same.
+importing ``loader``; a module's ``__file__`` gives a child that does the same its file.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["load_alone", "path"]
+__all__ = ["load_alone"]
 
 
-def path(relative: str) -> Path:
+def _path(relative: str) -> Path:
     """The file of ``loader/<relative>``."""
     found = importlib.util.find_spec("loader")  # finds the package, does not import it
     if found is None or found.origin is None:
@@ -29,7 +29,7 @@ def load_alone(relative: str) -> ModuleType:
     """``loader/<relative>`` as a module of its own (once per process, under a name of ours)."""
     name = "_stallbench_" + relative.removesuffix(".py").replace("/", "_")
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path(relative))
+        spec = importlib.util.spec_from_file_location(name, _path(relative))
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # a dataclass looks its module up while it is made
         spec.loader.exec_module(module)
