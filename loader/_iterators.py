@@ -16,7 +16,7 @@ from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleP
 
 from loader._ring_collate import ring_collate
 from loader._serving import FileReads, ServingWorkerInit, serving
-from loader._shared_heap import heap_frozen_for_fork
+from loader._shared_heap import heap_ready_for_fork
 from loader._worker_random import RandomStates, RestoringWorkerInit, Stamped, StampingCollate
 from loader.cache._attached import make_room_for_workers
 from loader.system.forkgrowth import measure_growth
@@ -150,7 +150,7 @@ def _with_workers(loader: Any, tracking: Tracking | None, serve: FileReads | Non
     loader.worker_init_fn = init
     make_room_for_workers(loader.num_workers)
     try:
-        with heap_frozen_for_fork():
+        with heap_ready_for_fork():
             iterator.__init__(loader)
     finally:
         loader.worker_init_fn, loader.collate_fn = user_init, user_collate

@@ -1,11 +1,13 @@
-"""Forked workers keep sharing the loader's heap: a worker's garbage collection copies few of its pages; the
-loader's process collects its objects as before, a loader in a reference cycle included."""
+"""Forked workers keep sharing the loader's heap: a worker's garbage collection copies few of its pages, and a
+fork pins none of the C heap's free memory; the loader's process collects its objects as before, a loader
+in a reference cycle included."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 
+import numpy as np
 import pytest
 import torch.utils.data
 
@@ -17,6 +19,12 @@ OBJECTS = 150_000  # tracked objects in the loader's process: ~35 MiB of small d
 def private_dirty_kib() -> int:
     with open("/proc/self/smaps_rollup") as f:
         return sum(int(line.split()[1]) for line in f if line.startswith("Private_Dirty:"))
+
+
+def rss_anon_kib() -> int:
+    """The anonymous pages this process maps, shared with another or not (KiB)."""
+    with open("/proc/self/status") as f:
+        return sum(int(line.split()[1]) for line in f if line.startswith("RssAnon:"))
 
 
 class CollectOnce(torch.utils.data.Dataset):
@@ -47,6 +55,40 @@ def test_a_workers_collection_copies_little_of_the_loaders_heap_where_torchs_cop
     assert torch_frozen == 0 and torch_copied > 20 * 1024  # every page holding one of the dicts
     assert ours_frozen > OBJECTS and ours_copied < torch_copied / 4
     assert gc.get_freeze_count() == 0  # the loader's process collects its objects as before
+
+
+class FirstAnon(torch.utils.data.Dataset):
+    """One item, read in a worker: the anonymous memory it maps at its start (KiB)."""
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int) -> int:
+        return rss_anon_kib()
+
+
+FREED_MIB = 64
+
+
+def free_heap_then_fork(make_loader) -> tuple[int, int]:
+    """(this process's anonymous memory with FREED_MIB of its C heap freed as a training step frees its
+    buffers, a worker's forked then; KiB)."""
+    freed = [np.ones(100 * 1024 // 8) for _ in range(FREED_MIB * 10)]  # 100 KiB each: heap, not mmap
+    kept = [np.ones(128) for _ in freed]  # live between the freed ones: the heap's top cannot shrink
+    del freed
+    before = rss_anon_kib()
+    dl = make_loader(FirstAnon(), batch_size=None, num_workers=1, multiprocessing_context="fork")
+    (worker,) = list(dl)
+    assert len(kept) == FREED_MIB * 10
+    return before, worker
+
+
+@pytest.mark.multiproc
+def test_a_fork_pins_none_of_the_heaps_free_memory_where_torchs_pins_it():
+    torch_before, torch_worker = free_heap_then_fork(torch.utils.data.DataLoader)
+    ours_before, ours_worker = free_heap_then_fork(loader.DataLoader)
+    assert torch_worker > torch_before - FREED_MIB * 1024 / 4  # the worker maps the freed pages
+    assert ours_worker < ours_before - FREED_MIB * 1024 * 3 / 4  # trimmed before the fork
 
 
 @pytest.mark.multiproc

@@ -1,5 +1,5 @@
 """C library calls that Python's ``os`` and ``mmap`` modules do not offer: a raw mmap, madvise, mincore, and
-fallocate's hole punching (``punch_hole``)."""
+fallocate's hole punching (``punch_hole``), and glibc's heap trim (``trim_heap``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import ctypes
 import mmap
 import os
 
-__all__ = ["MAP_FAILED", "libc", "punch_hole"]
+__all__ = ["MAP_FAILED", "libc", "punch_hole", "trim_heap"]
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.mmap.restype = ctypes.c_void_p
@@ -35,3 +35,12 @@ def punch_hole(fd: int, start: int, end: int) -> None:
     if last > first and libc.fallocate(fd, _PUNCH_HOLE, first, last - first) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, os.strerror(errno))
+
+
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the kernel: glibc's ``malloc_trim(0)``, which frees the whole
+    free pages of every arena, in the middle of a heap too (``free`` gives back only the top of one, past a
+    threshold). A no-op where the C library has no such call (musl, macOS)."""
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is not None:
+        trim(ctypes.c_size_t(0))
