@@ -75,7 +75,9 @@ def fetch_raw(
     if corrupt or not cache.accepting(index) or held_elsewhere(index):
         return Fetched(source.read(index), False, False, time.perf_counter() - start, corrupt)
     pauses = cache.memory_pauses
-    raw, admitted = source.read_admitting(index, lambda raw, ours: cache.admit(index, raw, ours))
+    raw, admitted = source.read_admitting(
+        index, lambda raw, ours: cache.admit(index, raw, ours), lambda nbytes: cache.takes(index, nbytes)
+    )
     paused = cache.memory_pauses != pauses
     return Fetched(raw, False, admitted, time.perf_counter() - start, memory_pause=paused)
 

@@ -122,7 +122,11 @@ class CachedFiles:
             with io.FileIO(name) as f:
                 return f.readall(), False
         # admitted only at the listed size: a file rewritten between our stat and our read is not stored
-        raw, _ = read_admitting(name, lambda raw, ours: len(raw) == size and cache.admit(i, raw, ours))
+        raw, _ = read_admitting(
+            name,
+            lambda raw, ours: len(raw) == size and cache.admit(i, raw, ours),
+            lambda nbytes: nbytes == size and cache.takes(i, nbytes),
+        )
         return raw, False
 
 

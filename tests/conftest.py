@@ -33,6 +33,26 @@ def shm_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _fs_type(path) -> str:
+    """The type of the filesystem holding ``path``, from the longest matching mount point."""
+    path, best = os.path.realpath(path), ("", "")
+    with open("/proc/mounts") as mounts:
+        for line in mounts:
+            _, mount, fstype, *_ = line.split()
+            if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) > len(best[0]):
+                best = (mount, fstype)
+    return best[1]
+
+
+@pytest.fixture
+def disk(tmp_path):
+    if _fs_type(tmp_path) in ("tmpfs", "ramfs"):
+        pytest.skip(
+            f"{tmp_path} is on {_fs_type(tmp_path)}, which keeps every page in memory and ignores fadvise"
+        )
+    return tmp_path
+
+
 @pytest.fixture(autouse=True)
 def fresh_fork_growth(monkeypatch):
     """Each test starts with no workers' growth measured (``loader.system.forkgrowth``): a process's figure

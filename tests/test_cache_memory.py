@@ -15,6 +15,7 @@ from helpers import MemorySource, first_index
 
 import loader.system.memory
 from loader import DataLoader, SourceDataset
+from loader.cache import MinIOCache
 from loader.cache._admission import AdmissionGate
 from loader.cache._layout import index_bytes
 from loader.system import forkgrowth
@@ -124,6 +125,25 @@ def test_short_memory_pauses_admission_warns_once_and_loses_nothing(shm_dir, mem
     held = f"memory ran short: it holds {format_bytes(s.cache_bytes_used)} (admission paused)"
     assert s.cache_sizing == held  # an explicit size: only what it reached
     assert "a test's memory" in str(caught[0].message) and str(dl.cache.path) in str(caught[0].message)
+
+
+def test_whether_the_store_takes_a_record_is_asked_without_pausing_or_warning(shm_dir, memory):
+    memory(free(RESERVE + 10 * SIZE, limit=LIMIT))  # room for 10 records above the reserve
+    opened = [
+        MinIOCache.open(
+            fingerprint=fp * 32, num_records=4, capacity=index_bytes(4) + n * SIZE, cache_dir=shm_dir
+        )
+        for fp, n in (("cd", 64), ("ef", 3))
+    ]
+    roomy, small = opened
+    try:
+        assert roomy.takes(0, 10 * SIZE) and not roomy.takes(0, 11 * SIZE)  # memory is short of 11
+        assert roomy.memory_pauses == 0 and roomy.takes(0, 10 * SIZE)  # asking took nothing, paused nothing
+        assert all(small.admit(i, bytes([i]) * SIZE) for i in range(3))
+        assert not small.takes(3, SIZE)  # the store's own room is spent
+    finally:
+        for store in opened:
+            store.close()
 
 
 @pytest.mark.multiproc

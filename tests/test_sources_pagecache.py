@@ -1,5 +1,6 @@
 """Page-cache eviction for real (mincore): a read tells whether it brought every page of its record in
-(``ours``); nothing is evicted at admission; ``evict`` then evicts those pages, and no other."""
+(``ours``); nothing is evicted at admission; ``evict`` then evicts those pages, and no other. A cold file
+the cache takes is read around the page cache, and a warm one never is."""
 
 from __future__ import annotations
 
@@ -11,32 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from loader.files import CachedFiles
 from loader.sources import ArrowSource, ImageFolderSource, LMDBSource, image_folder_to_lmdb
 from loader.system import pagecache as _pagecache
 from loader.system.pagecache import PAGE
 from stallbench.conditions.storage import evict_page_cache, resident_bytes
 
 RECORDS, RECORD_BYTES = 8, 1 << 20  # 8 MB in all
-
-
-def _fs_type(path) -> str:
-    """The type of the filesystem holding ``path``, from the longest matching mount point."""
-    path, best = os.path.realpath(path), ("", "")
-    with open("/proc/mounts") as mounts:
-        for line in mounts:
-            _, mount, fstype, *_ = line.split()
-            if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) > len(best[0]):
-                best = (mount, fstype)
-    return best[1]
-
-
-@pytest.fixture
-def disk(tmp_path):
-    if _fs_type(tmp_path) in ("tmpfs", "ramfs"):
-        pytest.skip(
-            f"{tmp_path} is on {_fs_type(tmp_path)}, which keeps every page in memory and ignores fadvise"
-        )
-    return tmp_path
 
 
 @pytest.fixture(params=["mincore", "nowait"])
@@ -61,11 +43,13 @@ def image_files(root) -> list[str]:
     return paths
 
 
-def residency_after_reads(make_source, files: list[str], admit: bool, warm: bool = False) -> tuple:
+def residency_after_reads(
+    make_source, files: list[str], admit: bool, warm: bool = False, takes: bool | None = None
+) -> tuple:
     """Evict ``files`` (or read them first with ``warm``), read every record through a fresh source with
-    ``read_admitting``; then ``evict`` each record admitted by a read that said ``ours`` (as the loader does
-    at its first hit). Returns (the ``ours`` of each read, the fraction of the files' pages resident after
-    the reads, and after the evictions)."""
+    ``read_admitting`` (the cache saying it ``takes`` each, where not None); then ``evict`` each record
+    admitted by a read that said ``ours`` (as the loader does at its first hit). Returns (the ``ours`` of
+    each read, the fraction of the files' pages resident after the reads, and after the evictions)."""
     evict_page_cache(files)
     assert resident_bytes(files) == 0
     if warm:
@@ -74,8 +58,9 @@ def residency_after_reads(make_source, files: list[str], admit: bool, warm: bool
                 f.read()
     source = make_source()
     offered = []
+    asked = None if takes is None else lambda nbytes: nbytes == RECORD_BYTES and takes
     got = [
-        source.read_admitting(i, lambda raw, ours: offered.append((raw, ours)) or admit)
+        source.read_admitting(i, lambda raw, ours: offered.append((raw, ours)) or admit, asked)
         for i in range(RECORDS)
     ]
     assert got == [(payload(i), admit) for i in range(RECORDS)]
@@ -107,6 +92,30 @@ def test_image_folder_evicts_admitted_records_read_cold_only_when_asked(disk, re
     assert residency_after_reads(make, files, admit=False) == ([True] * RECORDS, 1.0, 1.0)
     # another job's warm pages: not ours, never evicted
     assert residency_after_reads(make, files, admit=True, warm=True) == ([False] * RECORDS, 1.0, 1.0)
+
+
+def test_a_cold_file_the_cache_takes_is_read_around_the_page_cache_and_a_warm_one_never(disk, residency):
+    files = image_files(disk / "imgs")
+    make = partial(ImageFolderSource, disk / "imgs")
+    # where only the RWF_NOWAIT probe can tell, it started readahead: read through the page cache
+    around = ([False] * RECORDS, 0.0, 0.0) if residency == "mincore" else ([True] * RECORDS, 1.0, 0.0)
+    assert residency_after_reads(make, files, admit=True, takes=True) == around
+    # the cache would not keep them: read through the page cache, which keeps them as for torch's loader
+    assert residency_after_reads(make, files, admit=False, takes=False) == ([True] * RECORDS, 1.0, 1.0)
+    warm = residency_after_reads(make, files, admit=True, warm=True, takes=True)
+    assert warm == ([False] * RECORDS, 1.0, 1.0)
+
+
+def test_a_users_file_read_through_cached_files_is_held_once(disk, shm_dir):
+    files = image_files(disk / "imgs")
+    evict_page_cache(files)
+    cached = CachedFiles(disk / "imgs", 2 * RECORDS * RECORD_BYTES, shm_dir)
+    try:
+        assert [cached.read(path) for path in files] == [(payload(i), False) for i in range(RECORDS)]
+        assert resident_bytes(files) == 0 and cached.infos()[0].records_cached == RECORDS
+        assert [cached.read(path) for path in files] == [(payload(i), True) for i in range(RECORDS)]
+    finally:
+        cached.close()
 
 
 def read_pages(path: str, pages: list[int]) -> None:

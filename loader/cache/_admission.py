@@ -58,6 +58,11 @@ class AdmissionGate:
             )
         return True
 
+    def room_for(self, nbytes: int, used: np.ndarray) -> bool:
+        """Whether admission is open and ``nbytes`` more would leave the reserve free (``used[0]``: what the
+        store holds); a question only: nothing is counted, paused or warned."""
+        return self.open() and not self._gauge.short(nbytes, lambda: int(used[0]), note=False)
+
     def overdrawn(self, used: np.ndarray) -> int:
         """Bytes the store should give back now, ``used[0]`` being what it holds (0 almost always: the gauge
         reads memory every 50 ms)."""

@@ -76,6 +76,13 @@ class MinIOCache(GivesBack):
         full = self._full_here or self._full[0]
         return not full or self._state[index] == RESERVED  # a dead writer's slot is reused even when full
 
+    def takes(self, index: int, nbytes: int) -> bool:
+        """Whether ``admit`` would store record ``index`` of ``nbytes`` now: the store has room and memory is
+        spare. Asked before a miss is read around the page cache (``system.direct``), which leaves the record
+        in neither cache if the store turns it down after all (another process filled it meanwhile)."""
+        fits = bool(self._state[index] == RESERVED) or int(self._used[0]) + nbytes <= int(self._limit[0])
+        return self.accepting(index) and fits and self._gate.room_for(nbytes, self._used)
+
     def admit(self, index: int, payload: bytes, evict_on_hit: bool = False) -> bool:
         """Store record ``index`` if there is room and memory to spare; True when this call admitted it.
         ``evict_on_hit``: the read of ``payload`` left pages of its own in the page cache, to be evicted

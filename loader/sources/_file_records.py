@@ -23,13 +23,15 @@ class FileRecords(Source):
         except OSError as e:
             raise BadRecordError(path, i, f"cannot read the file: {e.strerror or e}") from e
 
-    def read_admitting(self, index: int, admit: Callable[[bytes, bool], bool]) -> tuple[bytes, bool]:
-        """A file whose pages this read brought in is ours to evict at its first hit
-        (``loader.system.pagecache``)."""
+    def read_admitting(
+        self, index: int, admit: Callable[[bytes, bool], bool], takes: Callable[[int], bool] | None = None
+    ) -> tuple[bytes, bool]:
+        """A file whose pages this read brought in is ours to evict at its first hit; a cold file the cache
+        ``takes`` is read around the page cache (``loader.system.pagecache``)."""
         i = self.check_index(index)
         path = self.describe(i)
         try:
-            return read_admitting(path, admit)
+            return read_admitting(path, admit, takes)
         except OSError as e:
             raise BadRecordError(path, i, f"cannot read the file: {e.strerror or e}") from e
 

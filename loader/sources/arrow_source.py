@@ -108,9 +108,12 @@ class ArrowSource(Source):
         view = self._view(index)  # first: it opens this process's reader, and names the record if it cannot
         return self._io().copy(view, self._convert)
 
-    def read_admitting(self, index: int, admit: Callable[[bytes, bool], bool]) -> tuple[bytes, bool]:
+    def read_admitting(
+        self, index: int, admit: Callable[[bytes, bool], bool], takes: Callable[[int], bool] | None = None
+    ) -> tuple[bytes, bool]:
         """An IPC value whose pages this read brought in is ours to evict at its first hit
-        (``loader.system.pagecache``); a Parquet row group's never."""
+        (``loader.system.pagecache``); a Parquet row group's never. A value is read from its mapping
+        whatever the cache ``takes``."""
         view = self._view(index)
         return self._io().copy_admitting(view, self._convert, admit)
 

@@ -37,15 +37,19 @@ class Source(abc.ABC):
     def read(self, index: int) -> bytes:
         """Raw bytes of record ``index`` from storage. Raises BadRecordError naming the record on failure."""
 
-    def read_admitting(self, index: int, admit: Callable[[bytes, bool], bool]) -> tuple[bytes, bool]:
+    def read_admitting(
+        self, index: int, admit: Callable[[bytes, bool], bool], takes: Callable[[int], bool] | None = None
+    ) -> tuple[bytes, bool]:
         """Record ``index`` read from storage, offered to ``admit(raw, ours)`` (the loader's cache):
         (bytes, admitted).
 
         ``ours`` says that this read brought every page of the record into the OS page cache (none was
         resident before it), so that memory need not be spent on it twice: the loader then calls ``evict``
         at the record's first hit from its cache. A record that was not admitted, or was given back before
-        that hit, keeps its pages, and so do pages that were resident before the read. This default tells
-        nothing (``ours`` False).
+        that hit, keeps its pages, and so do pages that were resident before the read. ``takes(nbytes)``
+        says whether the cache would keep a record of that size now: a source of whole files then reads a
+        cold one around the page cache (``system.direct``). This default tells nothing (``ours`` False)
+        and asks nothing.
         """
         raw = self.read(index)
         return raw, admit(raw, False)

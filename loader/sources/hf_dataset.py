@@ -82,9 +82,11 @@ class HFDatasetSource(Source):
         part, row = self._part(index)
         return part.read(row)
 
-    def read_admitting(self, index: int, admit: Callable[[bytes, bool], bool]) -> tuple[bytes, bool]:
+    def read_admitting(
+        self, index: int, admit: Callable[[bytes, bool], bool], takes: Callable[[int], bool] | None = None
+    ) -> tuple[bytes, bool]:
         part, row = self._part(index)
-        return part.read_admitting(row, admit)
+        return part.read_admitting(row, admit, takes)
 
     def evict(self, index: int) -> None:
         part, row = self._part(index)

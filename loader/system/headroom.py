@@ -81,12 +81,13 @@ class PressureGauge:
         self._own_peak = 0
         self._peak_source = ""
 
-    def short(self, adding: int = 0, held: Callable[[], int] = lambda: 0) -> bool:
-        """Whether taking ``adding`` more bytes would leave less than the reserve spare."""
+    def short(self, adding: int = 0, held: Callable[[], int] = lambda: 0, *, note: bool = True) -> bool:
+        """Whether taking ``adding`` more bytes would leave less than the reserve spare; where not, the bytes
+        count as taken (``note=False``: a question only, nothing taken)."""
         if self.last is None or self._due(adding):
             self._read(held())
         is_short = self.spare - self._noted - adding < self.reserve
-        if not is_short:
+        if not is_short and note:
             self._noted += adding
         return is_short
 

@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from loader.system.direct import read_direct
 from loader.system.libc import MAP_FAILED
 from loader.system.libc import libc as _libc
 
@@ -106,17 +107,25 @@ def mincore(address: int, span: int, path: str) -> np.ndarray:
     return np.frombuffer(vec, np.uint8) & 1 == 1
 
 
-def read_admitting(path: str, admit: Callable[[bytes, bool], bool]) -> tuple[bytes, bool]:
+def read_admitting(
+    path: str, admit: Callable[[bytes, bool], bool], takes: Callable[[int], bool] | None = None
+) -> tuple[bytes, bool]:
     """Read a whole file and offer it to ``admit(raw, ours) -> bool``; ``ours``: this read brought every
     page of the file into the page cache (none was resident before it), so they are the store's to evict
-    at the record's first hit (``evict_file``)."""
+    at the record's first hit (``evict_file``). Where ``mincore`` says none was resident and ``takes(size)``
+    says the store will keep it, the file is read around the page cache instead (``system.direct``: in the
+    device's own blocks, never held twice), and ``ours`` is False: there is nothing to evict. (Not where
+    the ``RWF_NOWAIT`` probe answers: it starts the kernel's readahead of what it did not find.)"""
     with open(path, "rb", buffering=0) as f:
         fd = f.fileno()
         size = os.fstat(fd).st_size
         before = resident_pages(fd, size)
         if before is not None:
+            cold = not before.any()
+            if cold and takes is not None and takes(size) and (raw := read_direct(fd, size)) is not None:
+                return raw, admit(raw, False)
             raw = f.readall()
-            return raw, admit(raw, not before.any())
+            return raw, admit(raw, cold)
         head = resident_prefix(fd, 0, size)
         if head is None:  # this filesystem cannot tell what was resident: none of it is known to be ours
             raw = f.readall()

@@ -1,0 +1,45 @@
+"""Reads around the page cache (``O_DIRECT``), in the device's own blocks: for a file the store is about to
+hold, which the page cache would otherwise hold a second time, in whole pages.
+
+A buffered read takes a file from the device in whole pages (4 KiB): a 3.6 KB JPEG costs 4 KiB of the
+storage's bandwidth and 4 KiB of page cache, evicted later at the record's first hit from the store. A
+direct read takes it in the device's logical blocks (512 bytes on most disks) straight into our buffer:
+bench_tight_budget's 12,520 files are 44.7 MB, 51.3 MB in pages, 47.6 MB in 512-byte blocks, so a
+first epoch that reads them all at the storage's pace takes 7% less time, and leaves the page cache alone.
+Written by hand: Python's ``os`` offers the flag but no aligned buffer or fallback.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import mmap
+import os
+
+__all__ = ["read_direct"]
+
+_BLOCK = 512  # O_DIRECT's length and offset alignment on most devices (a 4Kn disk refuses it: read as usual)
+_REFUSED = (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP)
+
+
+def read_direct(fd: int, size: int) -> bytes | None:
+    """The ``size`` bytes of the file open as ``fd``, read around the page cache; None where the filesystem
+    refuses a direct read (tmpfs on older kernels, FUSE, NFS without it) or the file is not ``size`` bytes
+    long: the caller reads it as usual. The descriptor's flags are as they were afterwards."""
+    if size == 0:
+        return None
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    span = -(-size // _BLOCK) * _BLOCK
+    buffer = mmap.mmap(-1, -(-span // mmap.PAGESIZE) * mmap.PAGESIZE)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT)
+        with memoryview(buffer) as view:
+            got = os.preadv(fd, [view[:span]], 0)
+        return buffer[:size] if got == size else None
+    except OSError as exc:
+        if exc.errno in _REFUSED:
+            return None
+        raise
+    finally:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+        buffer.close()
