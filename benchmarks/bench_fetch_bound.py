@@ -17,7 +17,8 @@ Cases (``D`` = the dataset's bytes):
   of D. Ours reads at most its floor in device bytes (+2%); the memory our cache leaves free (its reserve)
   holds part of the rest in the page cache, so it reads less. So the same memory is also given to a fresh
   job of ours on the store the first one filled, the page cache evicted: reading each record once, it reads
-  exactly its floor in device bytes (within 2% either way), torch all of D.
+  exactly its floor in device bytes (within 2% either way: a record it admits now in 512-byte blocks, read
+  around the page cache, any other in whole pages), torch all of D.
 
     python -m pytest benchmarks/bench_fetch_bound.py -p no:cacheprovider --benchmark-enable -s
 """
@@ -222,8 +223,8 @@ def _check_pair(case: str, d: Data, steady: list[tuple[dict, dict]]) -> None:
 def test_a_fresh_job_reads_exactly_its_floor_in_device_bytes(bench_data_root, datasets) -> None:
     """``small_files``' memory and "auto", two jobs of ours on one cache folder, each after the page cache is
     evicted: the second starts with the store the first filled, so what its one epoch reads from storage is
-    the records the store lacked (its misses, some of them admitted now), in whole pages; torch's fresh job
-    reads every record's pages."""
+    the records the store lacked (its misses): those it admits now in 512-byte blocks (``loader.system.
+    direct``), the others in whole pages; torch's fresh job reads every record's pages."""
     name, share, cache, _, _ = CASES["small_files"]
     d = _data(name, bench_data_root, datasets)
     limit = memory_limit(round(share * d.device_bytes), d.overheads)
@@ -233,11 +234,15 @@ def test_a_fresh_job_reads_exactly_its_floor_in_device_bytes(bench_data_root, da
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
     ours, torch_job = jobs[1], jobs[2]
-    page = d.device_bytes // d.records
+    page, blocks = d.device_bytes // d.records, -(-d.record_bytes // d.records // 512) * 512
     missing = d.records - ours["hits"]  # the records the store lacked at the job's start
-    floor = missing * page
+    admitted = ours["records_admitted"]
+    floor = admitted * blocks + (missing - admitted) * page
     ours_x, torch_x = ours["storage_bytes"] / floor, torch_job["storage_bytes"] / d.device_bytes
-    print(f"\nfresh job on a filled store: floor {floor:,} device bytes ({missing:,} records of {page:,} B)")
+    print(
+        f"\nfresh job on a filled store: floor {floor:,} device bytes ({missing:,} records missing: "
+        f"{admitted:,} admitted, of {blocks:,} B read directly, the others of {page:,} B)"
+    )
     print(f"ours read {ours['storage_bytes']:,} B = {ours_x:.4f} x its floor; torch {torch_x:.4f} x D")
     assert ours["hits"] > 0 and floor > 0 and ours["misses"] == missing
     assert abs(ours["storage_bytes"] - floor) <= FLOOR_TOLERANCE * floor

@@ -29,7 +29,7 @@ def device_bytes_read() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
 
 
-@pytest.mark.parametrize("size", [1, 511, 512, 513, 4095, 4097, 100_001])
+@pytest.mark.parametrize("size", [1, 511, 512, 513, 4095, 4097, 100_001, 1 << 20])
 def test_a_direct_read_gives_the_file_leaving_the_page_cache_and_the_descriptor_alone(disk, size):
     path = written(disk, "f", size)
     evict_page_cache(path)
@@ -57,11 +57,17 @@ def test_small_files_read_directly_take_fewer_bytes_from_storage_than_whole_page
     assert taken["buffered"] >= 200 * 4096 and taken["direct"] <= 200 * 3072
 
 
-def test_a_file_shorter_than_asked_or_a_filesystem_that_refuses_gives_none(disk):
+def test_a_file_shorter_than_asked_a_big_one_or_a_filesystem_that_refuses_gives_none(disk):
     path = written(disk, "short", 1000)
     fd = os.open(path, os.O_RDONLY)
     try:
         assert read_direct(fd, 2000) is None and read_direct(fd, 0) is None
+    finally:
+        os.close(fd)
+    path = written(disk, "big", (1 << 20) + 1)  # read as usual: a block saves it nothing worth a copy
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert read_direct(fd, (1 << 20) + 1) is None
     finally:
         os.close(fd)
     fd = os.open("/proc/self/status", os.O_RDONLY)  # procfs takes no O_DIRECT
