@@ -18,6 +18,7 @@ from loader import DataLoader, SourceDataset
 from loader.cache import MinIOCache
 from loader.cache._admission import AdmissionGate
 from loader.cache._layout import index_bytes
+from loader.cache.minio import TAKES_AHEAD
 from loader.system import forkgrowth
 from loader.system.headroom import reserve_bytes
 from loader.system.memory import MemoryView, format_bytes
@@ -130,17 +131,17 @@ def test_short_memory_pauses_admission_warns_once_and_loses_nothing(shm_dir, mem
 def test_whether_the_store_takes_a_record_is_asked_without_pausing_or_warning(shm_dir, memory):
     memory(free(RESERVE + 10 * SIZE, limit=LIMIT))  # room for 10 records above the reserve
     opened = [
-        MinIOCache.open(
-            fingerprint=fp * 32, num_records=4, capacity=index_bytes(4) + n * SIZE, cache_dir=shm_dir
-        )
-        for fp, n in (("cd", 64), ("ef", 3))
+        MinIOCache.open(fingerprint=fp * 32, num_records=4, capacity=index_bytes(4) + n, cache_dir=shm_dir)
+        for fp, n in (("cd", 64 * SIZE), ("ef", TAKES_AHEAD * SIZE))
     ]
     roomy, small = opened
+    most = 10 * SIZE // TAKES_AHEAD  # the store says it takes a record where memory has room for that many
     try:
-        assert roomy.takes(0, 10 * SIZE) and not roomy.takes(0, 11 * SIZE)  # memory is short of 11
-        assert roomy.memory_pauses == 0 and roomy.takes(0, 10 * SIZE)  # asking took nothing, paused nothing
-        assert all(small.admit(i, bytes([i]) * SIZE) for i in range(3))
-        assert not small.takes(3, SIZE)  # the store's own room is spent
+        assert roomy.takes(0, most) and not roomy.takes(0, most + 1)
+        assert roomy.memory_pauses == 0 and roomy.takes(0, most)  # asking took nothing, paused nothing
+        memory(free(1 << 30, limit=LIMIT))  # read by the small store's first question
+        assert small.takes(0, SIZE // 2) and small.admit(0, bytes(SIZE // 2))
+        assert small.takes(1, SIZE // 2) and not small.takes(1, SIZE)  # the store's own room, ahead
     finally:
         for store in opened:
             store.close()

@@ -4,14 +4,18 @@ in a reference cycle included."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import weakref
 
-import numpy as np
 import pytest
 import torch.utils.data
 
 import loader
+
+libc = ctypes.CDLL(None)  # the test's own handle: the restypes set here stay here
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
 
 OBJECTS = 150_000  # tracked objects in the loader's process: ~35 MiB of small dicts
 
@@ -72,14 +76,22 @@ FREED_MIB = 64
 
 def free_heap_then_fork(make_loader) -> tuple[int, int]:
     """(this process's anonymous memory with FREED_MIB of its C heap freed as a training step frees its
-    buffers, a worker's forked then; KiB)."""
-    freed = [np.ones(100 * 1024 // 8) for _ in range(FREED_MIB * 10)]  # 100 KiB each: heap, not mmap
-    kept = [np.ones(128) for _ in freed]  # live between the freed ones: the heap's top cannot shrink
-    del freed
+    buffers, a worker's forked then; KiB). Made with malloc itself: numpy serves small arrays from a cache
+    of its own, and earlier tests in the process may have filled it."""
+    freed, kept = [], []
+    for _ in range(FREED_MIB * 10):
+        freed.append(libc.malloc(100 * 1024))  # below glibc's mmap threshold: from the heap
+        kept.append(libc.malloc(4096))  # live between the freed ones: the heap's top cannot shrink to them
+        ctypes.memset(freed[-1], 1, 100 * 1024)
+    for address in freed:
+        libc.free(address)
     before = rss_anon_kib()
-    dl = make_loader(FirstAnon(), batch_size=None, num_workers=1, multiprocessing_context="fork")
-    (worker,) = list(dl)
-    assert len(kept) == FREED_MIB * 10
+    try:
+        dl = make_loader(FirstAnon(), batch_size=None, num_workers=1, multiprocessing_context="fork")
+        (worker,) = list(dl)
+    finally:
+        for address in kept:
+            libc.free(address)
     return before, worker
 
 

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from loader.cache.minio import TAKES_AHEAD
 from loader.files import CachedFiles
 from loader.sources import ArrowSource, ImageFolderSource, LMDBSource, image_folder_to_lmdb
 from loader.system import pagecache as _pagecache
@@ -109,7 +110,7 @@ def test_a_cold_file_the_cache_takes_is_read_around_the_page_cache_and_a_warm_on
 def test_a_users_file_read_through_cached_files_is_held_once(disk, shm_dir):
     files = image_files(disk / "imgs")
     evict_page_cache(files)
-    cached = CachedFiles(disk / "imgs", 2 * RECORDS * RECORD_BYTES, shm_dir)
+    cached = CachedFiles(disk / "imgs", (RECORDS + TAKES_AHEAD) * RECORD_BYTES, shm_dir)  # room ahead
     try:
         assert [cached.read(path) for path in files] == [(payload(i), False) for i in range(RECORDS)]
         assert resident_bytes(files) == 0 and cached.infos()[0].records_cached == RECORDS

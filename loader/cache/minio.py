@@ -21,10 +21,11 @@ from loader.cache._layout import EMPTY, HEADER_BYTES, READY, RESERVED, SLOT_DTYP
 from loader.cache._store import LOCK_TIMEOUT, CacheInfo, store_path
 from loader.system.locks import LockTimeout, writer_alive, writer_id
 
-__all__ = ["LOCK_TIMEOUT", "CacheInfo", "CorruptRecordError", "MinIOCache", "store_path"]
+__all__ = ["LOCK_TIMEOUT", "TAKES_AHEAD", "CacheInfo", "CorruptRecordError", "MinIOCache", "store_path"]
 
 _SLOT_HEAD = struct.Struct("<QIIQ")  # offset, length, state, checksum: the head of a slot, read in one call
 _SLOT_SIZE = SLOT_DTYPE.itemsize
+TAKES_AHEAD = 16  # records of room the store must have to say it takes one: see MinIOCache.takes
 _FIRST_HIT_WAIT = 0.002  # seconds a hit waits for the lock to mark its record served (held for microseconds)
 
 
@@ -77,11 +78,16 @@ class MinIOCache(GivesBack):
         return not full or self._state[index] == RESERVED  # a dead writer's slot is reused even when full
 
     def takes(self, index: int, nbytes: int) -> bool:
-        """Whether ``admit`` would store record ``index`` of ``nbytes`` now: the store has room and memory is
-        spare. Asked before a miss is read around the page cache (``system.direct``), which leaves the record
-        in neither cache if the store turns it down after all (another process filled it meanwhile)."""
-        fits = bool(self._state[index] == RESERVED) or int(self._used[0]) + nbytes <= int(self._limit[0])
-        return self.accepting(index) and fits and self._gate.room_for(nbytes, self._used)
+        """Whether ``admit`` will store record ``index`` of ``nbytes`` now: the store, and memory, have room
+        for ``TAKES_AHEAD`` such records. Asked before a miss is read around the page cache
+        (``system.direct``), which leaves the record in neither cache if the store turns it down after all;
+        the store's readers (read-ahead threads, workers, jobs) ask and admit at once, so room for one is
+        not enough: the last records that fill the store, or the memory, are read through the page cache,
+        as before. (Asking for room for one record, a loader's read-ahead threads, asking as the store
+        filled, left a record in neither cache: ``test_dataloader_storage``.)"""
+        ahead = TAKES_AHEAD * nbytes
+        fits = int(self._used[0]) + ahead <= int(self._limit[0])
+        return fits and self.accepting(index) and self._gate.room_for(ahead, self._used)
 
     def admit(self, index: int, payload: bytes, evict_on_hit: bool = False) -> bool:
         """Store record ``index`` if there is room and memory to spare; True when this call admitted it.
