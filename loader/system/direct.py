@@ -52,10 +52,13 @@ def read_direct(fd: int, size: int) -> bytes | None:
 
 def _buffer(span: int) -> mmap.mmap:
     """This thread's buffer of at least ``span`` bytes, page-aligned, kept for its next read: a mapping made
-    and unmade for each read cost ~30 us of CPU, more than the read itself (6 KB files, one core)."""
+    and unmade for each read cost ~30 us of CPU, more than the read itself (6 KB files, one core). Private:
+    Python maps an anonymous buffer shared by default, and a worker forked after its parent read would then
+    read into the parent's (and its siblings') pages at once, serving one another's bytes."""
     buffer = getattr(_buffers, "mapping", None)
     if buffer is None or len(buffer) < span:
         if buffer is not None:
             buffer.close()
-        buffer = _buffers.mapping = mmap.mmap(-1, -(-span // mmap.PAGESIZE) * mmap.PAGESIZE)
+        length = -(-span // mmap.PAGESIZE) * mmap.PAGESIZE
+        buffer = _buffers.mapping = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE)
     return buffer
