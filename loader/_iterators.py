@@ -6,6 +6,7 @@ own file reads are served (``cache_files``), and a restored loader's workers sta
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from loader.cache._attached import make_room_for_workers
 from loader.system.forkgrowth import measure_growth
 
 __all__ = ["Tracking", "counting_iterator"]
+
+REAP_WAIT_S = 1.0  # how long a broken connection to the workers waits for a dying one to be reaped
 
 
 class Tracked(Protocol):
@@ -96,6 +99,31 @@ class _CountingMultiProcessingIter(_Counting, _MultiProcessingDataLoaderIter):
     @_base_seed.setter
     def _base_seed(self, drawn: int) -> None:
         self._started_from = drawn if self._seed is None else self._seed
+
+    def _try_get_data(self, timeout: float = _utils.MP_STATUS_CHECK_INTERVAL) -> tuple[bool, Any]:
+        """Torch's, naming a worker that died while the main process took a tensor's descriptor from it as
+        torch names a dead worker: the connection breaks (``EOFError``, ``ConnectionError``) a moment before
+        the kernel lets the worker be reaped, and torch, finding every worker alive still, raises the bare
+        error."""
+        try:
+            return super()._try_get_data(timeout)
+        except (EOFError, ConnectionError) as broken:
+            dead = self._workers_dead_within(REAP_WAIT_S)
+            if not dead:
+                raise
+            pids = ", ".join(str(self._workers[i].pid) for i in dead)
+            raise RuntimeError(f"DataLoader worker (pid(s) {pids}) exited unexpectedly") from broken
+
+    def _workers_dead_within(self, seconds: float) -> list[int]:
+        """The ids of the running workers found dead within ``seconds``, each marked so as torch marks one."""
+        deadline = time.monotonic() + seconds
+        while True:
+            dead = [i for i, w in enumerate(self._workers) if self._workers_status[i] and not w.is_alive()]
+            if dead or time.monotonic() >= deadline:
+                for worker_id in dead:
+                    self._mark_worker_as_unavailable(worker_id)
+                return dead
+            time.sleep(0.01)
 
     def _shutdown_workers(self) -> None:
         """Torch's, after noting what the workers took (``forkgrowth``): the next workers may fork after
