@@ -129,7 +129,8 @@ class _CountingMultiProcessingIter(_Counting, _MultiProcessingDataLoaderIter):
         """Torch's, after noting what the workers took (``forkgrowth``): the next workers may fork after
         these have gone, as those of a loader without persistent workers do each epoch."""
         try:
-            if not getattr(self, "_shutdown", True) and _utils.python_exit_status is False:
+            exiting = getattr(_utils, "python_exit_status", None) is not False  # (None: torch's module gone)
+            if not getattr(self, "_shutdown", True) and not exiting:
                 measure_growth()
         finally:  # an interrupt while measuring still shuts the workers down
             super()._shutdown_workers()

@@ -11,7 +11,7 @@ from typing import ClassVar
 import pytest
 import torch
 
-from loader import DataLoader
+from loader import DataLoader, _iterators
 from loader.system import forkgrowth
 
 MIB = 1 << 20
@@ -127,6 +127,17 @@ def test_a_loader_notes_what_its_workers_took_before_it_shuts_them_down():
     assert [b.tolist() for b in batches] == [[0, 1], [2, 3]]
     assert not any(worker.is_alive() for worker in batches._workers)  # noted before they went
     assert forkgrowth.measure_growth() >= 32 * MIB
+
+
+def test_workers_shut_down_as_the_interpreter_exits_measure_nothing_and_raise_nothing(monkeypatch):
+    """At exit a module's globals are None when a loader's iterator is collected: it still shuts down."""
+    dl = DataLoader(_Hoarding(), batch_size=2, num_workers=1, persistent_workers=True)
+    batches = iter(dl)
+    assert next(batches).tolist() == [0, 1]
+    monkeypatch.setattr(_iterators, "_utils", None)
+    monkeypatch.setattr(_iterators, "measure_growth", lambda: pytest.fail("measured at exit"))
+    batches._shutdown_workers()
+    assert not any(worker.is_alive() for worker in batches._workers)
 
 
 def test_a_killed_and_a_stopped_worker_leave_the_measure_whole_and_nothing_waits():
