@@ -134,7 +134,7 @@ try:
         errors.append(exc)
     finally:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # said once: no later exit may raise it again
-except RuntimeError as exc:  # torch's SIGCHLD handler, run late: after the ConnectionError, before the reset
+except RuntimeError as exc:  # torch's SIGCHLD handler, run late: after the first error, before the reset
     errors.append(exc)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 told = ["killed by signal" in str(e) or "exited unexpectedly" in str(e) for e in errors]
