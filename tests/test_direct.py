@@ -79,18 +79,21 @@ def test_a_file_shorter_than_asked_a_big_one_or_a_filesystem_that_refuses_gives_
 
 def test_a_forked_process_reads_into_a_buffer_of_its_own(disk):
     """The buffer outlives a read; a worker forked after its parent read must not read into the parent's."""
-    parents, childs = written(disk, "a", 3000), written(disk, "b", 2000)
-    with open(childs, "wb") as f:
-        f.write(b"b" * 2000)
+    parents = written(disk, "a", 3000)
+    childs = disk / "b"
+    childs.write_bytes(b"b" * 2000)  # unlike the parent's bytes at every offset
     fd = os.open(parents, os.O_RDONLY)
     try:
         assert read_direct(fd, 3000) == content(3000)  # the parent's buffer now holds its file
     finally:
         os.close(fd)
     pid = os.fork()
-    if pid == 0:  # the child reads another file into its buffer, then leaves at once
-        child_fd = os.open(childs, os.O_RDONLY)
-        os._exit(0 if read_direct(child_fd, 2000) == b"b" * 2000 else 1)
+    if pid == 0:  # the child reads another file into its buffer, then leaves at once, whatever happens
+        code = 1
+        try:
+            code = 0 if read_direct(os.open(childs, os.O_RDONLY), 2000) == b"b" * 2000 else 1
+        finally:
+            os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert _buffer(3000)[:3000] == content(3000)  # not the child's bytes
