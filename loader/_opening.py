@@ -19,6 +19,7 @@ from loader.datasets import SourceDataset
 from loader.files import CachedFiles
 from loader.partition.options import partition_from
 from loader.partition.wiring import PartitionedCache, check_partition_args
+from loader.system.home import default_cache_dir
 
 __all__ = ["Opened", "open_options"]
 
@@ -68,6 +69,7 @@ def open_options(
     num_workers, prefetch_factor); for any other Dataset, nothing (torch's loader, as it is)."""
     batch_size, batch_sampler, sampler = batches
     batched = batch_sampler is not None or batch_size is not None
+    cache_dir = default_cache_dir() if cache_dir is None else cache_dir
     if cache_files is not None:
         if cache_form != "auto":
             raise ValueError("cache_form is for a source-backed dataset: cache_files holds raw bytes only")

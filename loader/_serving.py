@@ -50,9 +50,9 @@ class FileReads:
         got = self.files.read(path)
         if got is None:
             return None
-        raw, hit = got
-        note_fetch(self.board.add, BatchCost(), Fetched(raw, hit, False, time.perf_counter() - start))
-        return raw
+        fetched = Fetched(got.raw, got.hit, got.admitted, time.perf_counter() - start)
+        note_fetch(self.board.add, BatchCost(), fetched)
+        return got.raw
 
 
 class ServingWorkerInit:

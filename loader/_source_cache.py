@@ -21,7 +21,7 @@ from loader.cache import MinIOCache
 from loader.cache._layout import index_bytes
 from loader.datasets import SourceDataset
 from loader.system import memory as _memory
-from loader.system.headroom import auto_cache_bytes
+from loader.system.headroom import sized_cache_bytes
 from loader.system.memory import format_bytes
 
 __all__ = ["SourceCache", "open_cache"]
@@ -62,23 +62,31 @@ def open_cache(
                 f"cache_form={form!r} needs a cache: set cache_bytes (a number of bytes or 'auto')"
             )
         return SourceCache()
-    if cache_bytes != "auto" and (isinstance(cache_bytes, (str, bool)) or not isinstance(cache_bytes, int)):
-        raise ValueError(f"cache_bytes must be a number of bytes, 'auto' or None, got {cache_bytes!r}")
+    if cache_bytes != "auto" and (
+        isinstance(cache_bytes, (str, bool)) or not isinstance(cache_bytes, int) or cache_bytes <= 0
+    ):
+        raise ValueError(
+            f"cache_bytes must be a positive number of bytes, 'auto' or None, got {cache_bytes!r}"
+        )
     index = index_bytes(len(dataset))
-    view = _memory.memory_view() if cache_bytes == "auto" else None  # read once: the room and the size
-    most = auto_cache_bytes(_ALL_MEMORY, view)[0] if view is not None else cache_bytes  # all it may take
+    view = _memory.memory_view()  # read once: the room and the size
+    auto = cache_bytes == "auto"
+    # all the cache may take: for the forms to weigh, and for the files of a form's two stores
+    asked = cache_bytes
+    most, sizing = sized_cache_bytes(asked, _ALL_MEMORY if auto else asked, cache_dir, view)
     choice = choose_form(dataset, form, max(most - index, 0), workers)
     # a form chosen is held in two stores, where the room holds their two indexes; else one, as chosen
     indexes = 2 if form == "auto" and choice.probe is not None and most > 2 * index else 1
-    sizing = ""
-    if view is not None:
-        cache_bytes, sizing = auto_cache_bytes(indexes * index + _records_bytes(dataset, choice), view)
-        if cache_bytes <= indexes * index:
-            warnings.warn(
-                f"cache_bytes='auto' makes no cache ({sizing}); reading from storage", RuntimeWarning, 3
-            )
-            return SourceCache(sizing=sizing, form=choice)
-    opening = _Opening(dataset, cache_dir, warn_capacity=not sizing)
+    cache_bytes = most
+    if auto:
+        wanted = indexes * index + _records_bytes(dataset, choice)
+        cache_bytes, sizing = sized_cache_bytes("auto", wanted, cache_dir, view)
+    if (auto or sizing) and cache_bytes <= indexes * index:
+        warnings.warn(
+            f"cache_bytes={asked!r} makes no cache ({sizing}); reading from storage", RuntimeWarning, 3
+        )
+        return SourceCache(sizing=sizing, form=choice)
+    opening = _Opening(dataset, cache_dir, warn_capacity=not auto)
     try:
         opened = (
             opening.open(choice, cache_bytes) if indexes == 1 else opening.split(choice, cache_bytes, most)
@@ -90,7 +98,7 @@ def open_cache(
         )
         return SourceCache(sizing=sizing, form=choice)
     held = sum(store.info().capacity for store in opening.stores)
-    if sizing and held != cache_bytes:
+    if auto and held != cache_bytes:
         sizing += f"; the cache already held this data with {format_bytes(held)} and is used as is"
     revisit = None
     if indexes == 2:

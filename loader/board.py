@@ -57,6 +57,13 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
+def _given_back(cache: CacheInfo) -> str:
+    return (
+        f"gave back {format_bytes(cache.bytes_given_back)} ({cache.records_given_back} records) when "
+        f"{cache.given_back_why}"
+    )
+
+
 class StatsBoard:
     """One row of counters per loading process, in memory shared with the workers.
 
@@ -123,13 +130,17 @@ class StatsBoard:
             records_cached=sum(c.records_cached for c in caches),
             cache_bytes_used=sum(c.bytes_used for c in caches),
             cache_capacity=sum(c.capacity for c in caches),
+            cache_bytes_given_back=sum(c.bytes_given_back for c in caches),
         )
         if form is not None:
             values.update(cache_form=form.form, cache_form_reason=form.reason, cache_form_epochs=form.epochs)
+        said = [cache_sizing] if cache_sizing else []
         if values["memory_pauses"] and values["cache_bytes_used"] < values["cache_capacity"]:
-            held = f"memory ran short: it holds {format_bytes(values['cache_bytes_used'])} (admission paused)"
-            cache_sizing = f"{cache_sizing}; {held}" if cache_sizing else held
-        return LoaderStats(**values, cache_sizing=cache_sizing)
+            said.append(
+                f"memory ran short: it holds {format_bytes(values['cache_bytes_used'])} (admission paused)"
+            )
+        said += [_given_back(c) for c in caches if c.bytes_given_back]
+        return LoaderStats(**values, cache_sizing="; ".join(said))
 
     def __getstate__(self) -> dict:
         return {"_rows": self._rows, "_shared": self._shared, "_local_pid": -1}

@@ -15,20 +15,29 @@ import os
 import stat
 import warnings
 from collections.abc import Iterable
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from loader._fetched import served
 from loader.cache import CacheInfo, MinIOCache
 from loader.cache._layout import index_bytes
 from loader.sources.file_tree import FileTreeSource, shared_listing
-from loader.system.headroom import auto_cache_bytes
+from loader.system.headroom import sized_cache_bytes
+from loader.system.home import default_cache_dir
 from loader.system.pagecache import evict_file, read_admitting
 
-__all__ = ["LARGEST_FILE", "CachedFiles"]
+__all__ = ["LARGEST_FILE", "CachedFiles", "FileRead"]
 
 LARGEST_FILE = 64 << 20  # bigger files are not served: read whole, they would cost more than they save
 
 PathArg = str | bytes | os.PathLike
+
+
+class FileRead(NamedTuple):
+    """A file's bytes as ``CachedFiles.read`` had them."""
+
+    raw: bytes
+    hit: bool  # from the store
+    admitted: bool  # read from storage and stored by this read
 
 
 class CachedFiles:
@@ -45,7 +54,7 @@ class CachedFiles:
         self,
         roots: PathArg | Iterable[PathArg],
         cache_bytes: int | Literal["auto"],
-        cache_dir: str | os.PathLike = "/dev/shm",
+        cache_dir: str | os.PathLike | None = None,
         *,
         largest: int = LARGEST_FILE,
     ) -> None:
@@ -58,13 +67,15 @@ class CachedFiles:
         unique = list(dict.fromkeys(os.path.abspath(os.fsdecode(r)) for r in roots))
         _check_disjoint(unique)
         self.sources = [shared_listing(root) for root in unique]
-        capacities, self.cache_sizing = _capacities(self.sources, cache_bytes)
-        warn = not self.cache_sizing
+        cache_dir = default_cache_dir() if cache_dir is None else cache_dir
+        capacities, self.cache_sizing = _capacities(self.sources, cache_bytes, cache_dir)
+        warn = cache_bytes != "auto"
         pairs = zip(self.sources, capacities, strict=True)
         self._caches = [_open_store(source, capacity, cache_dir, warn) for source, capacity in pairs]
 
-    def read(self, path: PathArg) -> tuple[bytes, bool] | None:
-        """(the file's bytes, whether the store had them); None when ``path`` is not a listed file under the
+    def read(self, path: PathArg) -> FileRead | None:
+        """The file's bytes, whether the store had them and whether this read admitted them (a ``FileRead``);
+        None when ``path`` is not a listed file under the
         roots, is gone, is no longer a regular file or has more than ``largest`` bytes. A path (relative:
         from the working folder) through links or with ``..`` is matched as the kernel would. Raises OSError
         when a listed file cannot be read."""
@@ -113,21 +124,21 @@ class CachedFiles:
         return None
 
     @staticmethod
-    def _fetch(cache: MinIOCache | None, i: int, name: str, size: int) -> tuple[bytes, bool]:
-        """(bytes, hit): from the store, else from storage, admitted while there is room."""
+    def _fetch(cache: MinIOCache | None, i: int, name: str, size: int) -> FileRead:
+        """From the store, else from storage, admitted while there is room."""
         raw, corrupt = served(cache, i, lambda: evict_file(name)) if cache is not None else (None, False)
         if raw is not None:
-            return raw, True
+            return FileRead(raw, True, False)
         if cache is None or corrupt or not cache.accepting(i):
             with io.FileIO(name) as f:
-                return f.readall(), False
+                return FileRead(f.readall(), False, False)
         # admitted only at the listed size: a file rewritten between our stat and our read is not stored
-        raw, _ = read_admitting(
+        raw, admitted = read_admitting(
             name,
             lambda raw, ours: len(raw) == size and cache.admit(i, raw, ours),
             lambda nbytes: nbytes == size and cache.takes(i, nbytes),
         )
-        return raw, False
+        return FileRead(raw, False, admitted)
 
 
 def _check_disjoint(roots: list[str]) -> None:
@@ -137,19 +148,22 @@ def _check_disjoint(roots: list[str]) -> None:
                 raise ValueError(f"root {b!r} lies inside root {a!r}: give one of them")
 
 
-def _capacities(sources: list[FileTreeSource], cache_bytes: int | str) -> tuple[list[int | None], str]:
-    """Each store's capacity (None: no store) and, for ``"auto"``, how the total was chosen."""
+def _capacities(
+    sources: list[FileTreeSource], cache_bytes: int | str, cache_dir: str | os.PathLike
+) -> tuple[list[int | None], str]:
+    """Each store's capacity (None: no store) and how the total was chosen (``sized_cache_bytes``)."""
     indexes = [index_bytes(len(s)) for s in sources]
     data = [s.nbytes for s in sources]
-    sizing = ""
-    if cache_bytes == "auto":
-        cache_bytes, sizing = auto_cache_bytes(sum(indexes) + sum(data))
-    elif isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes <= 0:
+    if cache_bytes != "auto" and (
+        isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes <= 0
+    ):
         raise ValueError(f"cache_bytes must be a positive number of bytes or 'auto', got {cache_bytes!r}")
+    asked = cache_bytes
+    cache_bytes, sizing = sized_cache_bytes(asked, sum(indexes) + sum(data), cache_dir)
     spare = cache_bytes - sum(indexes)
     if spare <= 0 and sizing:
         warnings.warn(
-            f"cache_bytes='auto' makes no cache ({sizing}); reading from storage", RuntimeWarning, 3
+            f"cache_bytes={asked!r} makes no cache ({sizing}); reading from storage", RuntimeWarning, 3
         )
         return [None] * len(sources), sizing
     if spare <= 0:

@@ -24,9 +24,12 @@ class LoaderStats:
     With ``partition_cache``, ``bytes_from_peers`` / ``peer_hits`` are the records other nodes' caches sent
     (the three sources of bytes: ``bytes_from_cache``, ``bytes_from_peers``, ``bytes_from_source``), and
     ``partition`` has the exchange's own counts. ``cache_sizing`` says how ``cache_bytes="auto"`` chose
-    the capacity (empty for an explicit size), and, where memory ran short and admission paused below the
-    capacity, the size the cache really reached; ``cache_form`` what form of record the cache holds (raw,
-    prepared or mixed: its counts and sizes are its two stores' sums), ``cache_form_reason`` why, in
+    the capacity (empty for an explicit size the job can spare; why it was lowered where it could not),
+    where memory ran short and admission paused below the capacity, the size the cache really reached, and
+    where the job grew into the memory the cache keeps free, what the cache gave back and why
+    (``cache_bytes_given_back``: its bytes, since the store was made); ``cache_form`` what form of record
+    the cache holds (raw, prepared or mixed: its counts and sizes are its two stores' sums),
+    ``cache_form_reason`` why, in
     numbers, and ``cache_form_epochs`` the steady epoch the loader predicted for each form it weighed (its
     own model, from the records it probed: seconds that rank the forms, not a forecast of the job's epoch).
     ``miss_seconds`` is the part of ``fetch_seconds`` spent reading the records the cache missed; where the
@@ -59,6 +62,7 @@ class LoaderStats:
     records_cached: int = 0
     cache_bytes_used: int = 0
     cache_capacity: int = 0
+    cache_bytes_given_back: int = 0
     cache_sizing: str = ""
     cache_form: str = ""  # "raw", "prepared" or "mixed": what the cache holds ("" without a cache)
     cache_form_reason: str = ""  # why, with the measured numbers

@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from loader.system.home import default_cache_dir
 from stallbench.workloads import make_jpeg_folder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,7 +138,7 @@ def _left_by(pid: int) -> list[str]:
         (Path("/sys/fs/cgroup/memory"), f"stallbench-{pid}-*"),
         (Path("/sys/fs/cgroup/blkio"), f"stallbench-{pid}-*"),
         (Path(tempfile.gettempdir()), f"stallbench-job-{pid}-*"),
-        (Path("/dev/shm"), f"stallbench-run-{pid}-*"),
+        (default_cache_dir(), f"stallbench-run-{pid}-*"),
     ]
     return [str(p) for folder, pattern in places for p in folder.glob(pattern)]
 

@@ -135,7 +135,7 @@ def test_without_workers_the_reads_are_served_while_a_batch_loads(data, shm_dir)
     assert epoch(dl) == expected(paths) and builtins.open is _real_open  # given back between batches
     assert epoch(dl) == expected(paths)
     stats = dl.stats()
-    assert (stats.hits, stats.misses) == (N, N) and stats.records_cached == N
+    assert (stats.hits, stats.misses) == (N, N) and stats.records_cached == N == stats.records_admitted
     assert (stats.bytes_from_source, stats.bytes_from_cache) == (N * SIZE, N * SIZE)
     assert stats.cache_capacity == 1 << 20 and stats.fetch_seconds > 0 and stats.batches_collated == N
     assert dl.cache_files is not None and dl.cache is None
@@ -192,7 +192,7 @@ def test_forked_workers_serve_and_count_into_one_total_with_the_users_worker_ini
     )
     assert epoch(dl) == expected(paths) and epoch(dl) == expected(paths)
     stats = dl.stats()
-    assert (stats.hits, stats.misses) == (N, N) and stats.records_cached == N
+    assert (stats.hits, stats.misses) == (N, N) and stats.records_cached == N == stats.records_admitted
     assert dl.worker_init_fn is init  # the user's own, as set; it ran in each worker, after ours
 
 

@@ -109,15 +109,15 @@ def test_auto_uses_an_existing_store_as_it_is_and_says_so(shm_dir, memory):
 @pytest.mark.parametrize("bad", ["half", "50%", ""])
 def test_a_cache_size_that_is_not_a_number_or_auto_is_refused(shm_dir, bad):
     with pytest.raises(
-        ValueError, match=f"cache_bytes must be a number of bytes, 'auto' or None, got {bad!r}"
+        ValueError, match=f"cache_bytes must be a positive number of bytes, 'auto' or None, got {bad!r}"
     ):
         make(shm_dir, bad)
 
 
 def test_short_memory_pauses_admission_warns_once_and_loses_nothing(shm_dir, memory):
-    view = free(RESERVE + 10 * SIZE, limit=LIMIT)  # room for 10 records above the reserve
-    memory(view)
+    memory(free(1 << 30, limit=LIMIT))
     dl = make(shm_dir, 1 << 20)
+    memory(free(RESERVE + 10 * SIZE, limit=LIMIT))  # the job grew: room for 10 records above the reserve
     with pytest.warns(RuntimeWarning, match="memory is short") as caught:
         assert indices(dl) == list(range(RECORDS))
     assert len([w for w in caught if "memory is short" in str(w.message)]) == 1
@@ -149,8 +149,9 @@ def test_whether_the_store_takes_a_record_is_asked_without_pausing_or_warning(sh
 
 @pytest.mark.multiproc
 def test_short_memory_pauses_admission_in_every_worker(shm_dir, memory):
-    memory(free(RESERVE + 10 * SIZE, limit=LIMIT))
+    memory(free(1 << 30, limit=LIMIT))
     dl = make(shm_dir, 1 << 20, num_workers=2)
+    memory(free(RESERVE + 10 * SIZE, limit=LIMIT))  # the job grew: room for 10 records above the reserve
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the workers inherit this: their one warning each goes nowhere
         assert indices(dl) == list(range(RECORDS))
@@ -256,6 +257,10 @@ def test_records_given_back_are_read_from_the_source_and_the_loader_warns_once(s
     assert len([w for w in caught if "gave back" in str(w.message)]) == 1
     s = dl.stats()
     assert s.records_cached == 0 and (s.hits, s.misses) == (0, 2 * RECORDS)  # epoch 2 read all again
+    assert s.cache_bytes_given_back == RECORDS * SIZE and s.records_admitted == RECORDS
+    own = format_bytes(LIMIT - CLOSE - RECORDS * SIZE)  # the store's bytes were in the usage (a tmpfs)
+    said = f"gave back {format_bytes(RECORDS * SIZE)} ({RECORDS} records) when the job's own memory reached {own}"
+    assert s.cache_sizing == f"{said} of its {format_bytes(LIMIT)} limit"
 
 
 @pytest.mark.parametrize("persistent_workers", [False, True])

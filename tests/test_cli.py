@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from loader.system.home import default_cache_dir
 from stallbench.analysis.request import NamedWorkload, parse_data
 from stallbench.conditions.limits import probe_storage_conditions
 from stallbench.report import validate_report_json
@@ -191,7 +192,7 @@ def test_analyze_end_to_end(tmp_path):
 
 def leftovers(pid: int) -> set[str]:
     """Cache folders and cgroups made by the stallbench process ``pid`` (both carry its pid)."""
-    shm = {p.name for p in Path("/dev/shm").glob(f"stallbench-run-{pid}-*")}
+    shm = {p.name for p in default_cache_dir().glob(f"stallbench-run-{pid}-*")}
     groups = {p.name for root in CGROUPS if root.is_dir() for p in root.glob(f"stallbench-{pid}-*")}
     return shm | groups
 
@@ -263,7 +264,7 @@ def test_interrupt_during_generation_exits_130_and_leaves_nothing(tmp_path):
 
 def in_use(pid: int) -> set[str]:
     """Which of a per-run cache folder and a run's cgroup the stallbench process ``pid`` has now."""
-    shm = any(Path("/dev/shm").glob(f"stallbench-run-{pid}-*"))
+    shm = any(default_cache_dir().glob(f"stallbench-run-{pid}-*"))
     groups = any(root.glob(f"stallbench-{pid}-*") for root in CGROUPS if root.is_dir())
     return {name for name, present in (("shm", shm), ("cgroup", groups)) if present}
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from loader.system.home import default_cache_dir
 from stallbench.analysis.concurrent import ConcurrentRun, job_run
 from stallbench.analysis.request import AnalysisRequest
 from stallbench.analysis.results import Workload
@@ -245,7 +246,7 @@ def _stallbench(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 def _leftovers(pid: int) -> list[Path]:
-    return list(Path("/dev/shm").glob(f"stallbench-run-{pid}-*"))
+    return list(default_cache_dir().glob(f"stallbench-run-{pid}-*"))
 
 
 def test_the_docs_show_a_jobs_command():

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from loader.coordinated.area import MIN_LOCK_WAIT
+from loader.system.home import default_cache_dir
 from tests._data import make_image_folder
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
@@ -205,13 +206,14 @@ def test_a_job_that_comes_mid_epoch_joins_at_the_next_epoch(tmp_path, shm_dir):
     assert not list(shm_dir.iterdir())
 
 
-def test_with_the_default_staging_dir_nothing_stays_in_dev_shm(tmp_path):
-    before = {p.name for p in Path("/dev/shm").glob("stallbench-coord-*")}
-    config = dict(data="indexed", samples=SAMPLES, group=f"default-{os.getpid()}", staging="/dev/shm")
+def test_with_the_default_staging_dir_nothing_stays_there_nor_in_dev_shm(tmp_path):
+    places = (Path("/dev/shm"), default_cache_dir())
+    before = {p for place in places for p in place.glob("stallbench-coord-*")}
+    config = dict(data="indexed", samples=SAMPLES, group=f"default-{os.getpid()}", staging=None)
     jobs = [
         start(tmp_path, f"job{k}", **config, epochs=1, min_members=2, workers=2, persistent=True)
         for k in range(2)
     ]
     results = [finish(job) for job in jobs]
     assert results[0][0] == results[1][0]
-    assert {p.name for p in Path("/dev/shm").glob("stallbench-coord-*")} == before
+    assert {p for place in places for p in place.glob("stallbench-coord-*")} == before

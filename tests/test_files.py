@@ -54,14 +54,15 @@ def data(files: CachedFiles, path) -> bytes | None:
 def test_second_pass_hits_exactly_the_files_admitted(tree, files):
     _, paths = tree
     first = {p: files.read(p) for p in paths}
-    assert {p: (sha(raw), hit) for p, (raw, hit) in first.items()} == {
+    assert {p: (sha(raw), hit) for p, (raw, hit, _) in first.items()} == {
         p: (sha(stored(p)), False) for p in paths
     }
     cached = files._caches[0].info().records_cached
-    assert cached == N // 2
+    assert cached == N // 2 == sum(got.admitted for got in first.values())
     second = [files.read(p) for p in paths]
-    assert [sha(raw) for raw, _ in second] == [sha(first[p][0]) for p in paths]
-    assert sum(hit for _, hit in second) == cached
+    assert [sha(raw) for raw, _, _ in second] == [sha(first[p][0]) for p in paths]
+    assert sum(hit for _, hit, _ in second) == cached
+    assert not any(got.admitted for got in second)
 
 
 def test_a_file_changed_after_the_listing_is_read_from_storage(tree, files):
@@ -70,12 +71,12 @@ def test_a_file_changed_after_the_listing_is_read_from_storage(tree, files):
         files.read(p)
     with open(paths[0], "wb") as f:  # cached, and now a different size
         f.write(b"new bytes")
-    assert files.read(paths[0]) == (b"new bytes", False)
+    assert files.read(paths[0]) == (b"new bytes", False, False)
     st = os.stat(paths[1])  # cached, same size, later mtime
     with open(paths[1], "r+b") as f:
         f.write(b"\0" * 8)
     os.utime(paths[1], ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    raw, hit = files.read(paths[1])
+    raw, hit, _ = files.read(paths[1])
     assert raw[:8] == b"\0" * 8 and not hit
     os.unlink(paths[2])
     assert files.read(paths[2]) is None  # gone: the caller's own open says so
@@ -89,7 +90,7 @@ def test_paths_not_listed_are_not_served(tree, files, tmp_path, monkeypatch):
         assert files.read(path) is None
     assert files.read(root / "part0" / "nope.bin") is None
     monkeypatch.chdir(root)
-    assert files.read(os.path.join("part1", "001.bin")) == (stored(root / "part1" / "001.bin"), False)
+    assert files.read(os.path.join("part1", "001.bin"))[:2] == (stored(root / "part1" / "001.bin"), False)
     assert data(files, b"part1/../part1/001.bin") == stored(root / "part1" / "001.bin")
 
 
@@ -99,8 +100,8 @@ def test_links_inside_the_tree_resolve_to_the_listed_file(tree, files, tmp_path)
     (tmp_path / "data2").symlink_to(root)
     (tmp_path / "out").write_bytes(b"secret")
     (root / "out").symlink_to(tmp_path / "out")  # leads out of the tree: not ours
-    assert files.read(root / "alias" / "000.bin") == (stored(paths[0]), False)
-    assert files.read(tmp_path / "data2" / "part0" / "000.bin") == (stored(paths[0]), True)  # one file
+    assert files.read(root / "alias" / "000.bin") == (stored(paths[0]), False, True)
+    assert files.read(tmp_path / "data2" / "part0" / "000.bin") == (stored(paths[0]), True, False)  # one file
     assert files.read(root / "out") is None
 
 

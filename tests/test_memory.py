@@ -17,7 +17,14 @@ import pytest
 
 from loader.system import headroom as _headroom
 from loader.system import memory as _memory
-from loader.system.headroom import PressureGauge, auto_cache_bytes, reserve_bytes, reserve_for_limit
+from loader.system.headroom import (
+    PressureGauge,
+    auto_cache_bytes,
+    disk_room,
+    reserve_bytes,
+    reserve_for_limit,
+    sized_cache_bytes,
+)
 from loader.system.memory import MemoryView, memory_view
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.limits import probe_storage_conditions
@@ -401,6 +408,50 @@ def test_gauge_keeps_the_job_s_peak_free_after_it_passed(monkeypatch):
     views.headroom = 500 * MIB
     assert gauge.short(272 * MIB + 1) and not gauge.short(272 * MIB)  # 500 - 100 - 272 = the 128 MiB reserve
     assert gauge.spare == 400 * MIB
+
+
+def test_gauge_of_a_store_on_disk_takes_its_page_cache_from_the_headroom(monkeypatch):
+    views = Views(monkeypatch, 500 * MIB)  # the store's 200 MiB of page cache counted in the headroom
+    gauge = PressureGauge(interval=0, held_in_memory=False)
+    held = 200 * MIB
+    assert not gauge.short(172 * MIB, lambda: held) and gauge.short(172 * MIB + 1, lambda: held, note=False)
+    assert gauge.spare == 300 * MIB and gauge.own_peak == LIMIT - 500 * MIB  # its own: not the store's
+    in_memory = PressureGauge(interval=0)  # the same reading, a store in a tmpfs: usage counts its 200 MiB
+    assert not in_memory.short(372 * MIB, lambda: held) and in_memory.own_peak == LIMIT - 700 * MIB
+
+
+def test_gauge_of_a_store_on_disk_gives_back_once_the_job_s_own_memory_leaves_too_little(monkeypatch):
+    views = Views(monkeypatch, 200 * MIB)
+    gauge = PressureGauge(held_in_memory=False)
+    assert gauge.overdrawn(lambda: 190 * MIB) == 2 * 16 * MIB - 10 * MIB  # 10 MiB spare past the store
+    views.now += 1
+    assert gauge.overdrawn(lambda: 100 * MIB) == 0
+
+
+def test_sized_cache_bytes_keeps_a_size_the_job_can_spare_and_says_nothing(tmp_path):
+    view = MemoryView(GIB, 2 * GIB, "SRC")
+    assert sized_cache_bytes(100 * MIB, 100 * MIB, tmp_path, view) == (100 * MIB, "")
+    assert sized_cache_bytes("auto", 100 * MIB, tmp_path, view) == (
+        100 * MIB,
+        "100.0 MiB: the dataset's size, within 1.0 GiB free per SRC",
+    )
+
+
+def test_sized_cache_bytes_lowers_a_size_larger_than_the_job_can_spare_with_one_warning(tmp_path):
+    view = MemoryView(GIB, 2 * GIB, "SRC")
+    said = "cache_bytes=4294967296 (4.0 GiB) lowered to 896.0 MiB: 1.0 GiB free per SRC, less 128.0 MiB kept free"
+    with pytest.warns(RuntimeWarning) as caught:
+        assert sized_cache_bytes(4 * GIB, 4 * GIB, tmp_path, view) == (GIB - 128 * MIB, said)
+    assert [str(w.message) for w in caught] == [f"{said}: the cache holds no more than the job can spare"]
+
+
+def test_a_cache_leaves_its_filesystem_room(tmp_path, monkeypatch):
+    fs = os.statvfs(tmp_path)
+    assert 0 <= disk_room(tmp_path) <= fs.f_bavail * fs.f_frsize
+    monkeypatch.setattr(_headroom, "disk_room", lambda path: 10 * MIB)
+    chosen, why = auto_cache_bytes(GIB, MemoryView(4 * GIB, 8 * GIB, "SRC"), tmp_path)
+    assert chosen == 10 * MIB and why == f"10.0 MiB: the space free in {tmp_path}, less 1.0 GiB"
+    assert disk_room(tmp_path / "not there") == 1 << 62
 
 
 @pytest.mark.parametrize(

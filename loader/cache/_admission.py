@@ -24,15 +24,16 @@ MEMORY_PAUSE = 5.0  # when memory is short, this process admits nothing for this
 
 
 class AdmissionGate:
-    """This process's switch for admitting into the store at ``path``; warnings name the store."""
+    """This process's switch for admitting into the store at ``path``; warnings name the store.
+    ``in_memory``: the store's pages are memory the kernel cannot take back (a tmpfs), not page cache."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, in_memory: bool = True) -> None:
         self.path = path
         self.off = False  # this process cannot use the store: it reads from storage for good
         self.memory_pauses = 0  # times this process paused admission because memory was short
         self.given_back = 0  # bytes this process's store gave back: the job grew into the reserve
         self._paused_until = 0.0
-        self._gauge = PressureGauge()
+        self._gauge = PressureGauge(held_in_memory=in_memory)
 
     def open(self) -> bool:
         """Whether admission is neither off nor paused now."""
@@ -73,6 +74,11 @@ class AdmissionGate:
         and room for the job to grow by ``growth`` bytes at once."""
         return 0 if self.off else self._gauge.shortfall(lambda: int(used[0]), growth)
 
+    def pressure(self) -> tuple[int, int]:
+        """(the job's own memory at its peak, the limit that binds), bytes, as last read; (0, 0) before."""
+        gauge = self._gauge
+        return (gauge.own_peak, gauge.last.limit) if gauge.last is not None else (0, 0)
+
     def note_given_back(self, nbytes: int, records: int) -> None:
         """The store gave back ``nbytes`` (``records`` records); warn the first time, read memory afresh."""
         if not self.given_back and nbytes:
@@ -89,10 +95,14 @@ class AdmissionGate:
         self._paused_until = time.monotonic() + MEMORY_PAUSE
 
     def _memory_left(self) -> str:
-        view, spare = self._gauge.last, self._gauge.spare
+        gauge = self._gauge
+        view = gauge.last
         free = f"{format_bytes(view.headroom)} free per {view.source}"
-        if spare < view.headroom:
-            free += f", {format_bytes(view.headroom - spare)} of it for the job's own peak"
+        if not gauge.held_in_memory:
+            free += f", {format_bytes(gauge.held)} of it the cache's page cache"
+        peak = view.headroom - gauge.spare - (0 if gauge.held_in_memory else gauge.held)
+        if peak > 0:
+            free += f", {format_bytes(peak)} of it for the job's own peak"
         return f"{free}, {format_bytes(self._gauge.reserve)} kept free"
 
     def pause_after_timeout(self, exc: Exception, timeout: float) -> None:

@@ -18,11 +18,13 @@ class GivesBack(SharedStore):
     def give_back(self, nbytes: int) -> tuple[int, int]:
         """Free about ``nbytes`` of memory: the records admitted last are dropped (slots EMPTY, admitted
         again later if memory allows) and their pages punched out of the data file. A record being written
-        is kept, with what lies below it. Returns the bytes freed and the records dropped.
+        is kept, with what lies below it. Returns the bytes freed and the records dropped, which the header
+        counts, with the job's own memory and its limit as this process's gate last saw them.
 
         A reader that looked a dropped slot up just before reads zeros or another record's bytes: its
         checksum fails and the record is read from the source (``CorruptRecordError``), never served wrong.
         """
+        own, limit = self._gate.pressure()
         try:
             with self._mutex.held():
                 used = int(self._used[0])
@@ -31,6 +33,8 @@ class GivesBack(SharedStore):
                 self._state[dropped] = EMPTY
                 self._used[0], self._full[0] = cut, 0
                 punch_hole(self._data_fd, cut, used)
+                if used > cut:
+                    self._note_give_back(used - cut, int(dropped.sum()), own, limit)
         except (LockTimeout, OSError):  # another process gives back, or the store is gone: no harm done
             return 0, 0
         return used - cut, int(dropped.sum())
@@ -42,6 +46,13 @@ class GivesBack(SharedStore):
         if freed:
             self._gate.note_given_back(freed, records)
         return freed
+
+    def _note_give_back(self, nbytes: int, records: int, own: int, limit: int) -> None:
+        """Count a give-back in the header (under the store's lock)."""
+        header = self._header
+        header["given_back"] += nbytes
+        header["records_given_back"] += records
+        header["own_at_give_back"], header["limit_at_give_back"] = own, limit
 
     def _tail_cut(self, target: int) -> int:
         """Where the data may end once no more than ``target`` bytes are kept: at or above ``target`` past

@@ -3,7 +3,7 @@
 ``index`` (mmap'ed by every process that uses the store)::
 
     header (4096 bytes): magic, version, capacity, num_records, data_capacity, used, full, fingerprint,
-                         limit
+                         limit, given_back, records_given_back, own_at_give_back, limit_at_give_back
     slots  (32 bytes each, one per record): offset u64, length u32, state u32, checksum u64,
                                             writer u32, generation u32
 
@@ -18,7 +18,10 @@ to back: the memory used is the bytes admitted, not pages per record. The checks
 payload, seeded with the record's index) is checked on every read, so neither damaged bytes nor a slot moved
 to another record's place is ever served. ``limit`` is how much of ``data_capacity`` the store may fill now:
 a cache of two stores (raw and prepared records) moves room from one to the other by moving their limits
-(``MinIOCache.set_limit``), without touching their files.
+(``MinIOCache.set_limit``), without touching their files. ``given_back`` and ``records_given_back`` count
+what the store gave back because the job grew into the memory the cache keeps free (``_giveback.py``), and
+the two fields after them what the job's own memory and its limit were the last time, so that every
+process's ``stats()`` can say how much went and why.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ __all__ = [
 ]
 
 MAGIC = b"SBMINIO1"
-VERSION = 4
+VERSION = 5
 HEADER_BYTES = 4096
 EMPTY, RESERVED, READY, UNHIT = 0, 1, 2, 3
 
@@ -58,6 +61,10 @@ HEADER_DTYPE = np.dtype(
         ("pad2", "<u4"),
         ("fingerprint", "S64"),
         ("limit", "<u8"),
+        ("given_back", "<u8"),
+        ("records_given_back", "<u8"),
+        ("own_at_give_back", "<u8"),
+        ("limit_at_give_back", "<u8"),
     ]
 )
 SLOT_DTYPE = np.dtype(

@@ -1,9 +1,10 @@
 """A store's files attached to this process: the index and data of one dataset's store, mapped, checked,
 and shared with workers by pickling only where it lives.
 
-One store per dataset fingerprint lives in this user's private folder of ``cache_dir`` (``/dev/shm`` by
-default), shared by every worker and every job of the user that reads the same source, and it outlives the
-job, so the next run starts warm. What a store admits and serves is its policy's (``minio.py``).
+One store per dataset fingerprint lives in this user's private folder of ``cache_dir`` (by default on a local
+disk, ``system.home``: its pages are page cache the kernel can take back), shared by every worker and every
+job of the user that reads the same source, and it outlives the job, so the next run starts warm. What a
+store admits and serves is its policy's (``minio.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from loader.cache._admission import AdmissionGate
 from loader.cache._attached import note_attached
 from loader.cache._layout import HEADER_BYTES, HEADER_DTYPE, READY, SLOT_DTYPE, index_bytes
 from loader.cache._storefiles import StoreDamaged, check_capacity, check_header, create_store
+from loader.system.home import default_cache_dir, holds_memory
 from loader.system.locks import StoreMutex, forget_writer
+from loader.system.memory import format_bytes
 from loader.system.private import check_private, open_private, user_dir
 
 __all__ = ["LOCK_TIMEOUT", "CacheInfo", "SharedStore", "store_path"]
@@ -34,13 +37,20 @@ LOCK_TIMEOUT = 5.0  # seconds a writer waits for the store's lock before it read
 
 @dataclass(frozen=True)
 class CacheInfo:
-    """What a store holds right now, over every process and job that shares it."""
+    """What a store holds right now, over every process and job that shares it; what it gave back since it
+    was made because the job grew into the memory the cache keeps free, and why (``given_back_why``: the
+    job's own memory and its limit the last time); whether its pages are memory the kernel cannot take
+    back (``in_memory``: a tmpfs) rather than page cache."""
 
     path: Path
     capacity: int
     bytes_used: int
     records_cached: int
     full: bool
+    bytes_given_back: int = 0
+    records_given_back: int = 0
+    given_back_why: str = ""
+    in_memory: bool = False
 
 
 def store_path(cache_dir: str | os.PathLike, fingerprint: str) -> Path:
@@ -60,7 +70,8 @@ class SharedStore:
         self._fingerprint = fingerprint
         self._num_records = num_records
         self._mutex = StoreMutex(path, lock_timeout)
-        self._gate = AdmissionGate(path)
+        self.in_memory = holds_memory(path)  # a tmpfs: pages the kernel cannot take back
+        self._gate = AdmissionGate(path, self.in_memory)
         self._attach()
         note_attached(self)
 
@@ -71,19 +82,20 @@ class SharedStore:
         fingerprint: str,
         num_records: int,
         capacity: int,
-        cache_dir: str | os.PathLike = "/dev/shm",
+        cache_dir: str | os.PathLike | None = None,
         lock_timeout: float = LOCK_TIMEOUT,
         warn_capacity: bool = True,
         limit: int | None = None,
     ) -> Self:
-        """Attach to this source's store in ``cache_dir``, creating it with ``capacity`` bytes if absent, of
-        which its records may fill ``limit`` (None: all; an existing store keeps its own capacity and limit:
-        ``warn_capacity`` warns when its capacity differs).
+        """Attach to this source's store in ``cache_dir`` (None: ``system.home.default_cache_dir``), creating
+        it with ``capacity`` bytes if absent, of which its records may fill ``limit`` (None: all; an
+        existing store keeps its own capacity and limit: ``warn_capacity`` warns when its capacity differs).
 
         Raises UntrustedCacheError (a PermissionError) naming the path and its owner when the folder or a
         file in the way is not this user's own and private.
         """
         check_capacity(capacity, num_records)
+        cache_dir = default_cache_dir() if cache_dir is None else cache_dir
         if not Path(cache_dir).is_dir():
             raise ValueError(f"cache_dir {str(cache_dir)!r} is not an existing directory")
         path = user_dir(Path(cache_dir), "cache_dir") / store_path(cache_dir, fingerprint).name
@@ -124,12 +136,25 @@ class SharedStore:
 
     def info(self) -> CacheInfo:
         """What it holds; ``capacity``: its index and the records it may hold now (its limit)."""
+        header = self._header[0]
+        given_back, own, limit = (
+            int(header[f]) for f in ("given_back", "own_at_give_back", "limit_at_give_back")
+        )
+        why = (
+            f"the job's own memory reached {format_bytes(own)} of its {format_bytes(limit)} limit"
+            if given_back
+            else ""
+        )
         return CacheInfo(
             path=self.path,
             capacity=index_bytes(self._num_records) + self.limit,
             bytes_used=int(self._used[0]) + index_bytes(self._num_records),
             records_cached=int(np.count_nonzero(self._state >= READY)),
             full=bool(self._full[0]),
+            bytes_given_back=given_back,
+            records_given_back=int(header["records_given_back"]),
+            given_back_why=why,
+            in_memory=self.in_memory,
         )
 
     def destroy(self) -> None:
@@ -163,7 +188,8 @@ class SharedStore:
         except (OSError, ValueError) as exc:
             self.path, self._data_fd = state["path"], None
             self._mutex = StoreMutex(self.path, state["lock_timeout"])
-            self._gate = AdmissionGate(self.path)
+            self.in_memory = False
+            self._gate = AdmissionGate(self.path, self.in_memory)
             self._gate.turn_off(exc)
 
     def _attach(self) -> None:

@@ -29,7 +29,9 @@ class Coordination:
     patience: the longest one job, stopped, slow or dead, holds the others: a batch it claimed is taken over
         after it, and a job that holds the group back by ``staged_batches`` for longer is detached;
         ``on_lag="wait"`` never detaches (claims are still taken over).
-    staging_dir: where the staging area lives (a tmpfs: /dev/shm).
+    staging_dir: where the staging area lives; None (default): where caches live by default
+        (``loader.system.home``: a local disk, whose pages the kernel takes back before it would kill a
+        job; a batch consumed and removed within seconds never reaches the disk).
     """
 
     group: str | None = None
@@ -38,7 +40,7 @@ class Coordination:
     join_timeout: float = 60.0
     patience: float = 30.0
     on_lag: Literal["detach", "wait"] = "detach"
-    staging_dir: str = "/dev/shm"
+    staging_dir: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("staged_batches", "min_members"):

@@ -15,6 +15,7 @@ from loader.coordinated.area import Area
 from loader.coordinated.member import Member
 from loader.coordinated.options import Coordination, group_key
 from loader.coordinated.prep import Preparer, Tickets
+from loader.system.home import default_cache_dir
 from loader.system.private import user_dir
 
 __all__ = ["CoordinatedEpochs"]
@@ -44,7 +45,8 @@ class CoordinatedEpochs:
             collate_fn=collate,
             name=options.group,
         )
-        area = user_dir(Path(options.staging_dir), "Coordination(staging_dir=...)", key)
+        staging = Path(options.staging_dir) if options.staging_dir is not None else default_cache_dir()
+        area = user_dir(staging, "Coordination(staging_dir=...)", key)
         self.area = Area(area.parent, area.name, len(batches), options.staged_batches, options.patience)
         self.member = Member(
             self.area, options, Preparer(self.area, 0, loader.dataset, loader.collate_fn), loader.num_workers

@@ -1,18 +1,29 @@
 """What the cache makes of the memory view (``memory.py``): the reserve it leaves free for the job's own
-growth, the size ``cache_bytes="auto"`` gives it, and a gauge that says, cheaply and often, whether memory
-is short now (stop admitting) or overdrawn (give records back)."""
+growth, the size a cache gets (``sized_cache_bytes``: ``cache_bytes="auto"``, or a number no larger than
+the job can spare), and a gauge that says, cheaply and often, whether memory is short now (stop admitting)
+or overdrawn (give records back)."""
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Callable
 from time import monotonic
 
 from loader.system import memory as _memory
 from loader.system.memory import MemoryView, format_bytes
 
-__all__ = ["PressureGauge", "auto_cache_bytes", "reserve_bytes", "reserve_for_limit"]
+__all__ = [
+    "PressureGauge",
+    "auto_cache_bytes",
+    "disk_room",
+    "reserve_bytes",
+    "reserve_for_limit",
+    "sized_cache_bytes",
+]
 
 _MIB = 1 << 20
+_DISK_MARGIN = 1 << 30  # what a cache leaves free on its filesystem (or a 20th of it, where that is less)
 _LIMIT_SHARE, _OWN_SHARE = 20, 5  # a 20th of the limit; a 5th of the job's own memory: see reserve_for_limit
 _OWN_FLOOR, _OWN_CAP = 16 * _MIB, 128 * _MIB
 _LAST_MARGIN = 16 * _MIB  # see PressureGauge.overdrawn
@@ -40,17 +51,52 @@ def reserve_for_limit(limit: int, own: int) -> int:
     return max(limit // _LIMIT_SHARE, own_share)
 
 
-def auto_cache_bytes(wanted: int, view: MemoryView | None = None) -> tuple[int, str]:
-    """Bytes to give the cache: ``wanted``, within the headroom less the reserve; and a sentence why."""
+def auto_cache_bytes(
+    wanted: int, view: MemoryView | None = None, cache_dir: str | os.PathLike | None = None
+) -> tuple[int, str]:
+    """Bytes to give the cache: ``wanted``, within the headroom less the reserve (and the space free in
+    ``cache_dir``, where given); and a sentence why."""
     if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 0:
         raise ValueError(f"wanted must be a non-negative int, got {wanted!r}")
     view = _memory.memory_view() if view is None else view
     reserve = reserve_bytes(view)
     chosen = max(0, min(wanted, view.headroom - reserve))
     free = f"{format_bytes(view.headroom)} free per {view.source}"
+    disk = disk_room(cache_dir) if cache_dir is not None else chosen
+    if disk < chosen:
+        return disk, f"{format_bytes(disk)}: the space free in {cache_dir}, less {format_bytes(_DISK_MARGIN)}"
     if chosen == wanted:
         return chosen, f"{format_bytes(chosen)}: the dataset's size, within {free}"
     return chosen, f"{format_bytes(chosen)}: {free}, less {format_bytes(reserve)} kept free"
+
+
+def sized_cache_bytes(
+    cache_bytes: int | str, wanted: int, cache_dir: str | os.PathLike, view: MemoryView | None = None
+) -> tuple[int, str]:
+    """(the bytes a cache in ``cache_dir`` gets, how they were chosen): for ``"auto"``, ``wanted`` (the
+    records' size) within what the job can spare (``auto_cache_bytes``); for a number, that number, or what
+    the job can spare where the number is more, with one warning naming both (a store larger than the
+    memory the job leaves only holds pages the kernel must take back, or, in a tmpfs, gets the job killed).
+    """
+    if cache_bytes == "auto":
+        return auto_cache_bytes(wanted, view, cache_dir)
+    room, why = auto_cache_bytes(cache_bytes, view, cache_dir)
+    if room == cache_bytes:
+        return cache_bytes, ""
+    sizing = f"cache_bytes={cache_bytes} ({format_bytes(cache_bytes)}) lowered to {why}"
+    warnings.warn(f"{sizing}: the cache holds no more than the job can spare", RuntimeWarning, stacklevel=4)
+    return room, sizing
+
+
+def disk_room(cache_dir: str | os.PathLike) -> int:
+    """The bytes a cache may still take on the filesystem of ``cache_dir``: its free space less 1 GiB, or
+    less a 20th of the filesystem where that is less; unbounded where the filesystem will not say."""
+    try:
+        fs = os.statvfs(cache_dir)
+    except OSError:
+        return 1 << 62
+    margin = min(_DISK_MARGIN, fs.f_blocks * fs.f_frsize // 20)
+    return max(0, fs.f_bavail * fs.f_frsize - margin)
 
 
 class PressureGauge:
@@ -64,21 +110,30 @@ class PressureGauge:
     not short) count as taken until the next read, so a burst of admissions between two reads cannot
     overrun the reserve. What it keeps free (``reserve``) is ``reserve_for_limit`` of the limit and the
     job's own memory at its peak. ``bytes_between`` defaults to an eighth of the reserve.
+
+    ``held_in_memory``: the cache's pages are memory the kernel cannot reclaim (a store in a tmpfs), so the
+    view's usage counts them; else (a store on a disk, ``system.home``) they are page cache, which the view
+    counts as headroom, and the cache's own bytes are taken from the headroom instead. Either way what the
+    cache may still take is the limit less the job's own peak and what the cache holds.
     """
 
-    def __init__(self, interval: float = 0.05, bytes_between: int | None = None) -> None:
+    def __init__(
+        self, interval: float = 0.05, bytes_between: int | None = None, *, held_in_memory: bool = True
+    ) -> None:
         if not interval >= 0:
             raise ValueError(f"interval must be >= 0 seconds, got {interval!r}")
         if bytes_between is not None and (isinstance(bytes_between, bool) or bytes_between <= 0):
             raise ValueError(f"bytes_between must be a positive int or None, got {bytes_between!r}")
         self.interval = interval
         self.bytes_between = bytes_between
+        self.held_in_memory = held_in_memory
         self.last: MemoryView | None = None
+        self.held = 0  # the bytes the cache held at the last read
         self.spare = 0
         self._read_at = 0.0
         self._noted = 0
         self.reserve = 0  # what to keep free, as of the last read
-        self._own_peak = 0
+        self.own_peak = 0
         self._peak_source = ""
 
     def short(self, adding: int = 0, held: Callable[[], int] = lambda: 0, *, note: bool = True) -> bool:
@@ -139,9 +194,9 @@ class PressureGauge:
     def _read(self, held: int) -> None:
         view = _memory.memory_view()  # through the module: tests point it at fixtures
         if view.source != self._peak_source:
-            self._own_peak, self._peak_source = 0, view.source  # another limit binds: another usage
-        own = view.limit - view.headroom - held
-        self._own_peak = max(self._own_peak, own)
-        self.last, self.spare = view, view.headroom - (self._own_peak - own)
+            self.own_peak, self._peak_source = 0, view.source  # another limit binds: another usage
+        own = view.limit - view.headroom - (held if self.held_in_memory else 0)
+        self.own_peak = max(self.own_peak, own)
+        self.last, self.held, self.spare = view, held, view.limit - self.own_peak - held
         self._read_at, self._noted = monotonic(), 0
-        self.reserve = reserve_for_limit(view.limit, self._own_peak)
+        self.reserve = reserve_for_limit(view.limit, self.own_peak)

@@ -67,7 +67,7 @@ def _local_path(folder: Path, key: str) -> Path:
 def in_memory_copy(source: Any) -> Iterator[Path]:
     """The objects of ``source`` copied, in their layout (``<class>/<key>``), to a private folder in
     ``/dev/shm``; removed when done, or by a later run if this one is killed (``scratch_cache_dir``)."""
-    root = scratch_cache_dir()
+    root = scratch_cache_dir("/dev/shm")
     folder = root / "data"
     under = f"s3://{source.bucket}/{source.prefix}"
 

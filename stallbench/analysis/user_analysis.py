@@ -52,7 +52,7 @@ class UserJob:
     steps: int | None = None
     epochs: int = 3
     time_limit: float | None = None
-    cache_dir: str = "/dev/shm"
+    cache_dir: str | None = None  # None: the loader's default (``loader.system.home``)
 
     def spec(self, kind: str, **options: object) -> JobSpec:
         """A run of the command with loaders ``kind``; ``options``: the rest of the :class:`JobSpec`."""

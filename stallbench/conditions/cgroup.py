@@ -238,6 +238,18 @@ class StorageLimits:
         """How many times this cgroup hit its memory limit."""
         return self._stat("memory_failcnt", "memory")
 
+    def oom_kills(self) -> int:
+        """How many processes of this cgroup the kernel killed for want of memory."""
+        return self._stat("oom_kills", "memory")
+
+    def set_memory_limit(self, limit: int) -> None:
+        """Move the memory limit while the cgroup's processes run: the kernel reclaims what it can to meet a
+        lower one, and refuses it (StorageConditionUnavailable) where it cannot."""
+        if "memory" not in self._dirs:
+            raise RuntimeError("StorageLimits has no active memory cgroup")
+        _write(self._dirs["memory"] / _SETTINGS["memory"], str(limit))
+        self.memory_limit = limit
+
     def _stat(self, key: str, controller: str) -> int:
         """A counter, live while active and as it was at close afterwards."""
         stats = self._read_stats() if self._dirs else self._final
@@ -256,6 +268,8 @@ class StorageLimits:
         if "memory" in self._dirs:
             for key, file in (("memory_max_usage", "max_usage_in_bytes"), ("memory_failcnt", "failcnt")):
                 stats[key] = int((self._dirs["memory"] / f"memory.{file}").read_text())
+            oom = (self._dirs["memory"] / "memory.oom_control").read_text().split()
+            stats["oom_kills"] = int(oom[oom.index("oom_kill") + 1]) if "oom_kill" in oom else 0
         return stats
 
     def close(self) -> None:

@@ -33,7 +33,9 @@ __all__ = [
 
 TIMELINE_BATCHES = 100_000  # batches of an epoch whose wait and step are kept one by one
 # loader.LoaderStats fields that say where the cache stands, not what an epoch did: kept as at its end
-LEVELS = frozenset({"cache_bytes_used", "cache_capacity", "records_cached", "memory_pauses"})
+LEVELS = frozenset(
+    {"cache_bytes_used", "cache_capacity", "cache_bytes_given_back", "records_cached", "memory_pauses"}
+)
 _said: set[str] = set()
 _handing = threading.local()  # ``depth``: timed iterators of this thread inside their loader's __next__
 

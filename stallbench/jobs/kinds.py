@@ -69,9 +69,8 @@ def _cached(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) ->
 
     coordinate = False
     if job.coordinate:
-        coordinate = loader.Coordination(
-            group=job.coordinate, min_members=job.group_size, staging_dir=job.cache_dir
-        )
+        staging = {"staging_dir": job.cache_dir} if job.cache_dir is not None else {}
+        coordinate = loader.Coordination(group=job.coordinate, min_members=job.group_size, **staging)
     dl = loader.DataLoader(
         dataset, collate_fn=collate, cache_bytes=job.cache_bytes, cache_dir=job.cache_dir,
         coordinate=coordinate, **common,

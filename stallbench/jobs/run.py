@@ -94,9 +94,14 @@ def child_env(tmpdir: str | os.PathLike, first: Sequence[str | os.PathLike] = ()
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths)), "TMPDIR": os.fspath(tmpdir)}
 
 
-def scratch_cache_dir(parent: str | os.PathLike = "/dev/shm") -> Path:
-    """A fresh private folder for one run's cache; the caller removes it (``shutil.rmtree``). Folders of
-    this user's earlier runs whose process is gone (killed before it could remove them) are removed first."""
+def scratch_cache_dir(parent: str | os.PathLike | None = None) -> Path:
+    """A fresh private folder for one run's cache in ``parent`` (None: where the loader keeps its caches by
+    default, ``loader.system.home``); the caller removes it (``shutil.rmtree``). Folders of this user's
+    earlier runs whose process is gone (killed before it could remove them) are removed first."""
+    if parent is None:
+        from loader.system.home import default_cache_dir  # here: the command line starts without torch
+
+        parent = default_cache_dir()
     _sweep_dead_runs(Path(parent))
     return Path(tempfile.mkdtemp(prefix=f"stallbench-run-{os.getpid()}-", dir=parent))
 

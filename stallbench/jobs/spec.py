@@ -171,7 +171,7 @@ class WorkloadJob(_JsonFile):
     workers: int = 2
     batch_size: int = 64
     cache_bytes: int | str | None = None
-    cache_dir: str = "/dev/shm"
+    cache_dir: str | None = None  # None: the loader's default (``loader.system.home``)
     transform: str = "train"
     compute: str | None = None
     seed: int = 0
@@ -184,7 +184,8 @@ class WorkloadJob(_JsonFile):
     def __post_init__(self) -> None:
         check_kind(self.loader)
         object.__setattr__(self, "data", os.fspath(self.data))
-        object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
+        if self.cache_dir is not None:
+            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
         _check_choice("transform", self.transform, TRANSFORMS)
         if not (self.cache_bytes in (None, "auto") or _is_int(self.cache_bytes)):
             raise ValueError(f"cache_bytes must be bytes, 'auto' or None, got {self.cache_bytes!r}")
