@@ -21,8 +21,8 @@ from loader.cache import MinIOCache
 from loader.cache._layout import index_bytes
 from loader.datasets import SourceDataset
 from loader.system import memory as _memory
-from loader.system.headroom import sized_cache_bytes
 from loader.system.memory import format_bytes
+from loader.system.sizing import sized_cache_bytes
 
 __all__ = ["SourceCache", "open_cache"]
 

@@ -58,9 +58,10 @@ os.register_at_fork(after_in_child=_forked)
 
 
 def _given_back(cache: CacheInfo) -> str:
+    own, limit = map(format_bytes, cache.given_back_at)
     return (
-        f"gave back {format_bytes(cache.bytes_given_back)} ({cache.records_given_back} records) when "
-        f"{cache.given_back_why}"
+        f"gave back {format_bytes(cache.bytes_given_back)} ({cache.records_given_back} records) when the "
+        f"job's own memory reached {own} of its {limit} limit"
     )
 
 

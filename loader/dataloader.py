@@ -35,13 +35,10 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
 
     Keyword-only additions:
       cache_bytes: capacity of the node-local cache in bytes, or ``"auto"``: the memory the job may still
-        take (its cgroup's limit or MemAvailable, less a reserve), up to the dataset's size (``stats().
-        cache_sizing`` says why); a number larger than that is lowered to it, with a warning. None
-        (default): no cache, torch's behaviour. Shared by every worker and job that reads the same source,
-        it survives the job. Admission pauses while memory is short.
-      cache_dir: where the cache lives: by default ``$STALLBENCH_CACHE_DIR`` or ``/var/tmp``, a local disk,
-        whose pages the kernel takes back before the job would be killed (docs/concepts/minio-cache.md);
-        a tmpfs such as ``/dev/shm`` holds memory the kernel cannot take back.
+        take (its cgroup's limit or MemAvailable, less a reserve), up to the dataset's size; a number larger
+        than that is lowered to it (``stats().cache_sizing`` says why). None (default): no cache, torch's
+        behaviour. Shared by every worker and job that reads the same source, it survives the job.
+      cache_dir: where it lives, ``$STALLBENCH_CACHE_DIR`` or ``/var/tmp`` (docs/concepts/minio-cache.md).
       cache_form: ``"auto"`` (default) holds records raw, *prepared* (a staged transform's deterministic
         part done: decoded pixels for ``"train"``, the whole sample for ``"eval"``) or mixed, as measured
         fastest, and measured again as the cache fills; ``"raw"`` or ``"prepared"`` forces one

@@ -21,9 +21,9 @@ from loader._fetched import served
 from loader.cache import CacheInfo, MinIOCache
 from loader.cache._layout import index_bytes
 from loader.sources.file_tree import FileTreeSource, shared_listing
-from loader.system.headroom import sized_cache_bytes
 from loader.system.home import default_cache_dir
 from loader.system.pagecache import evict_file, read_admitting
+from loader.system.sizing import sized_cache_bytes
 
 __all__ = ["LARGEST_FILE", "CachedFiles", "FileRead"]
 

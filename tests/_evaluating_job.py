@@ -4,8 +4,9 @@ evaluation makes its memory jump. Run as its own process, inside a cgroup by the
 ``_evaluating_job.py KIND ROOT CACHE_BYTES EPOCHS EVAL_MIB [SOURCE]`` trains over the files of ROOT with
 2 persistent workers, shuffled, batch 16: ``KIND`` ``torch`` (torch's DataLoader) or ``ours``
 (``loader.DataLoader`` with ``cache_bytes`` CACHE_BYTES: a number, ``auto`` or ``none``), over ``SOURCE``
-``files`` (default: the user's own Dataset, which opens each file itself, and ``cache_files=ROOT``) or
-``folder`` (``loader.ImageFolder``; torch's loader reads the same files through the user's Dataset).
+``files`` (default: the user's own Dataset, which opens each file itself, and ``cache_files=ROOT``),
+``folder`` (``loader.ImageFolder``) or ``coordinated`` (the same with ``coordinate=True``: its batches
+staged for a group); torch's loader reads the same files through the user's Dataset.
 After each epoch an evaluation loader (torch's, 2 workers, forked then) reads a few files while the job
 holds EVAL_MIB MiB more of its own, as a bigger evaluation batch or a checkpoint's copy would. Prints one
 JSON line per epoch (samples seen, and for ours the loader's ``stats()``).
@@ -46,9 +47,9 @@ def train_loader(kind: str, root: Path, cache_bytes: str, source: str) -> torch.
     if kind == "torch":
         return torch.utils.data.DataLoader(Files(root), **common)
     size = None if cache_bytes == "none" else cache_bytes if cache_bytes == "auto" else int(cache_bytes)
-    if source == "folder":
+    if source in ("folder", "coordinated"):
         folder = loader.ImageFolder(str(root), transform=len)
-        return loader.DataLoader(folder, cache_bytes=size, **common)
+        return loader.DataLoader(folder, cache_bytes=size, coordinate=source == "coordinated", **common)
     files = {"cache_files": str(root)} if size is not None else {}
     return loader.DataLoader(Files(root), cache_bytes=size, **files, **common)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from loader.system.headroom import reserve_for_limit
+from loader.system.sizing import reserve_for_limit
 from stallbench.analysis import whatif
 from stallbench.analysis.analyze import analyze, prepare
 from stallbench.analysis.memory import OVERHEAD_MARGIN

@@ -20,8 +20,8 @@ from loader.cache._admission import AdmissionGate
 from loader.cache._layout import index_bytes
 from loader.cache.minio import TAKES_AHEAD
 from loader.system import forkgrowth
-from loader.system.headroom import reserve_bytes
 from loader.system.memory import MemoryView, format_bytes
+from loader.system.sizing import reserve_bytes
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.limits import probe_storage_conditions
 from stallbench.conditions.storage import evict_page_cache, resident_bytes
@@ -259,8 +259,8 @@ def test_records_given_back_are_read_from_the_source_and_the_loader_warns_once(s
     assert s.records_cached == 0 and (s.hits, s.misses) == (0, 2 * RECORDS)  # epoch 2 read all again
     assert s.cache_bytes_given_back == RECORDS * SIZE and s.records_admitted == RECORDS
     own = format_bytes(LIMIT - CLOSE - RECORDS * SIZE)  # the store's bytes were in the usage (a tmpfs)
-    said = f"gave back {format_bytes(RECORDS * SIZE)} ({RECORDS} records) when the job's own memory reached {own}"
-    assert s.cache_sizing == f"{said} of its {format_bytes(LIMIT)} limit"
+    said = f"gave back {format_bytes(RECORDS * SIZE)} ({RECORDS} records) when the job's own memory"
+    assert s.cache_sizing == f"{said} reached {own} of its {format_bytes(LIMIT)} limit"
 
 
 @pytest.mark.parametrize("persistent_workers", [False, True])

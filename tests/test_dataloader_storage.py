@@ -125,8 +125,8 @@ def test_a_users_own_files_through_cache_files_never_enter_the_page_cache(cold_i
     assert resident_bytes(cold_images) < 0.05 * total
     again = [files.read(p) for p in paths]
     assert resident_bytes(cold_images) < 0.05 * total
-    assert first == [(p.read_bytes(), False) for p in paths] and again == [
-        (p.read_bytes(), True) for p in paths
+    assert first == [(p.read_bytes(), False, True) for p in paths] and again == [
+        (p.read_bytes(), True, False) for p in paths
     ]
 
 
@@ -159,4 +159,4 @@ def test_a_users_own_file_is_served_from_the_store_whatever_evicting_its_pages_m
     files = loader.CachedFiles(cold_images, 1 << 24, cache_dir=shm_dir)
     paths = sorted(cold_images.rglob("*.jpg"))
     assert [files.read(p)[1] for p in paths] == [False] * 32
-    assert [files.read(p) for p in paths] == [(p.read_bytes(), True) for p in paths]
+    assert [files.read(p) for p in paths] == [(p.read_bytes(), True, False) for p in paths]

@@ -17,15 +17,16 @@ import pytest
 
 from loader.system import headroom as _headroom
 from loader.system import memory as _memory
-from loader.system.headroom import (
-    PressureGauge,
+from loader.system import sizing as _sizing
+from loader.system.headroom import PressureGauge
+from loader.system.memory import MemoryView, memory_view
+from loader.system.sizing import (
     auto_cache_bytes,
     disk_room,
     reserve_bytes,
     reserve_for_limit,
     sized_cache_bytes,
 )
-from loader.system.memory import MemoryView, memory_view
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.limits import probe_storage_conditions
 from stallbench.conditions.storage import evict_page_cache
@@ -411,7 +412,7 @@ def test_gauge_keeps_the_job_s_peak_free_after_it_passed(monkeypatch):
 
 
 def test_gauge_of_a_store_on_disk_takes_its_page_cache_from_the_headroom(monkeypatch):
-    views = Views(monkeypatch, 500 * MIB)  # the store's 200 MiB of page cache counted in the headroom
+    Views(monkeypatch, 500 * MIB)  # the store's 200 MiB of page cache counted in the headroom
     gauge = PressureGauge(interval=0, held_in_memory=False)
     held = 200 * MIB
     assert not gauge.short(172 * MIB, lambda: held) and gauge.short(172 * MIB + 1, lambda: held, note=False)
@@ -439,7 +440,8 @@ def test_sized_cache_bytes_keeps_a_size_the_job_can_spare_and_says_nothing(tmp_p
 
 def test_sized_cache_bytes_lowers_a_size_larger_than_the_job_can_spare_with_one_warning(tmp_path):
     view = MemoryView(GIB, 2 * GIB, "SRC")
-    said = "cache_bytes=4294967296 (4.0 GiB) lowered to 896.0 MiB: 1.0 GiB free per SRC, less 128.0 MiB kept free"
+    said = "cache_bytes=4294967296 (4.0 GiB) lowered to 896.0 MiB: "
+    said += "1.0 GiB free per SRC, less 128.0 MiB kept free"
     with pytest.warns(RuntimeWarning) as caught:
         assert sized_cache_bytes(4 * GIB, 4 * GIB, tmp_path, view) == (GIB - 128 * MIB, said)
     assert [str(w.message) for w in caught] == [f"{said}: the cache holds no more than the job can spare"]
@@ -448,7 +450,7 @@ def test_sized_cache_bytes_lowers_a_size_larger_than_the_job_can_spare_with_one_
 def test_a_cache_leaves_its_filesystem_room(tmp_path, monkeypatch):
     fs = os.statvfs(tmp_path)
     assert 0 <= disk_room(tmp_path) <= fs.f_bavail * fs.f_frsize
-    monkeypatch.setattr(_headroom, "disk_room", lambda path: 10 * MIB)
+    monkeypatch.setattr(_sizing, "disk_room", lambda path: 10 * MIB)
     chosen, why = auto_cache_bytes(GIB, MemoryView(4 * GIB, 8 * GIB, "SRC"), tmp_path)
     assert chosen == 10 * MIB and why == f"10.0 MiB: the space free in {tmp_path}, less 1.0 GiB"
     assert disk_room(tmp_path / "not there") == 1 << 62

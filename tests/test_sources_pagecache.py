@@ -112,9 +112,9 @@ def test_a_users_file_read_through_cached_files_is_held_once(disk, shm_dir):
     evict_page_cache(files)
     cached = CachedFiles(disk / "imgs", (RECORDS + TAKES_AHEAD) * RECORD_BYTES, shm_dir)  # room ahead
     try:
-        assert [cached.read(path) for path in files] == [(payload(i), False) for i in range(RECORDS)]
+        assert [cached.read(path) for path in files] == [(payload(i), False, True) for i in range(RECORDS)]
         assert resident_bytes(files) == 0 and cached.infos()[0].records_cached == RECORDS
-        assert [cached.read(path) for path in files] == [(payload(i), True) for i in range(RECORDS)]
+        assert [cached.read(path) for path in files] == [(payload(i), True, False) for i in range(RECORDS)]
     finally:
         cached.close()
 

@@ -28,6 +28,7 @@ LONG = {
     "stallbench/workloads.py",
     "loader/coordinated/member.py",
     "loader/coordinated/area.py",  # the group table's operations, each under the one lock
+    "loader/cache/_store.py",  # a store attached: its files checked, what it holds and gave back, pickled
     "stallbench/cli/__init__.py",  # the parser, one option per call, and the checks across options
 }
 

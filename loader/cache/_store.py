@@ -27,7 +27,6 @@ from loader.cache._layout import HEADER_BYTES, HEADER_DTYPE, READY, SLOT_DTYPE, 
 from loader.cache._storefiles import StoreDamaged, check_capacity, check_header, create_store
 from loader.system.home import default_cache_dir, holds_memory
 from loader.system.locks import StoreMutex, forget_writer
-from loader.system.memory import format_bytes
 from loader.system.private import check_private, open_private, user_dir
 
 __all__ = ["LOCK_TIMEOUT", "CacheInfo", "SharedStore", "store_path"]
@@ -38,9 +37,9 @@ LOCK_TIMEOUT = 5.0  # seconds a writer waits for the store's lock before it read
 @dataclass(frozen=True)
 class CacheInfo:
     """What a store holds right now, over every process and job that shares it; what it gave back since it
-    was made because the job grew into the memory the cache keeps free, and why (``given_back_why``: the
-    job's own memory and its limit the last time); whether its pages are memory the kernel cannot take
-    back (``in_memory``: a tmpfs) rather than page cache."""
+    was made because the job grew into the memory the cache keeps free, with the job's own memory and its
+    limit the last time (``given_back_at``); whether its pages are memory the kernel cannot take back
+    (``in_memory``: a tmpfs) rather than page cache."""
 
     path: Path
     capacity: int
@@ -49,7 +48,7 @@ class CacheInfo:
     full: bool
     bytes_given_back: int = 0
     records_given_back: int = 0
-    given_back_why: str = ""
+    given_back_at: tuple[int, int] = (0, 0)
     in_memory: bool = False
 
 
@@ -137,23 +136,15 @@ class SharedStore:
     def info(self) -> CacheInfo:
         """What it holds; ``capacity``: its index and the records it may hold now (its limit)."""
         header = self._header[0]
-        given_back, own, limit = (
-            int(header[f]) for f in ("given_back", "own_at_give_back", "limit_at_give_back")
-        )
-        why = (
-            f"the job's own memory reached {format_bytes(own)} of its {format_bytes(limit)} limit"
-            if given_back
-            else ""
-        )
         return CacheInfo(
             path=self.path,
             capacity=index_bytes(self._num_records) + self.limit,
             bytes_used=int(self._used[0]) + index_bytes(self._num_records),
             records_cached=int(np.count_nonzero(self._state >= READY)),
             full=bool(self._full[0]),
-            bytes_given_back=given_back,
+            bytes_given_back=int(header["given_back"]),
             records_given_back=int(header["records_given_back"]),
-            given_back_why=why,
+            given_back_at=(int(header["own_at_give_back"]), int(header["limit_at_give_back"])),
             in_memory=self.in_memory,
         )
 
