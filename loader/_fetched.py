@@ -5,6 +5,7 @@ counted (``note_fetch``), and the stand-in for a record skipped under ``on_error
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -13,7 +14,7 @@ from loader.cache import CorruptRecordError, MinIOCache
 from loader.errors import BadRecordError
 from loader.sources import Source
 
-__all__ = ["SKIPPED", "BatchCost", "Fetched", "fetch_raw", "note_fetch", "served"]
+__all__ = ["SKIPPED", "BatchCost", "Fetched", "admitting", "fetch_raw", "kept_out", "note_fetch", "served"]
 
 
 class _Skipped:
@@ -72,14 +73,50 @@ def fetch_raw(
     corrupt = corrupt or damaged
     if raw is not None:
         return Fetched(raw, True, False, time.perf_counter() - start)
+    evict = functools.partial(source.evict, index)
     if corrupt or not cache.accepting(index) or held_elsewhere(index):
-        return Fetched(source.read(index), False, False, time.perf_counter() - start, corrupt)
+        if cache.crowded():
+            raw = source.read_admitting(index, kept_out(evict), _anything)[0]
+        else:
+            raw = source.read(index)
+        return Fetched(raw, False, False, time.perf_counter() - start, corrupt)
     pauses = cache.memory_pauses
     raw, admitted = source.read_admitting(
-        index, lambda raw, ours: cache.admit(index, raw, ours), lambda nbytes: cache.takes(index, nbytes)
+        index, admitting(cache, index, evict), lambda nbytes: cache.takes(index, nbytes)
     )
     paused = cache.memory_pauses != pauses
     return Fetched(raw, False, admitted, time.perf_counter() - start, memory_pause=paused)
+
+
+def admitting(cache: MinIOCache, index: int, evict: Callable[[], None]) -> Callable[[bytes, bool], bool]:
+    """``read_admitting``'s ``admit`` for record ``index``: the store takes it, or, where the store is
+    crowded (``MinIOCache.crowded``), the pages the read brought in are evicted at once."""
+
+    def admit(raw: bytes, ours: bool) -> bool:
+        if cache.admit(index, raw, ours):
+            return True
+        if ours and cache.crowded():
+            evict()
+        return False
+
+    return admit
+
+
+def _anything(nbytes: int) -> bool:
+    """``read_admitting``'s ``takes`` for a record read around the page cache: a cold file, read directly."""
+    return True
+
+
+def kept_out(evict: Callable[[], None]) -> Callable[[bytes, bool], bool]:
+    """``read_admitting``'s ``admit`` for a record read around the page cache: admits nothing, and evicts the
+    pages the read brought in (a file it could not read directly, ``_anything``: a cold one it reads so)."""
+
+    def admit(raw: bytes, ours: bool) -> bool:
+        if ours:
+            evict()
+        return False
+
+    return admit
 
 
 class BatchCost:

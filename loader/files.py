@@ -10,6 +10,7 @@ through one (``loader._serving``) and counts its reads in ``stats()``.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import stat
@@ -17,7 +18,7 @@ import warnings
 from collections.abc import Iterable
 from typing import Literal, NamedTuple
 
-from loader._fetched import served
+from loader._fetched import admitting, kept_out, served
 from loader.cache import CacheInfo, MinIOCache
 from loader.cache._layout import index_bytes
 from loader.sources.file_tree import FileTreeSource, shared_listing
@@ -126,16 +127,20 @@ class CachedFiles:
     @staticmethod
     def _fetch(cache: MinIOCache | None, i: int, name: str, size: int) -> FileRead:
         """From the store, else from storage, admitted while there is room."""
-        raw, corrupt = served(cache, i, lambda: evict_file(name)) if cache is not None else (None, False)
+        evict = functools.partial(evict_file, name)
+        raw, corrupt = served(cache, i, evict) if cache is not None else (None, False)
         if raw is not None:
             return FileRead(raw, True, False)
         if cache is None or corrupt or not cache.accepting(i):
+            if cache is not None and cache.crowded():  # its pages would push the store's out
+                return FileRead(read_admitting(name, kept_out(evict), lambda nbytes: True)[0], False, False)
             with io.FileIO(name) as f:
                 return FileRead(f.readall(), False, False)
         # admitted only at the listed size: a file rewritten between our stat and our read is not stored
+        admit = admitting(cache, i, evict)
         raw, admitted = read_admitting(
             name,
-            lambda raw, ours: len(raw) == size and cache.admit(i, raw, ours),
+            lambda raw, ours: len(raw) == size and admit(raw, ours),
             lambda nbytes: nbytes == size and cache.takes(i, nbytes),
         )
         return FileRead(raw, False, admitted)

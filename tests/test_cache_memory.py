@@ -236,6 +236,14 @@ def test_a_job_that_grows_after_its_cache_filled_gets_memory_back_and_is_not_kil
     assert stats["records_cached"] * RECORD_BYTES <= stats["cached_after_epoch1"] * RECORD_BYTES - 16 * MIB
 
 
+@pytest.mark.parametrize(("headroom", "crowded"), [(100 * MIB, False), (80 * MIB, True), (20 * MIB, True)])
+def test_a_store_on_disk_is_crowded_where_it_holds_more_than_the_memory_beside_it(memory, headroom, crowded):
+    memory(free(headroom, limit=LIMIT))  # the store's 50 MiB are page cache: in the headroom
+    gate = AdmissionGate(Path("a store"), in_memory=False)
+    assert gate.crowded(np.array([50 * MIB])) is crowded  # 50, 30 and -30 MiB beside it
+    assert not gate.crowded(np.array([0]))  # holding nothing, it crowds nothing
+
+
 def test_a_thread_that_gave_back_between_another_s_look_and_its_warning_leaves_the_warning_whole(memory):
     memory(free(CLOSE, limit=LIMIT))  # overdrawn
     gate, used = AdmissionGate(Path("a store")), np.array([64 * MIB])

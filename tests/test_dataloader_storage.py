@@ -9,6 +9,7 @@ from helpers import make_jpeg_folder
 
 import loader
 from loader import DataLoader
+from loader.cache import MinIOCache
 from loader.cache._layout import index_bytes
 from stallbench.conditions.limits import probe_storage_conditions
 from stallbench.conditions.storage import evict_page_cache, resident_bytes
@@ -160,3 +161,26 @@ def test_a_users_own_file_is_served_from_the_store_whatever_evicting_its_pages_m
     paths = sorted(cold_images.rglob("*.jpg"))
     assert [files.read(p)[1] for p in paths] == [False] * 32
     assert [files.read(p) for p in paths] == [(p.read_bytes(), True, False) for p in paths]
+
+
+@pytest.mark.parametrize("crowded", [False, True])
+def test_the_misses_of_a_store_crowded_on_disk_are_read_around_the_page_cache(
+    cold_images, disk, monkeypatch, crowded
+):
+    """Where the store on a disk holds more than the memory left beside it (``MinIOCache.crowded``), the
+    records it misses are read around the page cache, whose pages would push the store's out; else they stay
+    in it, as torch's loader leaves them."""
+    total = folder_bytes(cold_images)
+    dl = DataLoader(
+        loader.ImageFolder(cold_images, transform=len), batch_size=8, cache_bytes=total // 2, cache_dir=disk
+    )
+    list(dl)  # epoch 1 fills the store with half the records
+    held = dl.stats().records_cached
+    assert 0 < held < 32 and not dl.cache.in_memory
+    evict_page_cache(cold_images)
+    monkeypatch.setattr(MinIOCache, "crowded", lambda self: crowded)
+    lengths = sorted(int(n) for batch, _ in dl for n in batch)
+    assert lengths == sorted(p.stat().st_size for p in cold_images.rglob("*.jpg"))
+    missed = total - (dl.stats().cache_bytes_used - index_bytes(32))
+    assert dl.stats().records_cached == held and dl.stats().hits == held
+    assert resident_bytes(cold_images) == pytest.approx(0 if crowded else missed, abs=0.03 * total)

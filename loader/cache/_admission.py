@@ -64,6 +64,12 @@ class AdmissionGate:
         store holds); a question only: nothing is counted, paused or warned."""
         return self.open() and not self._gauge.short(nbytes, lambda: int(used[0]), note=False)
 
+    def crowded(self, used: np.ndarray) -> bool:
+        """Whether the store holds (``used[0]``) more than the memory left beside it and the job's peak."""
+        held = int(used[0])
+        self._gauge.short(0, lambda: held, note=False)  # reads the memory when due
+        return held > max(0, self._gauge.spare)
+
     def overdrawn(self, used: np.ndarray) -> int:
         """Bytes the store should give back now, ``used[0]`` being what it holds (0 almost always: the gauge
         reads memory every 50 ms)."""
