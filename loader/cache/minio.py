@@ -83,8 +83,8 @@ class MinIOCache(GivesBack):
         """Whether the records this store misses should be read around the page cache: it is on a disk and
         holds more than the memory left beside it (``PressureGauge.spare``). The page cache would then fill
         with them and push the store's own pages out, each read again from the disk at its hit: measured,
-        2,000 records of 112 KiB held and 2,000 missed under a 300 MiB limit read 1.45x, 1.32x, 1.17x the
-        misses' bytes in the epochs after the first with the misses in the page cache, 1.00x around it.
+        2,000 records of 112 KiB held and 2,000 missed under a 300 MiB limit read 1.07-1.45x the misses'
+        bytes in the epochs after the first with the misses in the page cache, 1.00x around it.
         Where the store holds less than the memory beside it, its misses go through the page cache, as
         torch's loader reads them."""
         return not (self.in_memory or self._gate.off) and self._gate.crowded(self._used)
