@@ -56,8 +56,15 @@ def analyze(data: Path, tmp_path: Path, *options: str, script: tuple[str, ...] =
     return json.loads(out.read_text())
 
 
-def test_the_example_gets_all_three_splits_and_its_eval_loader_apart(images, tmp_path):
-    report = analyze(images, tmp_path)
+@pytest.fixture(scope="module")
+def example_report(images, tmp_path_factory) -> dict:
+    """The example analyzed as it is (no option of stallbench's, none of its own), run once for the tests
+    that check its report: the splits, and the quiet run the CPU burner's run is held against."""
+    return analyze(images, tmp_path_factory.mktemp("example"))
+
+
+def test_the_example_gets_all_three_splits_and_its_eval_loader_apart(images, example_report):
+    report = example_report
     (loader,) = report["loaders"]
     assert loader["loader"] == "torch"  # the script's own: torch's DataLoader
     assert [run["phase"] for run in loader["runs"]] == ["ingestion", "prep", "cold"]
@@ -230,11 +237,10 @@ def _shares(report: dict) -> dict[str, float]:
     }
 
 
-def test_a_cpu_burner_on_every_core_leaves_the_split_or_is_named(images, tmp_path):
+def test_a_cpu_burner_on_every_core_leaves_the_split_or_is_named(images, example_report, tmp_path):
     """The same analyze, quiet and with a process burning each core: each part stays within 10 points of the
     epoch, or the report says the machine was busy and its figures cannot be separated from that load."""
-    (tmp_path / "quiet").mkdir()
-    quiet = analyze(images, tmp_path / "quiet")
+    quiet = example_report  # the example's plain run, with nothing of this test's burning
     burn = "import time\nend = time.time() + 300\nwhile time.time() < end: pass\n"
     burners = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(os.cpu_count() or 1)]
     try:
