@@ -1,6 +1,7 @@
 """Shared fixtures: the loader's default cache folder moved to one of this test session's own, a private cache
 folder in /dev/shm, a check that tests leave nothing in /dev/shm, no workers' memory growth carried from one
-test to the next, and an S3-compatible server (moto's) started and stopped on loopback."""
+test to the next, an S3-compatible server (moto's) started and stopped on loopback, and ``stallbench demo``
+run once for the tests that check it."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
 SHM = Path("/dev/shm")
+REPO = Path(__file__).resolve().parents[1]
 _WATCHED = ("stallbench-", "sbtest-", "torch_", "pym-")
 
 
@@ -146,3 +148,30 @@ def s3_server(monkeypatch) -> Iterator[subprocess.Popen]:
     finally:
         proc.kill()
         proc.wait()
+
+
+DemoRun = tuple[Path, subprocess.CompletedProcess]
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory) -> Callable[..., DemoRun]:
+    """``stallbench demo ARGS`` on 96 generated images, run once a session for each ARGS, in a folder of its
+    own where it makes its images and writes ``demo.json`` and its plot: the README's ``stallbench demo``
+    (``test_readme``) and the checks of what it prints and writes (``test_demo``) are one run. Returns (that
+    folder, the finished process); ``subprocess.run`` kills the demo if it outlives its timeout."""
+    runs: dict[tuple[str, ...], DemoRun] = {}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+
+    def run(*args: str) -> DemoRun:
+        if args not in runs:
+            folder = tmp_path_factory.mktemp("demo")
+            argv = [sys.executable, "-m", "stallbench", "demo", *args, "--num-images", "96"]
+            argv += ["--data-dir", str(folder / "data"), "--json", "demo.json"]
+            done = subprocess.run(argv, cwd=folder, env=env, text=True, capture_output=True, timeout=600)
+            runs[args] = folder, done
+        return runs[args]
+
+    return run

@@ -1,11 +1,9 @@
-"""``stallbench demo`` end to end in a subprocess, on a tiny image set, and its fallbacks."""
+"""``stallbench demo`` end to end in a subprocess, on a tiny image set (the run of the README's command that
+``test_readme`` makes too), and its fallbacks."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,34 +15,20 @@ from stallbench.cli import DEMO_LIMITS, make_parser
 from stallbench.conditions import limits
 from stallbench.report import validate_report_json
 
-REPO = Path(__file__).resolve().parents[1]
-TINY = ["--num-images", "48", "--epochs", "2", "--batch-size", "16", "--no-progress"]
-
-
-def stallbench(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    }
-    cmd = [sys.executable, "-m", "stallbench", *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout)
-
 
 @pytest.mark.slow
 @pytest.mark.multiproc
-def test_demo_compares_both_loaders_and_writes_a_plot(tmp_path: Path) -> None:
-    done = stallbench(
-        "demo", "--data-dir", str(tmp_path / "data"), *TINY, "--json", "demo.json", cwd=tmp_path
-    )
+def test_demo_compares_both_loaders_and_writes_a_plot(demo_run) -> None:
+    folder, done = demo_run("--no-progress")  # the README's `stallbench demo`: test_readme's run too
     assert done.returncode == 0, done.stderr
     for text in ("PIL build:", "torch.utils.data.DataLoader", "loader.DataLoader", "cached vs torch"):
         assert text in done.stdout
     assert "torch storage MB" in done.stdout and "cached storage MB" in done.stdout  # epoch by epoch
     assert "throttled" in done.stdout  # "throttled to 75 MB/s", or "NOT throttled (why)"
-    report = json.loads((tmp_path / "demo.json").read_text())
+    report = json.loads((folder / "demo.json").read_text())
     validate_report_json(report)
     assert [entry["loader"] for entry in report["loaders"]] == ["torch", "cached"]
-    assert (tmp_path / "stallbench-demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (folder / "stallbench-demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_demo_says_when_storage_cannot_be_throttled(tmp_path: Path, monkeypatch, capsys) -> None:
