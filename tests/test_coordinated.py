@@ -235,8 +235,10 @@ def test_a_stale_area_left_by_a_crashed_group_is_removed_at_the_next_start(tmp_p
     crashed.communicate()
     (left,) = shm_dir.iterdir()
     assert any(p.name.startswith("b-") for p in left.iterdir())  # staged batches of the crashed group
+    # the same group again; its steps need not be slow (that only let the first be killed mid-epoch)
+    (tmp_path / "again.json").write_text(json.dumps({**config, "step": 0.0}))
     done = subprocess.run(
-        [sys.executable, str(job), str(tmp_path / "c.json")],
+        [sys.executable, str(job), str(tmp_path / "again.json")],
         env=env,
         capture_output=True,
         text=True,
