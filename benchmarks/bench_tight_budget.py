@@ -124,6 +124,7 @@ def memory(data: Path):
     )
 
 
+@pytest.mark.timeout(3600)  # M's three jobs and three pairs, each job up to a minute under the throttle
 @pytest.mark.benchmark(group="tight-budget")
 @pytest.mark.parametrize("budget", list(BUDGETS))
 @pytest.mark.parametrize("condition", list(CONDITIONS))

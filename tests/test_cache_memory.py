@@ -236,12 +236,25 @@ def test_a_job_that_grows_after_its_cache_filled_gets_memory_back_and_is_not_kil
     assert stats["records_cached"] * RECORD_BYTES <= stats["cached_after_epoch1"] * RECORD_BYTES - 16 * MIB
 
 
-@pytest.mark.parametrize(("headroom", "crowded"), [(100 * MIB, False), (80 * MIB, True), (20 * MIB, True)])
-def test_a_store_on_disk_is_crowded_where_it_holds_more_than_the_memory_beside_it(memory, headroom, crowded):
+@pytest.mark.parametrize(
+    ("headroom", "missing", "crowded"),
+    [
+        (100 * MIB, 100 * MIB, False),  # 50 MiB beside the store's 50: as much as it holds
+        (80 * MIB, 100 * MIB, True),  # 30 MiB beside it: neither its 50 nor the 100 it misses
+        (80 * MIB, 20 * MIB, False),  # 30 MiB beside it hold the 20 it misses
+        (20 * MIB, 100 * MIB, True),
+    ],
+)
+def test_a_store_on_disk_is_crowded_where_the_memory_beside_it_holds_neither_it_nor_its_misses(
+    memory, headroom, missing, crowded
+):
     memory(free(headroom, limit=LIMIT))  # the store's 50 MiB are page cache: in the headroom
     gate = AdmissionGate(Path("a store"), in_memory=False)
-    assert gate.crowded(np.array([50 * MIB])) is crowded  # 50, 30 and -30 MiB beside it
-    assert not gate.crowded(np.array([0]))  # holding nothing, it crowds nothing
+    asked = []
+    assert gate.crowded(np.array([50 * MIB]), lambda: asked.append(1) or missing) is crowded
+    assert gate.crowded(np.array([50 * MIB]), lambda: asked.append(1) or missing) is crowded
+    assert len(asked) <= 1  # the misses are counted once per look at the memory
+    assert not AdmissionGate(Path("b store"), in_memory=False).crowded(np.array([0]), lambda: missing)
 
 
 def test_a_thread_that_gave_back_between_another_s_look_and_its_warning_leaves_the_warning_whole(memory):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,7 @@ class AdmissionGate:
         self.given_back = 0  # bytes this process's store gave back: the job grew into the reserve
         self._paused_until = 0.0
         self._gauge = PressureGauge(held_in_memory=in_memory)
+        self._crowded, self._crowded_at = False, float("nan")  # the answer, and the look it was made at
 
     def open(self) -> bool:
         """Whether admission is neither off nor paused now."""
@@ -64,11 +66,18 @@ class AdmissionGate:
         store holds); a question only: nothing is counted, paused or warned."""
         return self.open() and not self._gauge.short(nbytes, lambda: int(used[0]), note=False)
 
-    def crowded(self, used: np.ndarray) -> bool:
-        """Whether the store holds (``used[0]``) more than the memory left beside it and the job's peak."""
+    def crowded(self, used: np.ndarray, missing: Callable[[], int]) -> bool:
+        """Whether the memory left beside the store and the job's peak can hold neither the records the
+        store misses (``missing()`` bytes, asked once per look at the memory) nor as much as the store holds
+        (``used[0]``). Answered again each time the gauge reads the memory (every 50 ms at most)."""
         held = int(used[0])
-        self._gauge.short(0, lambda: held, note=False)  # reads the memory when due
-        return held > max(0, self._gauge.spare)
+        gauge = self._gauge
+        gauge.short(0, lambda: held, note=False)  # reads the memory when due
+        if self._crowded_at != gauge.read_at:
+            spare = max(0, gauge.spare)
+            self._crowded = held > spare and missing() > spare
+            self._crowded_at = gauge.read_at
+        return self._crowded
 
     def overdrawn(self, used: np.ndarray) -> int:
         """Bytes the store should give back now, ``used[0]`` being what it holds (0 almost always: the gauge

@@ -16,6 +16,8 @@ import os
 import struct
 import warnings
 
+import numpy as np
+
 from loader.cache._giveback import GivesBack
 from loader.cache._layout import EMPTY, HEADER_BYTES, READY, RESERVED, SLOT_DTYPE, UNHIT, checksum
 from loader.cache._store import LOCK_TIMEOUT, CacheInfo, store_path
@@ -80,14 +82,19 @@ class MinIOCache(GivesBack):
         return bytearray(memoryview(self._data)[window]) if mutable else self._data[window]
 
     def crowded(self) -> bool:
-        """Whether the records this store misses should be read around the page cache: it is on a disk and
-        holds more than the memory left beside it (``PressureGauge.spare``). The page cache would then fill
-        with them and push the store's own pages out, each read again from the disk at its hit: measured,
-        2,000 records of 112 KiB held and 2,000 missed under a 300 MiB limit read 1.07-1.45x the misses'
-        bytes in the epochs after the first with the misses in the page cache, 1.00x around it.
-        Where the store holds less than the memory beside it, its misses go through the page cache, as
-        torch's loader reads them."""
-        return not (self.in_memory or self._gate.off) and self._gate.crowded(self._used)
+        """Whether the records this store misses should be read around the page cache: it is on a disk, and
+        the memory left beside it and the job's peak (``PressureGauge.spare``) holds neither those records
+        nor as much as the store. The page cache would then fill with them and push the store's own pages
+        out, each read again from the disk at its hit: measured, 2,000 records of 112 KiB held and 2,000
+        missed under a 300 MiB limit read 1.07-1.45x the misses' bytes in the epochs after the first with
+        the misses in the page cache, 1.00x around it. Where that memory holds the misses, or the store is
+        the smaller stake, its misses go through the page cache, as torch's loader reads them."""
+        return not (self.in_memory or self._gate.off) and self._gate.crowded(self._used, self._missing_bytes)
+
+    def _missing_bytes(self) -> int:
+        """The bytes of the records the store does not hold, at its records' mean size."""
+        held = int(np.count_nonzero(self._state >= READY))
+        return (self._num_records - held) * (int(self._used[0]) // max(1, held))
 
     def accepting(self, index: int) -> bool:
         """Whether ``admit(index, ...)`` may store the record now: the store has room (or a dead writer's

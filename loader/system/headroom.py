@@ -48,7 +48,7 @@ class PressureGauge:
         self.last: MemoryView | None = None
         self.held = 0  # the bytes the cache held at the last read
         self.spare = 0
-        self._read_at = 0.0
+        self.read_at = 0.0
         self._noted = 0
         self.reserve = 0  # what to keep free, as of the last read
         self.own_peak = 0
@@ -82,7 +82,7 @@ class PressureGauge:
         once its evaluation workers ran, and a look every 50 ms found it within 1 MiB of its limit."""
         within_reserve = self.spare - self._noted < self.reserve
         interval = self.interval / 5 if within_reserve else self.interval
-        if self.last is None or monotonic() - self._read_at >= interval:
+        if self.last is None or monotonic() - self.read_at >= interval:
             self._read(held())
         spare = self.spare - self._noted
         least = self._last_margin()
@@ -102,12 +102,12 @@ class PressureGauge:
 
     def _due(self, adding: int) -> bool:
         between = self.bytes_between if self.bytes_between is not None else self.reserve // 8
-        return self._noted + adding >= between or monotonic() - self._read_at >= self.interval
+        return self._noted + adding >= between or monotonic() - self.read_at >= self.interval
 
     def forget(self) -> None:
         """Read the memory again at the next question (after the store gave memory back). ``last`` stays:
         another read-ahead thread of the process may be warning with it now."""
-        self._read_at = float("-inf")
+        self.read_at = float("-inf")
 
     def _read(self, held: int) -> None:
         view = _memory.memory_view()  # through the module: tests point it at fixtures
@@ -116,5 +116,5 @@ class PressureGauge:
         own = view.limit - view.headroom - (held if self.held_in_memory else 0)
         self.own_peak = max(self.own_peak, own)
         self.last, self.held, self.spare = view, held, view.limit - self.own_peak - held
-        self._read_at, self._noted = monotonic(), 0
+        self.read_at, self._noted = monotonic(), 0
         self.reserve = reserve_for_limit(view.limit, self.own_peak)
