@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -163,6 +164,25 @@ def test_with_workers_a_loop_that_breaks_gets_a_whole_next_epoch(shm_dir, persis
     assert sorted(i for _, idx in dl for i in idx.tolist()) == list(range(N))
     del dl
     gc.collect()
+    assert not list(shm_dir.iterdir())
+
+
+@pytest.mark.multiproc
+def test_a_loader_dropped_is_freed_at_once_and_its_persistent_prep_workers_stop_with_it(shm_dir):
+    """No reference cycle holds a coordinated loader: dropped, it goes at once, and its prep workers are told
+    to stop while their queues still run (left to the cyclic collector, the queues could close first and
+    torch then waited 5 s for each worker)."""
+    dl = coordinated(shm_dir, num_workers=2, persistent_workers=True)
+    assert sorted(i for _, idx in dl for i in idx.tolist()) == list(range(N))
+    workers = list(dl._coordinated._prep_loader._iterator._workers)
+    gone = weakref.ref(dl)
+    gc.disable()
+    try:
+        del dl
+        assert gone() is None and not any(w.is_alive() for w in workers)
+        assert [w.exitcode for w in workers] == [0, 0]  # stopped when told, not killed after a timeout
+    finally:
+        gc.enable()
     assert not list(shm_dir.iterdir())
 
 
