@@ -2,7 +2,8 @@
 
 ``_endless_job.py save STATE OUT WORKERS AT`` takes AT batches, saves ``state_dict()`` to STATE, and records
 the next 12 batches in OUT. ``_endless_job.py load STATE OUT WORKERS`` restores STATE in a new process and
-records the first 12 batches it gives. Both print nothing else.
+records the first 12 batches it gives. Both print nothing else. ``_endless_job.py batch MODE CASES`` runs many
+cases in one process (``_job_batch``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from collections.abc import Iterator
 
 import torch
+from _job_batch import job_main
 
 from loader import DataLoader
 
@@ -57,4 +59,4 @@ def main(mode: str, state_file: str, out_file: str, workers: str, at: str = "0")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    job_main(main, sys.argv[1:])

@@ -4,7 +4,8 @@
 ``end``), saves the sampler's state (and, for KIND ``ours``, the loader's) to STATE, and records in OUT what
 it goes on to get: the rest of epoch 1 and epoch 2. ``load ... AT`` restores STATE in a new process and
 records the same. KIND: ``sampler`` (the packs themselves), ``torch`` (torch's DataLoader) or ``ours``
-(loader.DataLoader); each step is recorded as its packed ``input_ids``.
+(loader.DataLoader); each step is recorded as its packed ``input_ids``. ``batch MODE CASES`` runs many cases
+in one process (``_job_batch``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from _job_batch import job_main
 
 import loader
 from loader.packing import PackedBatchSampler, PackingCollator
@@ -63,4 +65,4 @@ def main(
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    job_main(main, sys.argv[1:])

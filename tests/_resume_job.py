@@ -4,7 +4,8 @@
 AT (its length: after its last batch; 0: the iterator made, no batch taken), saves ``state_dict()`` to STATE,
 and records the rest of that epoch and two more in OUT. ``_resume_job.py load STATE OUT WORKERS PERSISTENT
 MORE [KIND DATA]`` restores STATE in a new process and records what its first iterator gives (the rest of the
-saved epoch, or the next one) and MORE epochs after it.
+saved epoch, or the next one) and MORE epochs after it. ``_resume_job.py batch MODE CASES`` runs many cases in
+one process (``_job_batch``).
 
 KIND: ``index`` (the default: each sample its record's index), ``drawn`` (the index and a draw from each
 of ``torch``, ``random`` and ``numpy``, as a user's augmentation draws) or ``train`` (the JPEGs under DATA
@@ -21,6 +22,7 @@ import sys
 
 import numpy as np
 import torch
+from _job_batch import job_main
 from helpers import MemorySource, first_index
 
 from loader import DataLoader, ImageFolder, SourceDataset
@@ -82,4 +84,4 @@ def main(
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    job_main(main, sys.argv[1:])
