@@ -1,17 +1,15 @@
 """Packs through a DataLoader, torch's and ours, with and without workers, over a token file; and a saved
-place restored in a new process, as a restarted job is: the same packed batches follow."""
+place restored in a new process, as a restarted job is: the same packed batches follow (every case saved in
+one new process and restored in another, ``_job_batch``)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from _job_batch import OUT, STATE, Restarts
 
 import loader
 from loader.packing import PackedBatchSampler, PackingCollator
@@ -19,6 +17,15 @@ from stallbench.workloads import make_token_arrow
 
 JOB = Path(__file__).with_name("_packing_job.py")
 MAX_LEN = 64  # as in the job
+RESTARTS = [  # (kind, workers, algorithm, at)
+    ("sampler", 0, "ffd", 9),
+    ("sampler", 0, "nextfit", "end"),
+    ("torch", 0, "spfhp", 9),
+    ("torch", 2, "ffd", 9),
+    ("ours", 0, "nextfit", 9),
+    ("ours", 2, "ffd", 9),
+    ("ours", 2, "spfhp", "end"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -54,28 +61,19 @@ def test_each_step_is_one_pack_of_the_datasets_examples(tokens, loader_class, wo
         assert batch["cu_seqlens"][: len(pack) + 1].tolist() == [0, *np.cumsum(lengths[pack]).tolist()]
 
 
-def run_job(*args: object) -> None:
-    env = {**os.environ, "PYTHONPATH": str(JOB.parent.parent)}
-    subprocess.run([sys.executable, str(JOB), *map(str, args)], check=True, env=env, timeout=120)
+@pytest.fixture(scope="module")
+def restarts(tokens, tmp_path_factory) -> Restarts:
+    """Every restart case below, each with a sampler and loader of its own: saved by one new process,
+    restored by another."""
+    restarts = Restarts(JOB, tmp_path_factory.mktemp("packing-restarts"), timeout=120)
+    for case in RESTARTS:
+        restarts.add("-".join(map(str, case)), save=[tokens, STATE, OUT, *case])  # the same load
+    return restarts
 
 
 @pytest.mark.multiproc
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("kind", "workers", "algorithm", "at"),
-    [
-        ("sampler", 0, "ffd", 9),
-        ("sampler", 0, "nextfit", "end"),
-        ("torch", 0, "spfhp", 9),
-        ("torch", 2, "ffd", 9),
-        ("ours", 0, "nextfit", 9),
-        ("ours", 2, "ffd", 9),
-        ("ours", 2, "spfhp", "end"),
-    ],
-)
-def test_a_restarted_job_goes_on_with_the_same_packs(tokens, tmp_path, kind, workers, algorithm, at):
-    state, saved, restored = tmp_path / "state.pt", tmp_path / "saved.json", tmp_path / "restored.json"
-    run_job("save", tokens, state, saved, kind, workers, algorithm, at)
-    run_job("load", tokens, state, restored, kind, workers, algorithm, at)
-    went_on, again = json.loads(saved.read_text()), json.loads(restored.read_text())
+@pytest.mark.parametrize(("kind", "workers", "algorithm", "at"), RESTARTS)
+def test_a_restarted_job_goes_on_with_the_same_packs(restarts, kind, workers, algorithm, at):
+    went_on, again = restarts.outcome("-".join(map(str, (kind, workers, algorithm, at))))
     assert len(went_on) > 0 and again == went_on
