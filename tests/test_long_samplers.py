@@ -4,10 +4,6 @@ sampler's length, and resume exact (the position is kept, not the order), agains
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import subprocess
-import sys
 import time
 import tracemalloc
 from pathlib import Path
@@ -15,11 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 from _endless_job import Endless, Squares
+from _job_batch import OUT, STATE, Restarts
 
 from loader import DataLoader
 
 JOB = Path(__file__).with_name("_endless_job.py")
 LOADERS = [torch.utils.data.DataLoader, DataLoader]
+RESUMED_WORKERS, RESUMED_AT = [0, 2], [0, 7]
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -56,13 +54,19 @@ def test_a_long_sampler_costs_what_it_costs_with_torch_s_class():
     assert our_peak < torch_peak + (1 << 20)  # listing 500,000 batches of 4 took ~60 MB here
 
 
+@pytest.fixture(scope="module")
+def restarts(tmp_path_factory) -> Restarts:
+    """Every resume case below, each with a loader of its own: saved by one new process, restored by
+    another."""
+    restarts = Restarts(JOB, tmp_path_factory.mktemp("endless"), timeout=120)
+    for workers, at in itertools.product(RESUMED_WORKERS, RESUMED_AT):
+        restarts.add(f"{workers}-at-{at}", save=[STATE, OUT, workers, at], load=[STATE, OUT, workers])
+    return restarts
+
+
 @pytest.mark.multiproc
-@pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("at", [0, 7])
-def test_an_endless_sampler_resumes_exactly_in_a_new_process(tmp_path, workers, at):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(JOB.parent), str(JOB.parent.parent)])}
-    state, saved, restored = tmp_path / "state.pt", tmp_path / "saved.json", tmp_path / "restored.json"
-    for args in (("save", state, saved, workers, at), ("load", state, restored, workers)):
-        subprocess.run([sys.executable, str(JOB), *map(str, args)], check=True, env=env, timeout=120)
-    went_on, again = json.loads(saved.read_text()), json.loads(restored.read_text())
+@pytest.mark.parametrize("workers", RESUMED_WORKERS)
+@pytest.mark.parametrize("at", RESUMED_AT)
+def test_an_endless_sampler_resumes_exactly_in_a_new_process(restarts, workers, at):
+    went_on, again = restarts.outcome(f"{workers}-at-{at}")
     assert len(again) == 12 and again == went_on
