@@ -19,7 +19,7 @@ from loader.cache import MinIOCache
 from loader.cache._admission import AdmissionGate
 from loader.cache._layout import index_bytes
 from loader.cache.minio import TAKES_AHEAD
-from loader.system import forkgrowth
+from loader.system import forkgrowth, headroom
 from loader.system.memory import MemoryView, format_bytes
 from loader.system.sizing import reserve_bytes
 from stallbench.conditions.cgroup import StorageLimits
@@ -255,6 +255,21 @@ def test_a_store_on_disk_is_crowded_where_the_memory_beside_it_holds_neither_it_
     assert gate.crowded(np.array([50 * MIB]), lambda: asked.append(1) or missing) is crowded
     assert len(asked) <= 1  # the misses are counted once per look at the memory
     assert not AdmissionGate(Path("b store"), in_memory=False).crowded(np.array([0]), lambda: missing)
+
+
+def test_a_store_on_disk_past_the_job_s_peak_is_not_crowded_by_the_memory_that_peak_took(memory, monkeypatch):
+    """The page cache gives memory back at the job's peak (an evaluation) and may use it in between: what
+    crowds the store is the memory free now, not beside the peak that admission keeps free."""
+    clock = [1000.0]
+    monkeypatch.setattr(headroom, "monotonic", lambda: clock[0])
+    gate, used = AdmissionGate(Path("a store"), in_memory=False), np.array([50 * MIB])
+    memory(free(60 * MIB, limit=LIMIT))  # at the peak: 10 MiB beside the store's 50
+    assert gate.crowded(used, lambda: 100 * MIB)
+    clock[0] += 1
+    memory(free(200 * MIB, limit=LIMIT))  # the peak passed: 150 MiB beside it now
+    assert not gate.crowded(used, lambda: 100 * MIB)
+    with pytest.warns(RuntimeWarning, match="memory is short"):
+        assert gate.memory_short(1, used)  # admission still keeps the peak's memory free
 
 
 def test_a_thread_that_gave_back_between_another_s_look_and_its_warning_leaves_the_warning_whole(memory):

@@ -67,14 +67,16 @@ class AdmissionGate:
         return self.open() and not self._gauge.short(nbytes, lambda: int(used[0]), note=False)
 
     def crowded(self, used: np.ndarray, missing: Callable[[], int]) -> bool:
-        """Whether the memory left beside the store and the job's peak can hold neither the records the
-        store misses (``missing()`` bytes, asked once per look at the memory) nor as much as the store holds
-        (``used[0]``). Answered again each time the gauge reads the memory (every 50 ms at most)."""
+        """Whether the memory free beside the store now can hold neither the records the store misses
+        (``missing()`` bytes, asked once per look at the memory) nor as much as the store holds (``used[0]``).
+        Free now, not beside the job's peak as admission counts it: the page cache gives memory back at the
+        peak (an evaluation), and uses it in between. Answered again each time the gauge reads the memory
+        (every 50 ms at most)."""
         held = int(used[0])
         gauge = self._gauge
         gauge.short(0, lambda: held, note=False)  # reads the memory when due
         if self._crowded_at != gauge.read_at:
-            spare = max(0, gauge.spare)
+            spare = max(0, gauge.beside)
             self._crowded = held > spare and missing() > spare
             self._crowded_at = gauge.read_at
         return self._crowded

@@ -83,8 +83,8 @@ class MinIOCache(GivesBack):
 
     def crowded(self) -> bool:
         """Whether the records this store misses should be read around the page cache: it is on a disk, and
-        the memory left beside it and the job's peak (``PressureGauge.spare``) holds neither those records
-        nor as much as the store. The page cache would then fill with them and push the store's own pages
+        the memory free beside it now (``PressureGauge.beside``) holds neither those records nor as much as
+        the store. The page cache would then fill with them and push the store's own pages
         out, each read again from the disk at its hit: measured, 2,000 records of 112 KiB held and 2,000
         missed under a 300 MiB limit read 1.07-1.45x the misses' bytes in the epochs after the first with
         the misses in the page cache, 1.00x around it. Where that memory holds the misses, or the store is

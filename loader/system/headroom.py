@@ -47,6 +47,7 @@ class PressureGauge:
         self.held_in_memory = held_in_memory
         self.last: MemoryView | None = None
         self.held = 0  # the bytes the cache held at the last read
+        self.beside = 0  # the memory free beside the cache at the last read (the job's peak not kept)
         self.spare = 0
         self.read_at = 0.0
         self._noted = 0
@@ -116,5 +117,6 @@ class PressureGauge:
         own = view.limit - view.headroom - (held if self.held_in_memory else 0)
         self.own_peak = max(self.own_peak, own)
         self.last, self.held, self.spare = view, held, view.limit - self.own_peak - held
+        self.beside = view.limit - own - held  # free now: what a page cache beside the cache may use
         self.read_at, self._noted = monotonic(), 0
         self.reserve = reserve_for_limit(view.limit, self.own_peak)
