@@ -183,6 +183,18 @@ class SharedStore:
             self._gate = AdmissionGate(self.path, self.in_memory)
             self._gate.turn_off(exc)
 
+    def _payload(self, offset: int, length: int, mutable: bool) -> bytes | bytearray:
+        """The ``length`` bytes at ``offset`` of the data: a pread on a disk, one copy out of the mapping in
+        a tmpfs (a third cheaper than pread there, ``_attach``; the caller checks first that they lie within
+        the file: a copy from past its end would be a SIGBUS)."""
+        if not self.in_memory:
+            if not mutable:
+                return os.pread(self._data_fd, length, offset)
+            raw = bytearray(length)
+            return raw[: os.preadv(self._data_fd, [raw], offset)]
+        window = slice(offset, offset + length)
+        return bytearray(memoryview(self._data)[window]) if mutable else self._data[window]
+
     def _attach(self) -> None:
         check_private(os.lstat(self.path), self.path, want=stat.S_IFDIR)  # again in every process
         index_fd = open_private(self.path, "index", os.O_RDWR)

@@ -16,8 +16,6 @@ import os
 import struct
 import warnings
 
-import numpy as np
-
 from loader.cache._giveback import GivesBack
 from loader.cache._layout import EMPTY, HEADER_BYTES, READY, RESERVED, SLOT_DTYPE, UNHIT, checksum
 from loader.cache._store import LOCK_TIMEOUT, CacheInfo, store_path
@@ -63,38 +61,12 @@ class MinIOCache(GivesBack):
             return None
         if offset + length > self._data_bytes:
             raise CorruptRecordError(f"slot {index} of {self.path} points past the end of its data")
-        raw = self._payload(index, offset, length, mutable)
+        if self.in_memory and offset + length > os.fstat(self._data_fd).st_size:  # a SIGBUS, copied
+            raise CorruptRecordError(f"record {index} in {self.path} lies past the end of its data file")
+        raw = self._payload(offset, length, mutable)  # on a disk, a short read: refused below
         if len(raw) != length or checksum(index, raw) != expected:
             raise CorruptRecordError(f"record {index} in {self.path} fails its checksum")
         return raw
-
-    def _payload(self, index: int, offset: int, length: int, mutable: bool) -> bytes | bytearray:
-        """Record ``index``'s bytes: a pread on a disk (a short one if the file was cut: its length checked
-        after), one copy out of the mapping in a tmpfs (a third cheaper than pread there; ``_store``)."""
-        if not self.in_memory:
-            if not mutable:
-                return os.pread(self._data_fd, length, offset)
-            raw = bytearray(length)
-            return raw[: os.preadv(self._data_fd, [raw], offset)]
-        if offset + length > os.fstat(self._data_fd).st_size:  # a copy from past the end would be SIGBUS
-            raise CorruptRecordError(f"record {index} in {self.path} lies past the end of its data file")
-        window = slice(offset, offset + length)
-        return bytearray(memoryview(self._data)[window]) if mutable else self._data[window]
-
-    def crowded(self) -> bool:
-        """Whether the records this store misses should be read around the page cache: it is on a disk, and
-        the memory free beside it now (``PressureGauge.beside``) holds neither those records nor as much as
-        the store. The page cache would then fill with them and push the store's own pages
-        out, each read again from the disk at its hit: measured, 2,000 records of 112 KiB held and 2,000
-        missed under a 300 MiB limit read 1.07-1.45x the misses' bytes in the epochs after the first with
-        the misses in the page cache, 1.00x around it. Where that memory holds the misses, or the store is
-        the smaller stake, its misses go through the page cache, as torch's loader reads them."""
-        return not (self.in_memory or self._gate.off) and self._gate.crowded(self._used, self._missing_bytes)
-
-    def _missing_bytes(self) -> int:
-        """The bytes of the records the store does not hold, at its records' mean size."""
-        held = int(np.count_nonzero(self._state >= READY))
-        return (self._num_records - held) * (int(self._used[0]) // max(1, held))
 
     def accepting(self, index: int) -> bool:
         """Whether ``admit(index, ...)`` may store the record now: the store has room (or a dead writer's
