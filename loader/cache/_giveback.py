@@ -1,7 +1,8 @@
-"""How a store lives with the job's memory: where the job grows into the memory the cache keeps free, it
-gives memory back (the records it admitted last go, their pages punched out of the data file, admitted
-again later if memory allows; the store never evicts otherwise, ``minio.py``); and on a disk, where the
-records it misses would crowd its own pages out of the page cache, it says so (``crowded``)."""
+"""How a store lives with the job's memory: in a tmpfs, where the job grows into the memory the cache keeps
+free, it gives memory back (the records it admitted last go, their pages punched out of the data file,
+admitted again later if memory allows; the store never evicts otherwise, ``minio.py``); on a disk the
+kernel takes its pages back instead (``AdmissionGate.gives_back``), and where the records it misses would
+crowd its own pages out of the page cache, it says so (``crowded``)."""
 
 from __future__ import annotations
 
