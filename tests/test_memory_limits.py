@@ -14,9 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import boto3
 import numpy as np
+import pyarrow as pa
 import pytest
 
+from loader.sources import image_folder_to_lmdb, image_folder_to_tar_shards
 from loader.system.home import CACHE_DIR_VARIABLE
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.limits import probe_storage_conditions
@@ -80,6 +83,44 @@ def data_bytes(data: Path) -> int:
     return sum(p.stat().st_size for p in data.rglob("*.jpg"))
 
 
+STORED = {"lmdb": "lmdb", "tar": "shards", "arrow": "records.arrow"}  # source: where beside the files
+
+
+def converted(data: Path, source: str) -> Path:
+    """Where the job's records of ``source`` lie on this machine, written there from ``data``'s files the
+    first time (``data`` itself for a source of the files, and for ``s3``: its server has its own copy)."""
+    if source == "s3":
+        upload(data)
+    if source not in STORED:
+        return data
+    stored = data.parent / STORED[source]
+    if source == "lmdb" and not stored.exists():
+        image_folder_to_lmdb(data, stored)
+    elif source == "tar" and not stored.exists():
+        image_folder_to_tar_shards(data, stored, shard_bytes=16 << 20)
+    elif source == "arrow" and not stored.exists():
+        paths = sorted(data.rglob("*.jpg"))
+        labels = [int(p.parent.name[1]) for p in paths]
+        table = pa.table({"image": [p.read_bytes() for p in paths], "label": labels})
+        with pa.ipc.new_file(stored, table.schema) as writer:
+            writer.write_table(table, max_chunksize=64)
+    return stored
+
+
+def upload(data: Path) -> None:
+    """The files of ``data`` as ``s3://data/train`` on the test's own S3 server."""
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="data")
+    for path in sorted(data.rglob("*.jpg")):
+        s3.put_object(Bucket="data", Key=f"train/{path.relative_to(data)}", Body=path.read_bytes())
+
+
+@pytest.fixture
+def s3_data(request):
+    """The S3 server the ``s3`` case reads from (``s3_server``, started for that case only)."""
+    return request.getfixturevalue("s3_server") if request.node.callspec.params["source"] == "s3" else None
+
+
 def test_under_the_larger_job_s_peak_and_half_the_data_no_job_of_either_loader_is_killed(
     data, own_memory, tmp_path
 ):
@@ -103,6 +144,28 @@ def test_under_the_larger_job_s_peak_and_half_the_data_no_job_of_either_loader_i
     killed = {name: [o for o in runs if o[:2] != (0, 0)] for name, runs in outcomes.items()}
     assert not any(killed.values()), f"under {limit / MIB:.0f} MiB: {killed}"
     assert [len(runs) for runs in outcomes.values()] == [5, 5, 5, 3, 3]
+
+
+@pytest.mark.parametrize("source", ["lmdb", "arrow", "tar", "s3", "prepared", "partition", "no-workers"])
+def test_every_other_kind_of_dataset_told_to_cache_all_of_it_is_not_killed(
+    data, own_memory, source, s3_data, tmp_path
+):
+    """Each once, ``cache_bytes`` forced to D, under L = M + D/2, M the larger of ``own_memory`` and this
+    kind's own job's peak without a cache (less the records it left in the page cache)."""
+    stored = converted(data, source)
+    evict_page_cache(stored)
+    with StorageLimits() as limits:
+        done = run(limits, argv("ours", data, "none", source), tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    peak = limits.memory_max_usage() - resident_bytes(stored, whole_pages=True)
+    limit = max(own_memory, peak) + data_bytes(data) // 2
+    evict_page_cache(stored)
+    with StorageLimits(memory_limit=limit) as limits:
+        done = run(limits, argv("ours", data, str(data_bytes(data)), source), tmp_path)
+        kills = limits.oom_kills()
+    assert (done.returncode, kills) == (0, 0), done.stderr[-2000:]
+    stats = last_epoch(done)
+    assert stats["samples"] == EPOCHS * FILES and stats["records_cached"] > 0
 
 
 def test_a_size_larger_than_the_job_can_spare_is_lowered_with_one_warning_naming_both(
