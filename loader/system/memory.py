@@ -1,9 +1,10 @@
 """How much memory the job may still take: the memory view (what the cache makes of it: ``headroom.py``).
 
-The cache lives in /dev/shm: its pages are shmem, which the kernel cannot reclaim without swap, so a cache
-that outgrows the job's memory gets the job killed. What the cache may take is therefore a limit less the
-usage the kernel cannot reclaim: anon memory and shmem count; the page cache of files (``active_file`` and
-``inactive_file`` in ``memory.stat``) does not, as the kernel drops it before it kills. Every memory cgroup
+A cache in a tmpfs (/dev/shm) holds shmem, which the kernel cannot reclaim without swap, so one that
+outgrows the job's memory gets the job killed; a cache on a disk (the default home) holds page cache. What
+the job may take is therefore a limit less the usage the kernel cannot reclaim: anon memory and shmem count;
+the page cache of files (``active_file`` and ``inactive_file`` in ``memory.stat``, a disk store's own pages
+among them) does not, as the kernel drops it before it kills. Every memory cgroup
 from the job's own up to the hierarchy's root can hold a limit (v1 or v2), and the machine can run out
 before any of them, so the headroom is the smallest of them all and of the machine's MemAvailable.
 
