@@ -67,6 +67,21 @@ def make_jpeg_folder(root: Path, per_class: int = 4, classes: int = 2, size=(64,
     return root
 
 
+def upload_jpegs(local: Path, bucket: str = "data", prefix: str = "train") -> int:
+    """Every JPEG under ``local`` put as ``s3://BUCKET/PREFIX/<its path there>`` on the S3 server the
+    environment names (``s3_server``), the bucket made first; returns the bytes put."""
+    import boto3  # only the object-storage tests need it
+
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket=bucket)
+    total = 0
+    for path in sorted(local.rglob("*.jpg")):
+        body = path.read_bytes()
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/{path.relative_to(local)}", Body=body)
+        total += len(body)
+    return total
+
+
 def documented_command(doc: Path, starts: str) -> list[str]:
     """The arguments of the first command in ``doc`` whose line starts with ``starts``, as written there
     (``stallbench compare ...`` -> ``["compare", ...]``)."""

@@ -11,9 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import boto3
 import pytest
-from helpers import documented_command
+from helpers import documented_command, upload_jpegs
 
 from stallbench.analysis import phases
 from stallbench.analysis.object_data import _local_path
@@ -30,14 +29,7 @@ pytestmark = pytest.mark.multiproc
 def bucket(s3_server, tmp_path) -> int:
     """``s3://data/train`` holding 48 small JPEGs in class folders; the objects' bytes."""
     local = make_jpeg_folder(tmp_path / "imgs", num_images=48, record_bytes=6000, width=64, height=48)
-    s3 = boto3.client("s3")
-    s3.create_bucket(Bucket="data")
-    total = 0
-    for path in sorted(local.rglob("*.jpg")):
-        body = path.read_bytes()
-        s3.put_object(Bucket="data", Key=f"train/{path.relative_to(local)}", Body=body)
-        total += len(body)
-    return total
+    return upload_jpegs(local)
 
 
 def stallbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -14,12 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import boto3
 import numpy as np
-import pyarrow as pa
 import pytest
+from helpers import upload_jpegs
 
-from loader.sources import image_folder_to_lmdb, image_folder_to_tar_shards
+from loader.sources import image_folder_to_arrow, image_folder_to_lmdb, image_folder_to_tar_shards
 from loader.system.home import CACHE_DIR_VARIABLE
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.limits import probe_storage_conditions
@@ -90,29 +89,19 @@ def converted(data: Path, source: str) -> Path:
     """Where the job's records of ``source`` lie on this machine, written there from ``data``'s files the
     first time (``data`` itself for a source of the files, and for ``s3``: its server has its own copy)."""
     if source == "s3":
-        upload(data)
+        upload_jpegs(data)
     if source not in STORED:
         return data
     stored = data.parent / STORED[source]
-    if source == "lmdb" and not stored.exists():
+    if stored.exists():
+        return stored
+    if source == "lmdb":
         image_folder_to_lmdb(data, stored)
-    elif source == "tar" and not stored.exists():
+    elif source == "tar":
         image_folder_to_tar_shards(data, stored, shard_bytes=16 << 20)
-    elif source == "arrow" and not stored.exists():
-        paths = sorted(data.rglob("*.jpg"))
-        labels = [int(p.parent.name[1]) for p in paths]
-        table = pa.table({"image": [p.read_bytes() for p in paths], "label": labels})
-        with pa.ipc.new_file(stored, table.schema) as writer:
-            writer.write_table(table, max_chunksize=64)
+    else:
+        image_folder_to_arrow(data, stored, batch_rows=64)
     return stored
-
-
-def upload(data: Path) -> None:
-    """The files of ``data`` as ``s3://data/train`` on the test's own S3 server."""
-    s3 = boto3.client("s3")
-    s3.create_bucket(Bucket="data")
-    for path in sorted(data.rglob("*.jpg")):
-        s3.put_object(Bucket="data", Key=f"train/{path.relative_to(data)}", Body=path.read_bytes())
 
 
 @pytest.fixture

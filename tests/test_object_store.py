@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import torch.utils.data
-from helpers import make_jpeg_folder
+from helpers import make_jpeg_folder, upload_jpegs
 from shaped_s3 import shaped_s3_server
 
 from loader import (
@@ -43,11 +43,8 @@ def server(s3_server) -> subprocess.Popen:
 def bucket(server, tmp_path) -> tuple[str, Path]:
     """``s3://data/train`` holding the local folder's images, and that folder."""
     local = make_jpeg_folder(tmp_path / "imgs", per_class=6, classes=3)
-    s3 = boto3.client("s3")
-    s3.create_bucket(Bucket="data")
-    for path in local.rglob("*.jpg"):
-        s3.put_object(Bucket="data", Key=f"train/{path.relative_to(local)}", Body=path.read_bytes())
-    s3.put_object(Bucket="data", Key="train/README.txt", Body=b"not an image")
+    upload_jpegs(local)
+    boto3.client("s3").put_object(Bucket="data", Key="train/README.txt", Body=b"not an image")
     return "s3://data/train", local
 
 
