@@ -16,7 +16,8 @@ from loader._worker_random import RandomStates
 
 __all__ = ["STATE_VERSION", "ResumableEpochs"]
 
-STATE_VERSION = 3  # 1 kept the epoch's whole order; 2 had no workers' random states (read still)
+STATE_VERSION = 4  # 1 kept the epoch's whole order; 2 had no workers' random states; 3 kept a stateful
+# sampler's whole order (2 and 3 read still)
 
 
 class ResumableEpochs:
@@ -48,6 +49,11 @@ class ResumableEpochs:
                 "state_dict() needs in_order=True: with in_order=False batches arrive out of order"
             )
         started = self._replay.epochs_started > self._started_before  # this iterator's order is drawn
+        if started and self._replay.unsaved is not None:
+            raise ValueError(
+                "state_dict(): the sampler's own state_dict() failed when this epoch began, so the epoch "
+                f"cannot be drawn again ({self._replay.unsaved})"
+            )
         return {
             "version": STATE_VERSION,
             "draw_states": self._replay.draw_states if started else {},
@@ -64,9 +70,9 @@ class ResumableEpochs:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next ``iter(loader)`` yield exactly the rest of the saved epoch."""
         version = state.get("version") if isinstance(state, dict) else None
-        if version not in (2, STATE_VERSION):
+        if version not in (2, 3, STATE_VERSION):
             raise ValueError(
-                f"not a loader.DataLoader state of version 2 or {STATE_VERSION}, got {version!r}"
+                f"not a loader.DataLoader state of version 2 to {STATE_VERSION}, got {version!r}"
             )
         draw_states, done = state["draw_states"], state["batches_delivered"]
         if isinstance(done, bool) or not isinstance(done, int) or done < 0:

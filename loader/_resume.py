@@ -5,12 +5,16 @@ The position is kept, not the order: a sampler may be endless, or list millions 
 before the first batch cost 1 GB and a second on 20M indices (torch's loader yields at once). Drawing again
 is exact for a sampler that draws from the loader's generator, its own ``generator`` or torch's global random
 state, as all of torch's samplers do; what was handed out is skipped, as torchdata's StatefulDataLoader
-fast-forwards a sampler. A sampler with a ``state_dict()`` of its own (``PackedBatchSampler``) is restored by
-the user, mid-epoch at the packs it handed out ahead of use: its epoch's order is kept instead.
+fast-forwards a sampler. A sampler with a ``state_dict()`` of its own (``PackedBatchSampler``, a seeded
+endless batch sampler), given as ``batch_sampler=`` or as ``sampler=``, is kept as that state at the epoch's
+start: the user restores it mid-epoch, ahead of use (torch's loader asks for batches ahead), so a resumed
+epoch loads the start state back before it skips what was handed out. Its order is never listed: it may
+never end.
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 import weakref
 from collections.abc import Callable, Iterator
@@ -21,11 +25,21 @@ import torch
 __all__ = ["ReplayableSampler", "generator_states", "restore_generators"]
 
 GLOBAL = "torch"  # the name of torch's global random state among the states kept
-OWN = "order"  # and of the whole order of a sampler with a state_dict() of its own (a PackedBatchSampler)
+OWN = "sampler_states"  # and of the own states, at the epoch's start, of samplers that have a state_dict()
+LISTED = "order"  # a state saved before version 4 kept such a sampler's whole order instead
 
 
 def _stateful(sampler: Any) -> bool:
     return all(callable(getattr(sampler, name, None)) for name in ("state_dict", "load_state_dict"))
+
+
+def stateful_parts(index_sampler: Any) -> dict[str, Any]:
+    """The samplers behind a loader's index sampler that keep a ``state_dict()`` of their own, by role: the
+    batch sampler, and the sampler torch's ``BatchSampler`` draws from."""
+    parts = {"batch_sampler": index_sampler, "sampler": getattr(index_sampler, "sampler", None)}
+    if not isinstance(index_sampler, torch.utils.data.BatchSampler):
+        del parts["sampler"]
+    return {role: part for role, part in parts.items() if _stateful(part)}
 
 
 class ReplayableSampler:
@@ -40,8 +54,9 @@ class ReplayableSampler:
         self.inner = inner
         self._loader_generators = weakref.WeakMethod(generators)
         self._last_generators = generators()
-        self.draw_states: dict[str, torch.Tensor] = {}  # what the current epoch's draw started from
+        self.draw_states: dict[str, Any] = {}  # what the current epoch's draw started from
         self.epochs_started = 0  # how many times an epoch's order was drawn or resumed
+        self.unsaved: str | None = None  # why the current epoch's start could not be kept, if it could not
         self._pending: tuple[dict[str, torch.Tensor], int] | None = None
         self._before_draw: Any = None
 
@@ -55,19 +70,26 @@ class ReplayableSampler:
                 self._before_draw, before = None, self._before_draw
                 before()
             self.draw_states = {**generator_states(self._generators()), GLOBAL: torch.get_rng_state()}
+            self.draw_states[OWN], self.unsaved = self._own_states()
             self.epochs_started += 1
-            if _stateful(self.inner):  # its own state is restored by the user: its epoch's order is kept
-                self.draw_states[OWN] = list(self.inner)
-                yield from self.draw_states[OWN]
-                return
             yield from self.inner
             return
         (self.draw_states, start), self._pending = self._pending, None
         self.epochs_started += 1
-        if OWN in self.draw_states:
-            yield from self.draw_states[OWN][start:]
+        if LISTED in self.draw_states:
+            yield from self.draw_states[LISTED][start:]
             return
         yield from self._redrawn(start)
+
+    def _own_states(self) -> tuple[dict[str, Any], str | None]:
+        """(the own states of the samplers that keep one, copied; why they could not be had, or None). A
+        sampler whose ``state_dict()`` fails costs the loader its ``state_dict()``, never the epoch."""
+        try:
+            return {
+                role: copy.deepcopy(part.state_dict()) for role, part in stateful_parts(self.inner).items()
+            }, None
+        except Exception as exc:  # the user's code: any failure
+            return {}, f"{type(exc).__name__}: {exc}"
 
     def _redrawn(self, start: int) -> Iterator[Any]:
         """The saved epoch drawn again from its states, from position ``start`` on; torch's global random
@@ -75,6 +97,9 @@ class ReplayableSampler:
         own = torch.get_rng_state()
         restore_generators(self._generators(), self.draw_states)
         torch.set_rng_state(self.draw_states[GLOBAL])
+        parts = stateful_parts(self.inner)
+        for role, state in self.draw_states.get(OWN, {}).items():
+            parts[role].load_state_dict(copy.deepcopy(state))
         order = iter(self.inner)
         try:
             first = next(itertools.islice(order, start, None))
@@ -91,8 +116,15 @@ class ReplayableSampler:
             self._last_generators = method()
         return self._last_generators
 
-    def resume(self, draw_states: dict[str, torch.Tensor], position: int) -> None:
-        """Make the next epoch the one drawn from ``draw_states``, from ``position`` on."""
+    def resume(self, draw_states: dict[str, Any], position: int) -> None:
+        """Make the next epoch the one drawn from ``draw_states``, from ``position`` on. Raises ValueError
+        where they hold the own state of a sampler this loader does not have."""
+        missing = set(draw_states.get(OWN, {})) - set(stateful_parts(self.inner))
+        if missing:
+            raise ValueError(
+                f"the state holds the own state_dict() of the saved loader's {', '.join(sorted(missing))}, "
+                "which this loader does not have (or has without state_dict/load_state_dict)"
+            )
         self._pending = (draw_states, position)
 
     def before_next_draw(self, callback: Any) -> None:
@@ -108,10 +140,8 @@ def generator_states(generators: dict[str, torch.Generator | None]) -> dict[str,
     return {name: g.get_state() for name, g in generators.items() if g is not None}
 
 
-def restore_generators(
-    generators: dict[str, torch.Generator | None], states: dict[str, torch.Tensor]
-) -> None:
+def restore_generators(generators: dict[str, torch.Generator | None], states: dict[str, Any]) -> None:
     for name, state in states.items():
-        generator = generators.get(name) if name not in (GLOBAL, OWN) else None
+        generator = generators.get(name) if name not in (GLOBAL, OWN, LISTED) else None
         if generator is not None:
             generator.set_state(state)

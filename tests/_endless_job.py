@@ -1,8 +1,11 @@
 """A job over a map-style dataset whose sampler never ends, run as its own process, as users restart.
 
-``_endless_job.py save STATE OUT WORKERS AT`` takes AT batches, saves ``state_dict()`` to STATE, and records
-the next 12 batches in OUT. ``_endless_job.py load STATE OUT WORKERS`` restores STATE in a new process and
-records the first 12 batches it gives. Both print nothing else. ``_endless_job.py batch MODE CASES`` runs many
+``_endless_job.py save STATE OUT KIND WORKERS AT`` takes AT batches, saves ``state_dict()`` to STATE, and
+records the next 12 batches in OUT. ``_endless_job.py load STATE OUT KIND WORKERS`` restores STATE in a new
+process and records the first 12 batches it gives. KIND: ``sampler`` (``Endless``, drawn from its own
+generator), ``stateful-batches`` (``StatefulBatches`` as ``batch_sampler=``) or ``stateful-sampler``
+(``StatefulIndices`` as ``sampler=``); a stateful one's own state is saved and restored beside the loader's,
+as users of resumable samplers do. Both print nothing else. ``_endless_job.py batch MODE CASES`` runs many
 cases in one process (``_job_batch``).
 """
 
@@ -40,19 +43,66 @@ class Endless(torch.utils.data.Sampler):
             yield from torch.randint(1000, (16,), generator=self.generator).tolist()
 
 
-def make(workers: int) -> DataLoader:
-    return DataLoader(Squares(), sampler=Endless(3), batch_size=5, num_workers=workers)
+class StatefulIndices(torch.utils.data.Sampler):
+    """Shuffled passes over ``n`` indices forever, each pass seeded by the pass number, which its
+    ``state_dict()`` keeps (as seeded resumable samplers do): no generator of torch's to draw again."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        self.n, self.seed, self.passes = n, seed, 0
+
+    def __iter__(self) -> Iterator[int]:
+        while True:
+            self.passes += 1
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.passes))
+            yield from order.tolist()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"seed": self.seed, "passes": self.passes}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.seed, self.passes = state["seed"], state["passes"]
 
 
-def main(mode: str, state_file: str, out_file: str, workers: str, at: str = "0") -> None:
-    dl = make(int(workers))
+class StatefulBatches(torch.utils.data.Sampler):
+    """Batches of 4 from ``StatefulIndices`` forever: an endless batch sampler with a state of its own."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        self.indices = StatefulIndices(n, seed)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        it = iter(self.indices)
+        while True:
+            yield [next(it) for _ in range(4)]
+
+    def state_dict(self) -> dict[str, int]:
+        return self.indices.state_dict()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.indices.load_state_dict(state)
+
+
+def make(kind: str, workers: int) -> tuple[DataLoader, torch.utils.data.Sampler]:
+    """The loader and the sampler a user of ``kind`` makes."""
+    if kind == "stateful-batches":
+        sampler = StatefulBatches(1000, seed=3)
+        return DataLoader(Squares(), batch_sampler=sampler, num_workers=workers), sampler
+    sampler = StatefulIndices(1000, seed=3) if kind == "stateful-sampler" else Endless(3)
+    return DataLoader(Squares(), sampler=sampler, batch_size=5, num_workers=workers), sampler
+
+
+def main(mode: str, state_file: str, out_file: str, kind: str, workers: str, at: str = "0") -> None:
+    dl, sampler = make(kind, int(workers))
+    own = kind.startswith("stateful")
     it = iter(dl)
     if mode == "save":
         for _ in range(int(at)):
             next(it)
-        torch.save(dl.state_dict(), state_file)
+        torch.save({"loader": dl.state_dict(), "sampler": sampler.state_dict() if own else None}, state_file)
     else:
-        dl.load_state_dict(torch.load(state_file))
+        state = torch.load(state_file)
+        if own:
+            sampler.load_state_dict(state["sampler"])
+        dl.load_state_dict(state["loader"])
         it = iter(dl)
     with open(out_file, "w") as f:
         json.dump([batch.tolist() for batch in itertools.islice(it, NEXT)], f)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import itertools
 import json
 import math
 import subprocess
@@ -24,6 +25,7 @@ import psutil
 import pytest
 import torch
 import torch.utils.data as tud
+from _endless_job import Endless, StatefulBatches, StatefulIndices
 from torch.utils.data.datapipes.iter import IterableWrapper
 from torch.utils.data.datapipes.map import SequenceWrapper
 
@@ -168,6 +170,27 @@ def test_samplers(make_sampler):
         return len(dl), list(dl), list(dl)
 
     returned(same(run))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        lambda: {"batch_sampler": StatefulBatches(1000, seed=1)},
+        lambda: {"sampler": StatefulIndices(1000, seed=1), "batch_size": 4},
+        lambda: {"sampler": Endless(1), "batch_size": 4},
+    ],
+    ids=["stateful-batch-sampler", "stateful-sampler", "sampler"],
+)
+def test_endless_samplers_give_the_same_first_batches(sampling, num_workers):
+    """Samplers that never end, with a state_dict() of their own or without (issue 50)."""
+
+    def run(cls):
+        timeout = WAIT if num_workers else 0
+        dl = cls(cd.Indexed(1000), num_workers=num_workers, timeout=timeout, **sampling())
+        return list(itertools.islice(dl, 6))
+
+    assert len(returned(same(run))) == 6
 
 
 def test_batch_sampler_and_collate_fn():

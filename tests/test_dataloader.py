@@ -191,7 +191,7 @@ def test_state_dict_rejects_what_it_cannot_resume():
     data = SourceDataset(MemorySource(4))
     with pytest.raises(ValueError, match="version"):
         DataLoader(data).load_state_dict({"epoch_order": []})
-    with pytest.raises(ValueError, match="version 2 or 3, got 1"):
+    with pytest.raises(ValueError, match="version 2 to 4, got 1"):
         DataLoader(data).load_state_dict(
             {"version": 1, "epoch_order": [[0]], "batches_delivered": 5, "generators": {}}
         )

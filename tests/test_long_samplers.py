@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _endless_job import Endless, Squares
+from _endless_job import Endless, Squares, StatefulBatches, StatefulIndices
 from _job_batch import OUT, STATE, Restarts
 
 from loader import DataLoader
@@ -18,6 +18,7 @@ from loader import DataLoader
 JOB = Path(__file__).with_name("_endless_job.py")
 LOADERS = [torch.utils.data.DataLoader, DataLoader]
 RESUMED_WORKERS, RESUMED_AT = [0, 2], [0, 7]
+KINDS = ["sampler", "stateful-batches", "stateful-sampler"]
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -28,6 +29,48 @@ def test_an_endless_sampler_gives_torch_s_batches_at_once(workers):
         taken[cls] = [batch.tolist() for batch in itertools.islice(dl, 20)]
     assert taken[DataLoader] == taken[torch.utils.data.DataLoader]
     assert len(taken[DataLoader]) == 20
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_endless_stateful_batch_sampler_gives_torch_s_batches_at_once(workers):
+    """Issue 50: listing such a sampler's epoch before the first batch ran out of memory."""
+    taken = {}
+    for cls in LOADERS:
+        dl = cls(Squares(), batch_sampler=StatefulBatches(1000, seed=3), num_workers=workers)
+        taken[cls] = [batch.tolist() for batch in itertools.islice(dl, 20)]
+    assert taken[DataLoader] == taken[torch.utils.data.DataLoader]
+    assert len(taken[DataLoader]) == 20
+
+
+def test_a_stateful_sampler_costs_what_it_costs_with_torch_s_class():
+    peaks = {}
+    for cls in LOADERS:
+        tracemalloc.start()
+        dl = cls(Many(), batch_sampler=torch.utils.data.BatchSampler(StatefulIndices(len(Many())), 4, False))
+        next(iter(dl))
+        peaks[cls] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert peaks[DataLoader] < peaks[torch.utils.data.DataLoader] + (1 << 20)
+
+
+def test_a_sampler_whose_own_state_dict_fails_costs_the_state_not_the_epoch():
+    class Unsaveable(StatefulIndices):
+        def state_dict(self) -> dict[str, int]:
+            raise RuntimeError("not now")
+
+    dl = DataLoader(Squares(), sampler=Unsaveable(1000), batch_size=5)
+    it = iter(dl)
+    assert [len(next(it)) for _ in range(3)] == [5, 5, 5]
+    with pytest.raises(ValueError, match=r"sampler's own state_dict\(\) failed .*RuntimeError: not now"):
+        dl.state_dict()
+
+
+def test_a_state_naming_a_sampler_this_loader_lacks_is_refused():
+    saved = DataLoader(Squares(), sampler=StatefulIndices(1000), batch_size=5)
+    next(iter(saved))
+    plain = DataLoader(Squares(), sampler=Endless(3), batch_size=5)
+    with pytest.raises(ValueError, match=r"own state_dict\(\) of the saved loader's sampler"):
+        plain.load_state_dict(saved.state_dict())
 
 
 class Many(torch.utils.data.Dataset):
@@ -59,14 +102,19 @@ def restarts(tmp_path_factory) -> Restarts:
     """Every resume case below, each with a loader of its own: saved by one new process, restored by
     another."""
     restarts = Restarts(JOB, tmp_path_factory.mktemp("endless"), timeout=120)
-    for workers, at in itertools.product(RESUMED_WORKERS, RESUMED_AT):
-        restarts.add(f"{workers}-at-{at}", save=[STATE, OUT, workers, at], load=[STATE, OUT, workers])
+    for kind, workers, at in itertools.product(KINDS, RESUMED_WORKERS, RESUMED_AT):
+        restarts.add(
+            f"{kind}-{workers}-at-{at}",
+            save=[STATE, OUT, kind, workers, at],
+            load=[STATE, OUT, kind, workers],
+        )
     return restarts
 
 
 @pytest.mark.multiproc
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("workers", RESUMED_WORKERS)
 @pytest.mark.parametrize("at", RESUMED_AT)
-def test_an_endless_sampler_resumes_exactly_in_a_new_process(restarts, workers, at):
-    went_on, again = restarts.outcome(f"{workers}-at-{at}")
+def test_an_endless_sampler_resumes_exactly_in_a_new_process(restarts, kind, workers, at):
+    went_on, again = restarts.outcome(f"{kind}-{workers}-at-{at}")
     assert len(again) == 12 and again == went_on
