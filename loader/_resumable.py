@@ -49,14 +49,9 @@ class ResumableEpochs:
                 "state_dict() needs in_order=True: with in_order=False batches arrive out of order"
             )
         started = self._replay.epochs_started > self._started_before  # this iterator's order is drawn
-        if started and self._replay.unsaved is not None:
-            raise ValueError(
-                "state_dict(): the sampler's own state_dict() failed when this epoch began, so the epoch "
-                f"cannot be drawn again ({self._replay.unsaved})"
-            )
         return {
             "version": STATE_VERSION,
-            "draw_states": self._replay.draw_states if started else {},
+            "draw_states": self._replay.saved_draw() if started else {},
             "batches_delivered": self._delivered,
             "epoch_finished": started and self._epoch_finished(),
             "generators": generator_states(self._generators()),
@@ -136,6 +131,7 @@ class ResumableEpochs:
 
     def _count_delivered(self) -> None:
         self._delivered += 1
+        self._replay.handed_out(self._delivered)
 
     def _generators(self) -> dict[str, Any]:
         return {"loader": self.generator, "sampler": getattr(self.sampler, "generator", None)}

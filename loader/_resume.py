@@ -14,7 +14,6 @@ never end.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import weakref
 from collections.abc import Callable, Iterator
@@ -22,29 +21,19 @@ from typing import Any
 
 import torch
 
+from loader._own_states import OwnStates, load, stateful_parts
+
 __all__ = ["ReplayableSampler", "generator_states", "restore_generators"]
 
 GLOBAL = "torch"  # the name of torch's global random state among the states kept
-OWN = "sampler_states"  # and of the own states, at the epoch's start, of samplers that have a state_dict()
+OWN = "sampler_states"  # and of what resumes samplers that keep a state_dict() of their own (OwnStates.saved)
 LISTED = "order"  # a state saved before version 4 kept such a sampler's whole order instead
-
-
-def _stateful(sampler: Any) -> bool:
-    return all(callable(getattr(sampler, name, None)) for name in ("state_dict", "load_state_dict"))
-
-
-def stateful_parts(index_sampler: Any) -> dict[str, Any]:
-    """The samplers behind a loader's index sampler that keep a ``state_dict()`` of their own, by role: the
-    batch sampler, and the sampler torch's ``BatchSampler`` draws from."""
-    parts = {"batch_sampler": index_sampler, "sampler": getattr(index_sampler, "sampler", None)}
-    if not isinstance(index_sampler, torch.utils.data.BatchSampler):
-        del parts["sampler"]
-    return {role: part for role, part in parts.items() if _stateful(part)}
 
 
 class ReplayableSampler:
     """Wraps the loader's index sampler; draws an epoch's order lazily, exactly as the wrapped one would,
-    keeping the random states (``generators()``'s and torch's global one) the draw started from."""
+    keeping the random states (``generators()``'s and torch's global one) the draw started from, and the
+    samplers' own states (``OwnStates``) where they keep one."""
 
     def __init__(self, inner: Any, generators: Callable[[], dict[str, torch.Generator | None]]) -> None:
         """``generators``: the loader's own method; held weakly, so that the loader (which holds this
@@ -56,8 +45,8 @@ class ReplayableSampler:
         self._last_generators = generators()
         self.draw_states: dict[str, Any] = {}  # what the current epoch's draw started from
         self.epochs_started = 0  # how many times an epoch's order was drawn or resumed
-        self.unsaved: str | None = None  # why the current epoch's start could not be kept, if it could not
-        self._pending: tuple[dict[str, torch.Tensor], int] | None = None
+        self._own: OwnStates | None = None  # the current epoch's own sampler states, where kept
+        self._pending: tuple[dict[str, Any], int] | None = None
         self._before_draw: Any = None
 
     def __len__(self) -> int:
@@ -70,9 +59,10 @@ class ReplayableSampler:
                 self._before_draw, before = None, self._before_draw
                 before()
             self.draw_states = {**generator_states(self._generators()), GLOBAL: torch.get_rng_state()}
-            self.draw_states[OWN], self.unsaved = self._own_states()
+            parts = stateful_parts(self.inner)
+            self._own = OwnStates(parts) if parts else None
             self.epochs_started += 1
-            yield from self.inner
+            yield from self.inner if self._own is None else self._own.watch(iter(self.inner))
             return
         (self.draw_states, start), self._pending = self._pending, None
         self.epochs_started += 1
@@ -81,25 +71,41 @@ class ReplayableSampler:
             return
         yield from self._redrawn(start)
 
-    def _own_states(self) -> tuple[dict[str, Any], str | None]:
-        """(the own states of the samplers that keep one, copied; why they could not be had, or None). A
-        sampler whose ``state_dict()`` fails costs the loader its ``state_dict()``, never the epoch."""
-        try:
-            return {
-                role: copy.deepcopy(part.state_dict()) for role, part in stateful_parts(self.inner).items()
-            }, None
-        except Exception as exc:  # the user's code: any failure
-            return {}, f"{type(exc).__name__}: {exc}"
+    def saved_draw(self) -> dict[str, Any]:
+        """What the current epoch's draw is drawn again from (``resume``). Raises ValueError where a
+        sampler's own ``state_dict()`` failed this epoch."""
+        if self._own is None:
+            return self.draw_states
+        own = self._own.saved()
+        if own is None:
+            raise ValueError(
+                "state_dict(): the sampler's own state_dict() failed in this epoch, so the epoch cannot be "
+                f"drawn again ({self._own.unsaved})"
+            )
+        return {**self.draw_states, OWN: own}
+
+    def handed_out(self, count: int) -> None:
+        """The current epoch's first ``count`` batches were handed out."""
+        if self._own is not None:
+            self._own.handed_out(count)
 
     def _redrawn(self, start: int) -> Iterator[Any]:
         """The saved epoch drawn again from its states, from position ``start`` on; torch's global random
-        state is the process's own again once the handed-out part is skipped."""
-        own = torch.get_rng_state()
-        restore_generators(self._generators(), self.draw_states)
-        torch.set_rng_state(self.draw_states[GLOBAL])
+        state is the process's own again once the handed-out part is skipped. A sampler whose own state
+        moves is loaded as it was saved and goes on after the batches it had drawn ahead."""
         parts = stateful_parts(self.inner)
-        for role, state in self.draw_states.get(OWN, {}).items():
-            parts[role].load_state_dict(copy.deepcopy(state))
+        own_saved = self.draw_states.get(OWN)
+        restore_generators(self._generators(), self.draw_states)
+        if own_saved is not None and "now" in own_saved:
+            load(parts, own_saved["now"])
+            self._own = OwnStates(parts, first=start, moving=True)
+            yield from self._own.watch(itertools.chain(own_saved["ahead"], self.inner))
+            return
+        own = torch.get_rng_state()
+        torch.set_rng_state(self.draw_states[GLOBAL])
+        if own_saved is not None:
+            load(parts, own_saved["start"])
+        self._own = OwnStates(parts, first=start, moving=False) if parts else None
         order = iter(self.inner)
         try:
             first = next(itertools.islice(order, start, None))
@@ -107,8 +113,8 @@ class ReplayableSampler:
             return
         finally:
             torch.set_rng_state(own)
-        yield first
-        yield from order
+        order = itertools.chain([first], order)
+        yield from order if self._own is None else self._own.watch(order)
 
     def _generators(self) -> dict[str, torch.Generator | None]:
         method = self._loader_generators()
@@ -119,7 +125,8 @@ class ReplayableSampler:
     def resume(self, draw_states: dict[str, Any], position: int) -> None:
         """Make the next epoch the one drawn from ``draw_states``, from ``position`` on. Raises ValueError
         where they hold the own state of a sampler this loader does not have."""
-        missing = set(draw_states.get(OWN, {})) - set(stateful_parts(self.inner))
+        own = draw_states.get(OWN, {})
+        missing = set(own.get("now", own.get("start", {}))) - set(stateful_parts(self.inner))
         if missing:
             raise ValueError(
                 f"the state holds the own state_dict() of the saved loader's {', '.join(sorted(missing))}, "

@@ -3,9 +3,11 @@
 ``_endless_job.py save STATE OUT KIND WORKERS AT`` takes AT batches, saves ``state_dict()`` to STATE, and
 records the next 12 batches in OUT. ``_endless_job.py load STATE OUT KIND WORKERS`` restores STATE in a new
 process and records the first 12 batches it gives. KIND: ``sampler`` (``Endless``, drawn from its own
-generator), ``stateful-batches`` (``StatefulBatches`` as ``batch_sampler=``) or ``stateful-sampler``
-(``StatefulIndices`` as ``sampler=``); a stateful one's own state is saved and restored beside the loader's,
-as users of resumable samplers do. Both print nothing else. ``_endless_job.py batch MODE CASES`` runs many
+generator), ``stateful-batches`` (``StatefulBatches`` as ``batch_sampler=``), ``stateful-sampler``
+(``StatefulIndices`` as ``sampler=``) or ``moving-sampler`` (``Moving``, whose state is its position, as
+torchdata's StatefulDistributedSampler's is); a stateful one's own state is saved and restored beside the
+loader's, as users of resumable samplers do. Before the saved epoch, an epoch is begun and dropped after one
+batch. Both print nothing else. ``_endless_job.py batch MODE CASES`` runs many
 cases in one process (``_job_batch``).
 """
 
@@ -81,18 +83,50 @@ class StatefulBatches(torch.utils.data.Sampler):
         self.indices.load_state_dict(state)
 
 
+class Moving(torch.utils.data.Sampler):
+    """A shuffled pass per epoch (``set_epoch``) whose ``state_dict()`` is the indices yielded in the current
+    pass: loading it makes the next pass skip them (torchdata's StatefulDistributedSampler's contract)."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        self.n, self.seed, self.epoch, self.yielded, self.next_yielded = n, seed, 0, 0, None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        self.yielded, self.next_yielded = self.next_yielded or 0, None
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+        for i in order[self.yielded :].tolist():
+            self.yielded += 1
+            yield i
+
+    def state_dict(self) -> dict[str, int]:
+        return {"yielded": self.yielded}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.next_yielded = state["yielded"]
+
+
 def make(kind: str, workers: int) -> tuple[DataLoader, torch.utils.data.Sampler]:
     """The loader and the sampler a user of ``kind`` makes."""
     if kind == "stateful-batches":
         sampler = StatefulBatches(1000, seed=3)
         return DataLoader(Squares(), batch_sampler=sampler, num_workers=workers), sampler
-    sampler = StatefulIndices(1000, seed=3) if kind == "stateful-sampler" else Endless(3)
+    kinds = {"stateful-sampler": StatefulIndices, "moving-sampler": Moving}
+    sampler = kinds[kind](1000, seed=3) if kind in kinds else Endless(3)
     return DataLoader(Squares(), sampler=sampler, batch_size=5, num_workers=workers), sampler
 
 
 def main(mode: str, state_file: str, out_file: str, kind: str, workers: str, at: str = "0") -> None:
     dl, sampler = make(kind, int(workers))
-    own = kind.startswith("stateful")
+    own = kind != "sampler"
+    if mode == "load" or kind != "moving-sampler" or at != "0":
+        # an epoch begun and dropped. Not where a moving state is saved before the loader drew the epoch:
+        # between passes such a state says where the dropped pass was left (torchdata's sampler's too)
+        next(iter(dl))
     it = iter(dl)
     if mode == "save":
         for _ in range(int(at)):

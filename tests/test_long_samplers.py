@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _endless_job import Endless, Squares, StatefulBatches, StatefulIndices
+from _endless_job import Endless, Moving, Squares, StatefulBatches, StatefulIndices
 from _job_batch import OUT, STATE, Restarts
 
 from loader import DataLoader
@@ -18,7 +18,7 @@ from loader import DataLoader
 JOB = Path(__file__).with_name("_endless_job.py")
 LOADERS = [torch.utils.data.DataLoader, DataLoader]
 RESUMED_WORKERS, RESUMED_AT = [0, 2], [0, 7]
-KINDS = ["sampler", "stateful-batches", "stateful-sampler"]
+KINDS = ["sampler", "stateful-batches", "stateful-sampler", "moving-sampler"]
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -51,6 +51,29 @@ def test_a_stateful_sampler_costs_what_it_costs_with_torch_s_class():
         peaks[cls] = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
     assert peaks[DataLoader] < peaks[torch.utils.data.DataLoader] + (1 << 20)
+
+
+def test_a_moving_sampler_state_keeps_only_the_batches_drawn_ahead():
+    """A sampler whose state is its position is saved as it is now, with the batches its workers asked for
+    ahead of use: those, not every batch drawn so far."""
+    dl = DataLoader(Squares(), sampler=Moving(1000), batch_size=5, num_workers=2, prefetch_factor=2)
+    it = iter(dl)
+    handed = [next(it) for _ in range(150)]
+    own = dl.state_dict()["draw_states"]["sampler_states"]
+    ahead = own["ahead"]
+    assert 1 <= len(ahead) <= 2 * 2 + 1
+    assert own["now"]["sampler"]["yielded"] == 5 * (len(handed) + len(ahead))
+    assert [b.tolist() for b in itertools.islice(it, len(ahead))] == [[i * i for i in b] for b in ahead]
+
+
+def test_a_state_saved_by_the_last_version_still_resumes():
+    """Version 3 kept a stateful sampler's whole order; such a checkpoint resumes at its position."""
+    order = [[7, 1], [3, 5], [0, 2], [9, 4]]
+    state = DataLoader(Squares(), batch_size=2).state_dict()
+    state.update(version=3, draw_states={"order": order, "torch": torch.get_rng_state()}, batches_delivered=1)
+    dl = DataLoader(Squares(), batch_sampler=StatefulBatches(1000))
+    dl.load_state_dict(state)
+    assert [b.tolist() for b in dl] == [[i * i for i in b] for b in order[1:]]
 
 
 def test_a_sampler_whose_own_state_dict_fails_costs_the_state_not_the_epoch():
