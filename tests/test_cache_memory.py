@@ -189,25 +189,29 @@ def run_job(
     return json.loads(done.stdout.splitlines()[-1]), done.stderr
 
 
-def job_memory(root: Path, cache_dir: Path) -> int:
-    """The job's own peak memory without a cache: the cgroup's peak less the records in the page cache."""
-    evict_page_cache(root)
-    with StorageLimits() as limits:
-        run_job(limits, root, cache_dir, "none", epochs=1)
-    return limits.memory_max_usage() - resident_bytes(root)
+def job_memory(root: Path, cache_dir: Path, runs: int = 1) -> int:
+    """The job's own peak memory without a cache: the cgroup's peak less the records in the page cache; the
+    largest of ``runs`` runs (one run under load read low once, and its limit left no room to admit)."""
+    peaks = []
+    for _ in range(runs):
+        evict_page_cache(root)
+        with StorageLimits() as limits:
+            run_job(limits, root, cache_dir, "none", epochs=1)
+        peaks.append(limits.memory_max_usage() - resident_bytes(root))
+    return max(peaks)
 
 
 @pytest.mark.multiproc
 @pytest.mark.slow
 def test_at_a_limit_of_cache_plus_job_memory_the_job_completes_and_warns(big_folder, shm_dir):
     cache_bytes = FILES * RECORD_BYTES
-    limit = job_memory(big_folder, shm_dir) + cache_bytes
+    limit = job_memory(big_folder, shm_dir, runs=2) + cache_bytes
     evict_page_cache(big_folder)
     with StorageLimits(memory_limit=limit) as limits:
         stats, stderr = run_job(limits, big_folder, shm_dir, str(cache_bytes))
     assert stats["samples"] == 2 * FILES
     assert stats["memory_pauses"] >= 1 and "memory is short" in stderr
-    assert 0 < stats["records_cached"] < FILES
+    assert 0 < stats["records_cached"] < FILES, (limit, stats, stderr[-2000:])
 
 
 @pytest.mark.multiproc
