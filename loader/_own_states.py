@@ -54,19 +54,16 @@ class OwnStates:
         self.start = self._now()
         self._moving = moving
         self._after: list[dict[str, Any] | None] = []  # the states after the first draws
-        self._ahead: collections.deque[tuple[int, Any]] = (
-            collections.deque()
-        )  # (position, item) not handed out
+        # (position, item) of the items drawn and not handed out
+        self._ahead: collections.deque[tuple[int, Any]] = collections.deque()
         self._taken = first
 
     def watch(self, order: Iterable[Any]) -> Iterator[Any]:
         """``order``'s items; the first two are drawn at once, for the states after them."""
-        order = iter(order)
-        head = list(
-            itertools.islice(self._noted(order), 0 if self._moving is not None else _CLASSIFYING_DRAWS)
-        )
-        yield from head
-        yield from self._noted(order)
+        noted = self._noted(iter(order))
+        if self._moving is None:
+            yield from list(itertools.islice(noted, _CLASSIFYING_DRAWS))
+        yield from noted
 
     def handed_out(self, count: int) -> None:
         """The epoch's first ``count`` items were handed out: they are no longer kept."""
@@ -74,8 +71,9 @@ class OwnStates:
             self._ahead.popleft()
 
     def saved(self) -> dict[str, Any] | None:
-        """What resumes this epoch where it stands (see ``resumed``): a still state's start, or a moving
-        state now with the items drawn ahead; None where a ``state_dict()`` failed (``unsaved``)."""
+        """What resumes this epoch where it stands (``ReplayableSampler._redrawn``): a still state's start,
+        or a moving state now with the items drawn ahead; None where a ``state_dict()`` failed
+        (``unsaved``)."""
         if self.unsaved is not None:
             return None
         if not self.moves():

@@ -6,10 +6,8 @@ before the first batch cost 1 GB and a second on 20M indices (torch's loader yie
 is exact for a sampler that draws from the loader's generator, its own ``generator`` or torch's global random
 state, as all of torch's samplers do; what was handed out is skipped, as torchdata's StatefulDataLoader
 fast-forwards a sampler. A sampler with a ``state_dict()`` of its own (``PackedBatchSampler``, a seeded
-endless batch sampler), given as ``batch_sampler=`` or as ``sampler=``, is kept as that state at the epoch's
-start: the user restores it mid-epoch, ahead of use (torch's loader asks for batches ahead), so a resumed
-epoch loads the start state back before it skips what was handed out. Its order is never listed: it may
-never end.
+endless batch sampler), given as ``batch_sampler=`` or as ``sampler=``, is kept as that state, by its kind
+(``_own_states.py``), never as its order: it may never end.
 """
 
 from __future__ import annotations
