@@ -9,20 +9,21 @@
 - ``cuda``: the same model on a CUDA device, timed with synchronisation.
 
 Models are picked by name (``parse_compute``); an unknown name is a ValueError listing the choices.
+``check_compute`` checks a name without building its model, and imports torch only to ask for a CUDA
+device: stallbench's own process checks ``--compute`` at once and never needs torch otherwise (1.6 s), so
+torch is imported where a step is built or run.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+if TYPE_CHECKING:
+    import torch
 
-from stallbench.batches import batch_tokens
-
-__all__ = ["COMPUTE_MODELS", "ComputeStep", "parse_compute"]
+__all__ = ["COMPUTE_MODELS", "ComputeStep", "check_compute", "parse_compute"]
 
 
 class ComputeStep:
@@ -51,6 +52,8 @@ class TokenStep(ComputeStep):
         self.name = f"emulated-tokens:{ms_per_1k:g}"
 
     def __call__(self, batch: Any) -> None:
+        from stallbench.batches import batch_tokens
+
         tokens = batch_tokens(batch)
         if tokens is None:
             raise ValueError(f"compute model {self.name!r} needs token batches (padded or packed)")
@@ -61,6 +64,9 @@ class TorchModelStep(ComputeStep):
     """A small image classifier trained on the batch; images are uint8 NCHW tensors."""
 
     def __init__(self, device: str, num_classes: int = 1000) -> None:
+        import torch
+        from torch import nn
+
         self.device = torch.device(device)
         self.name = device
         self.model = nn.Sequential(
@@ -73,6 +79,9 @@ class TorchModelStep(ComputeStep):
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
 
     def __call__(self, batch: Any) -> None:
+        import torch
+        from torch import nn
+
         images, labels = _images_and_labels(batch, self.name)
         images = images.to(self.device, non_blocking=True).float().div_(255)
         labels = labels.to(self.device, non_blocking=True) % self.model[-1].out_features
@@ -85,6 +94,8 @@ class TorchModelStep(ComputeStep):
 
 
 def _images_and_labels(batch: Any, model: str) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
     if isinstance(batch, (list, tuple)) and len(batch) == 2 and isinstance(batch[0], torch.Tensor):
         images, labels = batch
         if images.dim() == 4 and images.shape[1] == 3:
@@ -111,9 +122,15 @@ def _emulated_tokens(arg: str) -> ComputeStep:
 
 
 def _cuda(arg: str) -> ComputeStep:
+    _check_cuda()
+    return TorchModelStep("cuda")
+
+
+def _check_cuda() -> None:
+    import torch
+
     if not torch.cuda.is_available():
         raise ValueError("compute model 'cuda' needs a CUDA device and none is available here")
-    return TorchModelStep("cuda")
 
 
 COMPUTE_MODELS: dict[str, Callable[[str], ComputeStep]] = {
@@ -122,14 +139,29 @@ COMPUTE_MODELS: dict[str, Callable[[str], ComputeStep]] = {
     "cpu": lambda arg: TorchModelStep("cpu"),
     "cuda": _cuda,
 }
+_TORCH_MODELS = ("cpu", "cuda")
+
+
+def check_compute(text: str) -> None:
+    """ValueError, naming the choices, unless ``text`` names a compute model this machine can run."""
+    name, arg = _name_and_argument(text)
+    if name == "cuda":
+        _check_cuda()
+    elif name not in _TORCH_MODELS:
+        COMPUTE_MODELS[name](arg)  # a sleep: built, to check its milliseconds
 
 
 def parse_compute(text: str) -> ComputeStep:
     """``"emulated:20"``, ``"emulated-tokens:0.5"``, ``"cpu"`` or ``"cuda"`` -> a step; anything else ->
     ValueError naming the choices."""
+    name, arg = _name_and_argument(text)
+    return COMPUTE_MODELS[name](arg)
+
+
+def _name_and_argument(text: str) -> tuple[str, str]:
     name, _, arg = text.partition(":")
     if name not in COMPUTE_MODELS:
         raise ValueError(
             f"unknown compute model {text!r}; choose one of: emulated:<ms>, emulated-tokens:<ms>, cpu, cuda"
         )
-    return COMPUTE_MODELS[name](arg)
+    return name, arg

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from stallbench.compute import parse_compute
+from stallbench.compute import check_compute, parse_compute
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_emulated_step_sleeps_without_using_the_cpu():
@@ -45,3 +50,21 @@ def test_cuda_model_is_refused_without_a_device():
     else:
         with pytest.raises(ValueError, match="CUDA"):
             parse_compute("cuda")
+
+
+@pytest.mark.parametrize("text", ["cpu", "emulated:5", "emulated-tokens:0.5"])
+def test_stallbench_checks_its_compute_option_without_importing_torch(text):
+    """The CLI's own process never needs torch (1.6 s to import): checking ``--compute`` must not load it."""
+    code = (
+        "import sys\nfrom stallbench.cli import make_parser\n"
+        f"make_parser().parse_args(['analyze', '--data', 'images:10', '--compute', {text!r}])\n"
+        "print('torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert (done.returncode, done.stdout.strip()) == (0, "False"), done.stderr
+
+
+@pytest.mark.parametrize("text", ["gpu", "emulated:-1", "emulated-tokens:x"])
+def test_a_bad_compute_option_is_named_before_anything_runs(text):
+    with pytest.raises(ValueError, match="emulated"):
+        check_compute(text)

@@ -116,10 +116,10 @@ def data_dir(text: str) -> Path:
 
 def compute_spec(text: str) -> str:
     """A compute model name, checked now so a typo fails before any run."""
-    from stallbench.compute import parse_compute
+    from stallbench.compute import check_compute
 
     try:
-        parse_compute(text)
+        check_compute(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text

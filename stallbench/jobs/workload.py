@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from stallbench.compute import parse_compute
+from stallbench.jobs.child import end_process
 from stallbench.jobs.data import make_loader
 from stallbench.jobs.spec import WorkloadJob
 
@@ -50,4 +51,5 @@ def main(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
+    end_process()  # its epochs are run: measured, it ends without the interpreter's teardown
