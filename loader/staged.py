@@ -99,14 +99,14 @@ def encode_prepared(value: Any) -> bytearray:
     return out
 
 
-def decode_prepared(raw: bytes | bytearray | memoryview, *, own: bool = False) -> Any:
+def decode_prepared(raw: bytes | bytearray | memoryview | np.ndarray, *, own: bool = False) -> Any:
     """What ``encode_prepared`` wrote. Every array is writable and no one else's: a fresh copy, or with
-    ``own=True`` (``raw``, a bytearray, handed over by its caller) a view of ``raw`` itself, copied nowhere
-    (an array not aligned there for its type is still copied). Raises ValueError when the bytes do not hold
-    such a value."""
-    if own and not isinstance(raw, bytearray):
-        raise ValueError(f"own=True takes a bytearray, got {type(raw).__name__}")
+    ``own=True`` (``raw``, writable bytes handed over by its caller: a bytearray, an array of bytes) a view of
+    ``raw`` itself, copied nowhere (an array not aligned there for its type is still copied). Raises
+    ValueError when the bytes do not hold such a value."""
     view = memoryview(raw)
+    if own and view.readonly:
+        raise ValueError(f"own=True takes writable bytes, got a read-only {type(raw).__name__}")
     try:
         size = int.from_bytes(view[:4], "little")
         tree = json.loads(bytes(view[4 : 4 + size]))

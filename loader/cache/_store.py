@@ -183,14 +183,15 @@ class SharedStore:
             self._gate = AdmissionGate(self.path, self.in_memory)
             self._gate.turn_off(exc)
 
-    def _payload(self, offset: int, length: int, mutable: bool) -> bytes | bytearray:
+    def _payload(self, offset: int, length: int, mutable: bool) -> bytes | bytearray | np.ndarray:
         """The ``length`` bytes at ``offset`` of the data: a pread on a disk, one copy out of the mapping in
         a tmpfs (a third cheaper than pread there, ``_attach``; the caller checks first that they lie within
-        the file: a copy from past its end would be a SIGBUS)."""
+        the file: a copy from past its end would be a SIGBUS). Mutable from a disk: read into an array left
+        unset, not a bytearray zeroed first (27 against 40 us for a 563 kB prepared record)."""
         if not self.in_memory:
             if not mutable:
                 return os.pread(self._data_fd, length, offset)
-            raw = bytearray(length)
+            raw = np.empty(length, np.uint8)
             return raw[: os.preadv(self._data_fd, [raw], offset)]
         window = slice(offset, offset + length)
         return bytearray(memoryview(self._data)[window]) if mutable else self._data[window]

@@ -16,6 +16,8 @@ import os
 import struct
 import warnings
 
+import numpy as np
+
 from loader.cache._giveback import GivesBack
 from loader.cache._layout import EMPTY, HEADER_BYTES, READY, RESERVED, SLOT_DTYPE, UNHIT, checksum
 from loader.cache._store import LOCK_TIMEOUT, CacheInfo, store_path
@@ -46,8 +48,9 @@ class MinIOCache(GivesBack):
         """Bytes of records the store holds now (its data; the index not counted)."""
         return int(self._used[0])
 
-    def get(self, index: int, *, mutable: bool = False) -> bytes | bytearray | None:
-        """The cached bytes of record ``index`` (a bytearray, one copy too, with ``mutable``), or None when
+    def get(self, index: int, *, mutable: bool = False) -> bytes | bytearray | np.ndarray | None:
+        """The cached bytes of record ``index`` (writable, the caller's own, with ``mutable``: a bytearray, or
+        an array of bytes from a disk), or None when
         the store does not hold it. Raises CorruptRecordError when the slot points outside the data or the
         bytes fail their checksum."""
         if self._gate.off:
