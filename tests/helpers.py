@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +55,17 @@ def index_of(raw: bytes) -> int:
 def first_index(raw) -> int:
     """A transform for tests: the payload's record index (picklable, module level)."""
     return index_of(raw)
+
+
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each ends stallbench as Ctrl-C does
+
+
+def stops_at_defaults() -> None:
+    """A ``preexec_fn``: the child in a process group of its own with SIGINT, SIGTERM and SIGHUP at their
+    defaults, whatever the shell running the tests ignores (a background shell ignores SIGINT)."""
+    os.setpgid(0, 0)
+    for signum in STOPS:
+        signal.signal(signum, signal.SIG_DFL)
 
 
 def make_jpeg_folder(root: Path, per_class: int = 4, classes: int = 2, size=(64, 48)) -> Path:

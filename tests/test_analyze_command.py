@@ -19,6 +19,7 @@ import pytest
 
 from loader.system.home import default_cache_dir
 from stallbench.workloads import make_jpeg_folder
+from tests.helpers import STOPS, stops_at_defaults
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "train_cnn.py"
@@ -155,13 +156,15 @@ def _left_by(pid: int) -> list[str]:
     return [str(p) for folder, pattern in places for p in folder.glob(pattern)]
 
 
-def test_ctrl_c_leaves_no_process_cgroup_or_scratch_folder(images, tmp_path):
+@pytest.mark.parametrize("signum", STOPS, ids=lambda s: s.name)
+def test_a_stop_leaves_no_process_cgroup_or_scratch_folder(images, tmp_path, signum):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     argv = [sys.executable, "-m", "stallbench", "analyze", "--data", str(images), "--no-progress"]
-    argv += train(images, "--slow-ms", "20")  # slow: still running when interrupted
+    argv += train(images, "--slow-ms", "20")  # slow: still running when stopped
     proc = subprocess.Popen(
-        argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+        argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=stops_at_defaults,
+    )  # fmt: skip
     tree: set[psutil.Process] = set()
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any(str(EXAMPLE) in " ".join(p.cmdline()) for p in tree):
@@ -172,10 +175,11 @@ def test_ctrl_c_leaves_no_process_cgroup_or_scratch_folder(images, tmp_path):
     time.sleep(2)  # the example is training
     with contextlib.suppress(psutil.Error):
         tree |= set(psutil.Process(proc.pid).children(recursive=True))
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err[-2000:]
-    assert "interrupted" in err
+    assert proc.returncode == 128 + signum, err[-2000:]
+    assert ("interrupted" if signum == signal.SIGINT else f"stopped by {signum.name}") in err
+    assert "Traceback" not in err
     alive = [p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"left running: {alive}"
     assert not _left_by(proc.pid)

@@ -17,6 +17,7 @@ from loader.system.home import default_cache_dir
 from stallbench.analysis.request import NamedWorkload, parse_data
 from stallbench.conditions.limits import probe_storage_conditions
 from stallbench.report import validate_report_json
+from tests.helpers import stops_at_defaults
 
 REPO = Path(__file__).resolve().parents[1]
 CGROUPS = [Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/blkio")]
@@ -205,22 +206,26 @@ def leftovers(pid: int) -> set[str]:
 
 @pytest.mark.slow
 @pytest.mark.multiproc
-def test_interrupt_writes_results_so_far_and_leaves_nothing(tmp_path):
+def test_sigterm_writes_results_so_far_and_leaves_nothing(tmp_path):
+    """A scheduler's SIGTERM (``scancel``, ``timeout``) ends a run as Ctrl-C does (the other stops: below)."""
     cmd = [sys.executable, "-m", "stallbench", "compare", "--data", "images:24", "--data-dir", str(tmp_path)]
     # the interrupt comes as cached's cold run starts: its 5 epochs outlast that many times over, as 40 did
     cmd += ["--batch-size", "8", "--workers", "1", "--epochs", "5", "--json", "c.json"]
     cmd += ["--storage-bandwidth", "50MB/s", "--memory-limit", "1G"]
     proc = subprocess.Popen(
-        cmd, cwd=tmp_path, env=env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+        cmd, cwd=tmp_path, env=env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=stops_at_defaults,
+    )  # fmt: skip
     seen = ""
     while "cached: ingestion done" not in seen and proc.poll() is None:
         seen += proc.stderr.read(1)  # the progress bar says when the baseline is done
     children = psutil.Process(proc.pid).children(recursive=True)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, seen + err
-    assert "interrupted" in err and "torch" in out
+    assert proc.returncode == 128 + signal.SIGTERM, seen + err
+    assert (
+        "stallbench compare: stopped by SIGTERM; writing what was measured so far" in err and "torch" in out
+    )
     assert [e["loader"] for e in json.loads((tmp_path / "c.json").read_text())["loaders"]] == ["torch"]
     time.sleep(0.5)
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
@@ -231,8 +236,9 @@ def start(*args: str, cwd: Path, extra_env: dict | None = None) -> subprocess.Po
     cmd = [sys.executable, "-m", "stallbench", *args]
     run_env = {**env(), **(extra_env or {})}
     return subprocess.Popen(
-        cmd, cwd=cwd, env=run_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+        cmd, cwd=cwd, env=run_env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=stops_at_defaults,
+    )  # fmt: skip
 
 
 def wait_for(proc: subprocess.Popen, ready) -> None:
@@ -242,30 +248,33 @@ def wait_for(proc: subprocess.Popen, ready) -> None:
     assert proc.poll() is None, proc.communicate()
 
 
-def interrupt(proc: subprocess.Popen) -> tuple[list[psutil.Process], str]:
-    """SIGINT now; the process's descendants just before, and its stderr."""
+def interrupt(proc: subprocess.Popen, signum: int) -> tuple[list[psutil.Process], str]:
+    """``signum`` now; the process's descendants just before, and its stderr."""
     children = psutil.Process(proc.pid).children(recursive=True)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
     return children, err
 
 
-def assert_clean_interrupt(proc: subprocess.Popen, err: str, children: list[psutil.Process]) -> None:
-    assert proc.returncode == 130, err
-    assert "interrupted" in err and "Traceback" not in err, err
+def assert_clean_interrupt(
+    proc: subprocess.Popen, err: str, children: list[psutil.Process], signum: int
+) -> None:
+    assert proc.returncode == 128 + signum, err
+    assert "Traceback" not in err, err
     time.sleep(0.5)
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not leftovers(proc.pid)
 
 
 @pytest.mark.slow
-def test_interrupt_during_generation_exits_130_and_leaves_nothing(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_stop_during_generation_exits_128_plus_its_number_and_leaves_nothing(tmp_path, signum):
     data = tmp_path / "data"
     proc = start("demo", "--data-dir", str(data), "--num-images", "100000", "--no-progress", cwd=tmp_path)
     wait_for(proc, lambda: any(data.glob("images-100000.tmp-*/class_*/*.jpg")))  # generating
-    children, err = interrupt(proc)
-    assert_clean_interrupt(proc, err, children)
-    assert "stallbench demo: interrupted" in err
+    children, err = interrupt(proc, signum)
+    assert_clean_interrupt(proc, err, children, signum)
+    assert f"stallbench demo: {'interrupted' if signum == signal.SIGINT else 'stopped by SIGTERM'}" in err
     assert not list(data.iterdir())  # the half-made workload is gone
 
 
@@ -285,7 +294,8 @@ def _cgroup_v1_problem() -> str | None:
 
 @pytest.mark.slow
 @pytest.mark.multiproc
-def test_interrupt_during_memory_probe_exits_130_and_leaves_nothing(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_stop_during_memory_probe_exits_128_plus_its_number_and_leaves_nothing(tmp_path, signum):
     if (problem := _cgroup_v1_problem()) is not None:
         pytest.skip(f"--memory-limit auto needs a cgroup v1 memory controller: {problem}")
     scratch = tmp_path / "tmpdir"
@@ -295,9 +305,9 @@ def test_interrupt_during_memory_probe_exits_130_and_leaves_nothing(tmp_path):
     # the probe's jobs make the first per-run cache folders (the real runs come after measuring the machine);
     # a job runs once its cgroup is there too
     wait_for(proc, lambda: {"shm", "cgroup"} <= in_use(proc.pid))
-    children, err = interrupt(proc)
-    assert_clean_interrupt(proc, err, children)
-    assert "stallbench analyze: interrupted" in err
+    children, err = interrupt(proc, signum)
+    assert_clean_interrupt(proc, err, children, signum)
+    assert f"stallbench analyze: {'interrupted' if signum == signal.SIGINT else 'stopped by SIGHUP'}" in err
     assert not list(scratch.iterdir())
 
 

@@ -27,6 +27,7 @@ from stallbench.demo import concurrent_hint
 from stallbench.jobs.run import JobFailed
 from stallbench.jobs.spec import LoaderEpoch, WorkloadJob
 from stallbench.report.concurrent import concurrent_to_json, format_concurrent, validate_concurrent_json
+from tests.helpers import stops_at_defaults
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
@@ -303,7 +304,7 @@ def test_a_failing_job_exits_1_and_leaves_nothing(tmp_path):
     argv = ["compare", "--jobs", "2", *TINY, "--data", str(_broken_folder(tmp_path)), "--transform", "train"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "stallbench", *argv], cwd=tmp_path, env=_env(), text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=stops_at_defaults,
     )  # fmt: skip
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, err
@@ -314,7 +315,8 @@ def test_a_failing_job_exits_1_and_leaves_nothing(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiproc
-def test_interrupt_kills_every_job_and_exits_130(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_stop_kills_every_job_and_exits_128_plus_its_number(tmp_path, signum):
     argv = [
         "compare",
         "--jobs",
@@ -340,10 +342,11 @@ def test_interrupt_kills_every_job_and_exits_130(tmp_path):
     time.sleep(4)  # into their epochs: joined, staging batches
     children = me.children(recursive=True)
     assert len(children) >= 4, children  # two jobs and a worker each
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    assert "stallbench compare: interrupted" in err and "Traceback" not in err
+    assert proc.returncode == 128 + signum, err
+    stopped = "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM"
+    assert f"stallbench compare: {stopped}" in err and "Traceback" not in err
     time.sleep(0.5)
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert not _leftovers(proc.pid)

@@ -19,6 +19,7 @@ import pytest
 
 from loader.system.counters import cpu_seconds
 from stallbench.analysis.memory import OVERHEAD_MARGIN, memory_limit
+from stallbench.cli.stops import stops_as_ctrl_c
 from stallbench.jobs.command import CommandFailed, run_command
 from stallbench.jobs.run import run_job, scratch_cache_dir
 from stallbench.jobs.spec import JobSpec, WorkloadJob
@@ -140,11 +141,19 @@ def test_the_cpu_counter_keeps_a_child_that_has_exited():
     assert cpu_seconds() - before >= 0.3
 
 
+@pytest.fixture
+def stops_as_stallbench():
+    """SIGTERM and SIGHUP in this process as in stallbench's (``stops``), put back after."""
+    with stops_as_ctrl_c():
+        yield
+
+
 @pytest.mark.multiproc
-def test_ctrl_c_at_any_moment_of_a_jobs_start_leaves_nothing_running() -> None:
-    """SIGINT lands at 20 moments spread over the start of a job (before, during and after its Popen)."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)  # SIGHUP: alike
+def test_a_stop_at_any_moment_of_a_jobs_start_leaves_nothing_running(signum, stops_as_stallbench) -> None:
+    """The signal lands at 20 moments spread over the start of a job (before, during and after its Popen)."""
     for k in range(20):
-        timer = threading.Timer(0.002 * k, os.kill, (os.getpid(), signal.SIGINT))
+        timer = threading.Timer(0.002 * k, os.kill, (os.getpid(), signum))
         with contextlib.suppress(KeyboardInterrupt, subprocess.TimeoutExpired):
             timer.start()
             run_job([sys.executable, "-c", _LEAVES_WORKER, "60"], timeout=5)

@@ -1,13 +1,15 @@
 """The ``stallbench`` command line: ``analyze``, ``compare``, ``simulate`` and ``demo``.
 
 Exit codes: 0 success, 1 failure, 2 usage error (a bad option, missing data, a condition the machine cannot
-enforce), 130 interrupted (results so far are written first).
+enforce), 130 interrupted by Ctrl-C, 143 by SIGTERM, 129 by SIGHUP (results so far are written first, and
+every job stallbench started is stopped: ``stops``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import re
 import shutil
 import sys
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from stallbench.cli import _args as types
 from stallbench.cli.commands import interrupted, run_analysis, run_demo, run_simulate
+from stallbench.cli.stops import stops_as_ctrl_c
 from stallbench.cli.user import run_user_analysis, split_command
 from stallbench.conditions.limits import AUTO, NONE, Limits
 from stallbench.conditions.storage import PAGE
@@ -210,6 +213,11 @@ def _concurrent(parser: argparse.ArgumentParser, args: argparse.Namespace, comma
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    with stops_as_ctrl_c():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = make_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     own, command = split_command(argv)
@@ -230,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return _interruptible(run_concurrent_compare, args)
     if command:
-        return run_user_analysis(args, command)
+        return _interruptible(functools.partial(run_user_analysis, command=command), args)
     if args.command == "analyze" and args.loader is None:
         args.loader = CACHED
     commands = {"analyze": run_analysis, "compare": run_analysis, "simulate": run_simulate, "demo": run_demo}
@@ -253,5 +261,5 @@ def _negative_values_joined(argv: list[str]) -> list[str]:
 def _interruptible(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     try:
         return command(args)
-    except KeyboardInterrupt:  # before a command's own handler (e.g. while the demo imports torch)
-        return interrupted(args)
+    except KeyboardInterrupt as stop:  # before a command's own handler (e.g. while the demo imports torch)
+        return interrupted(args, stop)

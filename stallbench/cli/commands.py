@@ -11,6 +11,7 @@ from stallbench.analysis.analyze import analyze, prepare
 from stallbench.analysis.phases import RunPlan
 from stallbench.analysis.request import AnalysisRequest
 from stallbench.analysis.results import LoaderReport
+from stallbench.cli.stops import exit_status, stopped_by
 from stallbench.conditions.cgroup import StorageConditionUnavailable
 
 __all__ = [
@@ -53,16 +54,16 @@ def analyse_and_report(
     except (StorageConditionUnavailable, ValueError) as exc:
         say_error(args.command, exc)
         return 2
-    except KeyboardInterrupt:
-        return interrupted(args)
+    except KeyboardInterrupt as stop:
+        return interrupted(args, stop)
     reports: list[LoaderReport] = []
     try:
         runs = RUNS_PER_LOADER * len(kinds) * (2 if plan.packing else 1)  # packed runs beside the padded
         with Progress(args, "runs", unit="step", total=1 + runs) as bar:
             for report in analyze(plan, kinds, on_step=bar.step):
                 reports.append(report)
-    except KeyboardInterrupt:
-        return interrupted(args, reports, by_epoch)
+    except KeyboardInterrupt as stop:
+        return interrupted(args, stop, reports, by_epoch)
     except (RuntimeError, OSError, ValueError) as exc:
         say_error(args.command, exc)
         report_outputs(args, reports, by_epoch)
@@ -80,13 +81,17 @@ def prepare_data(
 
 
 def interrupted(
-    args: argparse.Namespace, reports: Sequence[LoaderReport] = (), by_epoch: bool = False
+    args: argparse.Namespace,
+    stop: KeyboardInterrupt,
+    reports: Sequence[LoaderReport] = (),
+    by_epoch: bool = False,
 ) -> int:
-    """Ctrl-C anywhere in a command: say so, write what was measured so far, exit code 130."""
+    """Ctrl-C (or SIGTERM, SIGHUP: ``stops``) anywhere in a command: say so, write what was measured so
+    far; exit code 128 + the signal's number."""
     done = "; writing what was measured so far" if reports else ""
-    print(f"stallbench {args.command}: interrupted{done}", file=sys.stderr)
+    print(f"stallbench {args.command}: {stopped_by(stop)}{done}", file=sys.stderr)
     report_outputs(args, reports, by_epoch)
-    return 130
+    return exit_status(stop)
 
 
 def report_outputs(args: argparse.Namespace, reports: Sequence[LoaderReport], by_epoch: bool = False) -> None:

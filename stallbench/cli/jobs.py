@@ -1,7 +1,8 @@
 """``compare --jobs N`` (N >= 2): N concurrent jobs per loader instead of the differential runs.
 
 Exit codes as for the other commands: 2 for a usage error, 1 when a job fails (the loaders done so far are
-still printed and written), 130 on Ctrl-C (every job's session killed first, and what was done written).
+still printed and written), 130 on Ctrl-C, 143 on SIGTERM, 129 on SIGHUP (every job's session killed
+first, and what was done written).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from stallbench.analysis.concurrent import ConcurrentRun, run_concurrent
 from stallbench.analysis.results import Workload
 from stallbench.cli.commands import Progress, prepare_data, request_from, say_error
+from stallbench.cli.stops import exit_status, stopped_by
 from stallbench.conditions.cgroup import StorageConditionUnavailable
 
 __all__ = ["UNSUPPORTED", "run_concurrent_compare"]
@@ -32,15 +34,15 @@ def run_concurrent_compare(args: argparse.Namespace) -> int:
     except (StorageConditionUnavailable, ValueError) as exc:
         say_error(args.command, exc)
         return 2
-    except KeyboardInterrupt:
-        return _interrupted(args, None, [])
+    except KeyboardInterrupt as stop:
+        return _interrupted(args, stop, None, [])
     runs: list[ConcurrentRun] = []
     try:
         with Progress(args, f"{args.jobs} jobs at once", unit="loader", total=len(args.loaders)) as bar:
             for run in run_concurrent(plan, args.loaders, args.jobs, on_step=bar.step):
                 runs.append(run)
-    except KeyboardInterrupt:
-        return _interrupted(args, plan.workload, runs)
+    except KeyboardInterrupt as stop:
+        return _interrupted(args, stop, plan.workload, runs)
     except (RuntimeError, OSError, ValueError) as exc:
         say_error(args.command, exc)
         _outputs(args, plan.workload, runs)
@@ -49,13 +51,18 @@ def run_concurrent_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _interrupted(args: argparse.Namespace, workload: Workload | None, runs: Sequence[ConcurrentRun]) -> int:
-    """Ctrl-C: say so, write the loaders done so far, exit code 130."""
+def _interrupted(
+    args: argparse.Namespace,
+    stop: KeyboardInterrupt,
+    workload: Workload | None,
+    runs: Sequence[ConcurrentRun],
+) -> int:
+    """Ctrl-C, SIGTERM or SIGHUP: say so, write the loaders done so far; exit code 128 + its number."""
     done = "; writing what was measured so far" if runs else ""
-    print(f"stallbench {args.command}: interrupted{done}", file=sys.stderr)
+    print(f"stallbench {args.command}: {stopped_by(stop)}{done}", file=sys.stderr)
     if workload is not None:
         _outputs(args, workload, runs)
-    return 130
+    return exit_status(stop)
 
 
 def _outputs(args: argparse.Namespace, workload: Workload, runs: Sequence[ConcurrentRun]) -> None:

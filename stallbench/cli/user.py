@@ -1,7 +1,8 @@
 """``analyze`` / ``compare`` with a command after ``--``: the user's own job, run three times per loader.
 
 Exit codes as for the other commands, and: 1 with the command's exit code and last lines when the command
-fails (no stallbench traceback), 130 on Ctrl-C (the command's processes, cgroup and scratch folders gone).
+fails (no stallbench traceback), 130 on Ctrl-C, 143 on SIGTERM, 129 on SIGHUP (the command's processes,
+cgroup and scratch folders gone).
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ def run_user_analysis(args: argparse.Namespace, command: list[str]) -> int:
                 bar.step("memory measured")
             for report in analyze_command(job, kinds, on_step=bar.step, log=log):
                 reports.append(report)
-    except KeyboardInterrupt:
-        return interrupted(args, reports)
+    except KeyboardInterrupt as stop:
+        return interrupted(args, stop, reports)
     except CommandFailed as exc:
         say_error(args.command, exc)
         return 1

@@ -23,21 +23,23 @@ import psutil
 
 __all__ = ["remove_torch_segments", "session"]
 
+_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each ends stallbench (``stallbench.cli.stops``)
+
 
 @contextlib.contextmanager
 def session(argv: Sequence[str], **options: Any) -> Iterator[subprocess.Popen]:
     """``argv`` started in a session of its own, which is killed whole (the process and all it started)
-    when the block ends, however it ends. Ctrl-C is held back while the process starts: landing between its
-    start and this block, it would leave the process running, unkilled."""
-    held = _hold_sigint()
+    when the block ends, however it ends. Ctrl-C, SIGTERM and SIGHUP are held back while the process starts:
+    landing between its start and this block, they would leave the process running, unkilled."""
+    held = _hold_signals()
     try:
         proc = subprocess.Popen(list(argv), start_new_session=True, **options)
     except BaseException:
-        _release_sigint(held)
+        _release_signals(held)
         raise
     with proc:
         try:
-            _release_sigint(held)  # a Ctrl-C held back is raised here, where the kill below is armed
+            _release_signals(held)  # a signal held back acts here, where the kill below is armed
             yield proc
         finally:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -86,21 +88,30 @@ def remove_torch_segments(pids: Iterable[int], shm: str = "/dev/shm") -> None:
                     os.unlink(path)
 
 
-def _hold_sigint() -> tuple[Any, list[int]] | None:
-    """Ctrl-C noted, not raised, until ``_release_sigint`` (Python runs handlers in the main thread only)."""
+def _hold_signals() -> tuple[dict[int, Any], list[int]] | None:
+    """Ctrl-C, SIGTERM and SIGHUP noted, not acted on, until ``_release_signals`` (Python runs handlers in the
+    main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         return None
     noted: list[int] = []
-    return signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum)), noted
+    handlers = {signum: signal.getsignal(signum) for signum in _HELD}
+    for signum in _HELD:
+        signal.signal(signum, lambda signum, frame: noted.append(signum))
+    return handlers, noted
 
 
-def _release_sigint(held: tuple[Any, list[int]] | None) -> None:
-    """Put the Ctrl-C handler back, and act on a Ctrl-C noted meanwhile as it would have."""
+def _release_signals(held: tuple[dict[int, Any], list[int]] | None) -> None:
+    """Put the handlers back, and act on a signal noted meanwhile as they would have."""
     if held is None:
         return
-    handler, noted = held
-    signal.signal(signal.SIGINT, handler)
-    if noted and callable(handler):
-        handler(signal.SIGINT, None)
-    elif noted and handler == signal.SIG_DFL:
-        raise KeyboardInterrupt
+    handlers, noted = held
+    for signum, handler in handlers.items():
+        signal.signal(signum, handler)
+    for signum in dict.fromkeys(noted):
+        handler = handlers[signum]
+        if callable(handler):
+            handler(signum, None)
+        elif handler == signal.SIG_DFL and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        elif handler == signal.SIG_DFL:
+            os.kill(os.getpid(), signum)  # its default: the process ends
