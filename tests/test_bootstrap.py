@@ -298,6 +298,22 @@ def test_the_command_line_starts_without_torch():
     assert (done.returncode, done.stdout.strip()) == (0, "False False"), done.stderr
 
 
+def test_loader_and_the_data_stallbench_sizes_open_without_torch(tmp_path):
+    """``import loader`` loads each name when first used; stallbench's own process opens a workload's source
+    to size it, and never needs torch (1.5 s) for that."""
+    data = make_jpeg_folder(tmp_path / "imgs")
+    code = (
+        "import sys, loader, loader.system.home\nfrom stallbench.jobs.data import open_source\n"
+        f"print(len(open_source({str(data)!r})), sorted({{'torch', 'pyarrow', 'lmdb'}} & set(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=_env(None), capture_output=True, text=True)
+    assert (done.returncode, done.stdout.strip()) == (0, "8 []"), done.stderr
+    code = "from loader import DataLoader as Ours\nfrom torch.utils import data\n"
+    code += "print(issubclass(Ours, data.DataLoader))"
+    done = subprocess.run([sys.executable, "-c", code], env=_env(None), capture_output=True, text=True)
+    assert (done.returncode, done.stdout.strip()) == (0, "True"), done.stderr
+
+
 def test_rank_comes_from_the_environment(tmp_path):
     job = JobSpec(out_dir=str(tmp_path / "out"), steps=1).write(tmp_path / "spec.json")
     env = {**_env(job), "RANK": "3"}

@@ -152,15 +152,14 @@ def _opened(data: Path | ObjectData) -> tuple[DataSize, int, np.ndarray | None]:
     length.
 
     Hidden files are left out: no source reads them (a generated workload keeps its manifest in one)."""
-    from stallbench.jobs.data import make_dataset
+    from stallbench.jobs.data import open_source
 
-    dataset = make_dataset(str(data), None)
-    source = dataset.source
+    source = open_source(str(data))
     if isinstance(data, ObjectData):
-        return DataSize(device_bytes=source.nbytes, record_bytes=source.nbytes), len(dataset), None
+        return DataSize(device_bytes=source.nbytes, record_bytes=source.nbytes), len(source), None
     files = [data] if data.is_file() else [p for p in data.rglob("*") if p.is_file() and not _hidden(p, data)]
     lengths = source.token_lengths() if getattr(source, "kind", None) == "tokens" else None
-    return data_size(files), len(dataset), lengths
+    return data_size(files), len(source), lengths
 
 
 def _hidden(path: Path, root: Path) -> bool:
