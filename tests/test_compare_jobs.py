@@ -315,7 +315,7 @@ def test_a_failing_job_exits_1_and_leaves_nothing(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiproc
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+@pytest.mark.parametrize("signum", [signal.SIGTERM], ids=lambda s: s.name)  # Ctrl-C: test_cli's
 def test_a_stop_kills_every_job_and_exits_128_plus_its_number(tmp_path, signum):
     argv = [
         "compare",

@@ -124,7 +124,7 @@ def test_under_the_larger_job_s_peak_and_half_the_data_no_job_of_either_loader_i
     outcomes: dict[str, list] = {name: [] for name in jobs}
     for round_ in range(5):
         for name, args in jobs.items():
-            if "ImageFolder" in name and round_ % 2:
+            if "ImageFolder" in name and round_ % 3:  # ours' two other kinds of Dataset: 2 runs each
                 continue
             evict_page_cache(data)
             with StorageLimits(memory_limit=limit) as limits:
@@ -132,7 +132,7 @@ def test_under_the_larger_job_s_peak_and_half_the_data_no_job_of_either_loader_i
                 outcomes[name].append((done.returncode, limits.oom_kills(), done.stderr[-1500:]))
     killed = {name: [o for o in runs if o[:2] != (0, 0)] for name, runs in outcomes.items()}
     assert not any(killed.values()), f"under {limit / MIB:.0f} MiB: {killed}"
-    assert [len(runs) for runs in outcomes.values()] == [5, 5, 5, 3, 3]
+    assert [len(runs) for runs in outcomes.values()] == [5, 5, 5, 2, 2]
 
 
 @pytest.mark.parametrize("source", ["lmdb", "arrow", "tar", "s3", "prepared", "partition", "no-workers"])
