@@ -95,7 +95,8 @@ def _hold_signals() -> tuple[dict[int, Any], list[int]] | None:
         return None
     noted: list[int] = []
     handlers = {signum: signal.getsignal(signum) for signum in _HELD}
-    for signum in _HELD:
+    handlers = {signum: h for signum, h in handlers.items() if h is not None}  # one set outside Python: as is
+    for signum in handlers:
         signal.signal(signum, lambda signum, frame: noted.append(signum))
     return handlers, noted
 
