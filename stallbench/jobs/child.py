@@ -203,7 +203,9 @@ class _Run:
     def exit_quickly(self) -> None:
         """The last exit handler, in a process this run ended: flush the files the script left open, then
         ``os._exit(0)``. The script's own exit handlers have run; what is skipped is the interpreter's
-        teardown of its modules, ~0.9 s once an optimizer has imported ``torch._dynamo``, on every run."""
+        teardown of its modules, ~0.9 s once an optimizer has imported ``torch._dynamo``, on every run. The
+        status is 0, as this run ended it: a script that turned that SystemExit into another code is not
+        measured past its epochs anyway."""
         if self.ended_by != os.getpid():
             return
         _flush_open_files()
