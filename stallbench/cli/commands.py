@@ -11,7 +11,7 @@ from stallbench.analysis.analyze import analyze, prepare
 from stallbench.analysis.phases import RunPlan
 from stallbench.analysis.request import AnalysisRequest
 from stallbench.analysis.results import LoaderReport
-from stallbench.cli.stops import exit_status, stopped_by
+from stallbench.cli.stops import say_stopped
 from stallbench.conditions.cgroup import StorageConditionUnavailable
 
 __all__ = [
@@ -88,10 +88,9 @@ def interrupted(
 ) -> int:
     """Ctrl-C (or SIGTERM, SIGHUP: ``stops``) anywhere in a command: say so, write what was measured so
     far; exit code 128 + the signal's number."""
-    done = "; writing what was measured so far" if reports else ""
-    print(f"stallbench {args.command}: {stopped_by(stop)}{done}", file=sys.stderr)
+    status = say_stopped(args.command, stop, bool(reports))
     report_outputs(args, reports, by_epoch)
-    return exit_status(stop)
+    return status
 
 
 def report_outputs(args: argparse.Namespace, reports: Sequence[LoaderReport], by_epoch: bool = False) -> None:

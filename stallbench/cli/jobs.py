@@ -8,13 +8,12 @@ first, and what was done written).
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 
 from stallbench.analysis.concurrent import ConcurrentRun, run_concurrent
 from stallbench.analysis.results import Workload
 from stallbench.cli.commands import Progress, prepare_data, request_from, say_error
-from stallbench.cli.stops import exit_status, stopped_by
+from stallbench.cli.stops import say_stopped
 from stallbench.conditions.cgroup import StorageConditionUnavailable
 
 __all__ = ["UNSUPPORTED", "run_concurrent_compare"]
@@ -58,11 +57,10 @@ def _interrupted(
     runs: Sequence[ConcurrentRun],
 ) -> int:
     """Ctrl-C, SIGTERM or SIGHUP: say so, write the loaders done so far; exit code 128 + its number."""
-    done = "; writing what was measured so far" if runs else ""
-    print(f"stallbench {args.command}: {stopped_by(stop)}{done}", file=sys.stderr)
+    status = say_stopped(args.command, stop, bool(runs))
     if workload is not None:
         _outputs(args, workload, runs)
-    return exit_status(stop)
+    return status
 
 
 def _outputs(args: argparse.Namespace, workload: Workload, runs: Sequence[ConcurrentRun]) -> None:

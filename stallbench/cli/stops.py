@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
 
-__all__ = ["Stopped", "exit_status", "stopped_by", "stops_as_ctrl_c"]
+__all__ = ["Stopped", "exit_status", "say_stopped", "stopped_by", "stops_as_ctrl_c"]
 
 _STOPPING = (signal.SIGTERM, signal.SIGHUP)
 
@@ -61,3 +62,11 @@ def stopped_by(stop: BaseException) -> str:
     """How a message names the stop: "interrupted" (Ctrl-C) or "stopped by SIGTERM"."""
     signum = getattr(stop, "signum", None)
     return "interrupted" if signum is None else f"stopped by {signal.Signals(signum).name}"
+
+
+def say_stopped(command: str, stop: BaseException, writing: bool) -> int:
+    """Say on stderr that ``command`` was stopped, and whether what was measured so far is being written; the
+    exit status to end with."""
+    done = "; writing what was measured so far" if writing else ""
+    print(f"stallbench {command}: {stopped_by(stop)}{done}", file=sys.stderr)
+    return exit_status(stop)
