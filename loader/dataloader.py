@@ -137,6 +137,13 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
             CoordinatedEpochs(self, coordination, transform, user_collate) if coordinated else None
         )
 
+    def __setattr__(self, attr: str, val: Any) -> None:
+        """Torch's rules; a sampler a subclass swaps in after ``__init__`` (timm's ``MultiEpochsDataLoader``
+        wraps ``batch_sampler`` in an endless one) is the one the epochs are drawn from."""
+        super().__setattr__(attr, val)
+        if attr in ("sampler", "batch_sampler") and getattr(self, "_replay", None) is not None:
+            self._replay.inner = super()._index_sampler
+
     @property
     def _resumable_kind(self) -> bool:
         return self._dataset_kind == _DatasetKind.Map

@@ -175,5 +175,42 @@ def fd_limit_main(which: str, nofile: int, batches: int) -> None:
     print(json.dumps(report))
 
 
+class _Repeat:
+    """timm's ``_RepeatSampler``: the wrapped sampler's epochs one after another, for good."""
+
+    def __init__(self, sampler) -> None:
+        self.sampler = sampler
+
+    def __iter__(self):
+        while True:
+            yield from iter(self.sampler)
+
+
+def multi_epochs(cls: type) -> type:
+    """timm's ``MultiEpochsDataLoader`` (timm/data/loader.py) over ``cls``: after ``__init__`` it swaps the
+    sampler for an endless one, as torch's ``__setattr__`` rules allow, keeps one iterator for good and hands
+    out ``len()`` batches of it per epoch."""
+
+    class MultiEpochs(cls):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self._DataLoader__initialized = False
+            if self.batch_sampler is None:
+                self.sampler = _Repeat(self.sampler)
+            else:
+                self.batch_sampler = _Repeat(self.batch_sampler)
+            self._DataLoader__initialized = True
+            self.iterator = super().__iter__()
+
+        def __len__(self) -> int:
+            return len(self.sampler) if self.batch_sampler is None else len(self.batch_sampler.sampler)
+
+        def __iter__(self):
+            for _ in range(len(self)):
+                yield next(self.iterator)
+
+    return MultiEpochs
+
+
 if __name__ == "__main__":
     fd_limit_main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))

@@ -193,6 +193,38 @@ def test_endless_samplers_give_the_same_first_batches(sampling, num_workers):
     assert len(returned(same(run))) == 6
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_timm_s_multi_epochs_loader(num_workers):
+    """Issue 46: timm's loader over ours raised 'generator raised StopIteration' after one epoch."""
+
+    def run(cls):
+        torch.manual_seed(3)  # without workers the samples draw from torch's global generator
+        generator = torch.Generator().manual_seed(7)
+        kwargs = {"num_workers": num_workers, "persistent_workers": num_workers > 0, "generator": generator}
+        dl = cd.multi_epochs(cls)(cd.Augmented(10), batch_size=4, shuffle=True, **kwargs)
+        return [list(dl) for _ in range(3)]
+
+    epochs = returned(same(run))
+    assert [len(epoch) for epoch in epochs] == [3, 3, 3]
+    orders = [[value // 1000 for value in flat(epoch)] for epoch in epochs]
+    assert all(sorted(order) == list(range(10)) for order in orders) and orders[0] != orders[1]
+
+
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_a_sampler_swapped_after_init(batch_size):
+    """Without batching the new sampler gives the order; with it, the batch sampler made from the old one."""
+
+    def run(cls):
+        dl = cls(cd.Indexed(6), batch_size=batch_size)
+        dl._DataLoader__initialized = False
+        dl.sampler = [5, 3, 1, 0, 2, 4]
+        dl._DataLoader__initialized = True
+        return [list(dl), list(dl)]
+
+    epochs = returned(same(run))
+    assert flat(epochs[1]) == ([5, 3, 1, 0, 2, 4] if batch_size is None else list(range(6)))
+
+
 def test_batch_sampler_and_collate_fn():
     def run(cls):
         batches = [[0, 1, 2], [9], [4, 5]]

@@ -7,6 +7,7 @@ import inspect
 import pytest
 import torch
 import torch.utils.data
+from _conformance_data import multi_epochs
 from helpers import MemorySource, first_index, make_jpeg_folder
 
 import loader
@@ -65,6 +66,22 @@ def test_source_dataset_keeps_torch_order(num_workers, shm_dir):
     )
     for _ in range(2):
         assert batches(ours) == batches(theirs)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_timm_s_multi_epochs_loader_reads_through_the_cache(num_workers, shm_dir):
+    """timm's loader (one iterator kept for good over an endless batch sampler) over ours with a cache:
+    torch's batches every epoch, every record a hit after the first."""
+    data = SourceDataset(MemorySource(30), transform=first_index)
+    kw = dict(batch_size=5, shuffle=True, num_workers=num_workers, persistent_workers=num_workers > 0)
+    theirs = multi_epochs(torch.utils.data.DataLoader)(data, generator=torch.Generator().manual_seed(1), **kw)
+    ours = multi_epochs(DataLoader)(
+        data, generator=torch.Generator().manual_seed(1), cache_bytes=1 << 20, cache_dir=shm_dir, **kw
+    )
+    for _ in range(3):
+        assert batches(ours) == batches(theirs)
+    stats, ahead = ours.stats(), 2 * 2 * 5 if num_workers else 0  # the workers' prefetch of epoch 4
+    assert stats.misses == 30 and 60 <= stats.hits <= 60 + ahead
 
 
 def test_batch_size_none_and_custom_collate(shm_dir):
