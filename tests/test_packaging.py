@@ -82,6 +82,18 @@ def third_party_imports() -> dict[str, set[str]]:
     return found
 
 
+def readme_pip_installs() -> list[list[str]]:
+    """The ``pip install`` lines of the README's install block, as argv (from ``pip`` on)."""
+    lines = [line.split("#")[0].strip() for line in (REPO / "README.md").read_text().splitlines()]
+    return [shlex.split(line) for line in lines if line.startswith("pip install ")]
+
+
+def installed_without_dependencies() -> set[str]:
+    """Distributions the README installs with ``--no-deps`` (they declare torchvision)."""
+    named = [arg for argv in readme_pip_installs() if "--no-deps" in argv for arg in argv[2:]]
+    return {normalise(arg.split("==")[0]) for arg in named if not arg.startswith("-")}
+
+
 def declared_dependencies() -> set[str]:
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -98,7 +110,7 @@ def optional_dependencies() -> set[str]:
 def test_every_third_party_import_is_a_declared_dependency() -> None:
     imports = third_party_imports()
     assert {"torch", "PIL", "tqdm", "matplotlib"} <= set(imports)  # the scan sees the imports
-    declared = declared_dependencies() | optional_dependencies()
+    declared = declared_dependencies() | optional_dependencies() | installed_without_dependencies()
     missing = {
         name: sorted(files)
         for name, files in imports.items()
@@ -112,3 +124,30 @@ def test_every_dependency_is_pinned_for_ci() -> None:
     pinned = {normalise(line.split("==")[0]) for line in lines if "==" in line and not line.startswith("#")}
     unpinned = declared_dependencies() - NOT_PINNED - pinned
     assert not unpinned, f"in pyproject.toml but not pinned (==) in requirements-ci.txt: {sorted(unpinned)}"
+
+
+@pytest.mark.slow
+def test_the_readme_s_pip_install_gives_working_frameworks_without_torchvision(tmp_path) -> None:
+    """Issue 46: ``pip install .[test]`` pulled torchvision (LitData declares it), which does not import
+    beside the pinned torch, and then Lightning and transformers' Trainer failed to import. The README's
+    commands in a fresh venv, as written (``--no-compile``: no bytecode written ahead, the same packages)."""
+    commands = readme_pip_installs()
+    assert len(commands) == 2 and "torch==2.13.0" in commands[0] and installed_without_dependencies()
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    for argv in commands:
+        cmd = [python, "-m", *argv, "--no-compile", "-q", "--disable-pip-version-check"]
+        done = subprocess.run(cmd, cwd=REPO, text=True, capture_output=True, timeout=900)
+        assert done.returncode == 0, f"{shlex.join(argv)}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+    probe = (
+        "import importlib.util, torch, pytorch_lightning, accelerate, datasets, litdata, webdataset, moto\n"
+        "from transformers import Trainer\n"
+        "import loader, stallbench\n"
+        "print(torch.__version__, importlib.util.find_spec('torchvision') is None)"
+    )
+    done = subprocess.run([python, "-c", probe], cwd=tmp_path, text=True, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["2.13.0+cpu", "True"]
+    cli = subprocess.run([str(venv / "bin" / "stallbench"), "--help"], text=True, capture_output=True)
+    assert cli.returncode == 0 and "analyze" in cli.stdout
