@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -276,6 +277,52 @@ def test_a_stop_during_generation_exits_128_plus_its_number_and_leaves_nothing(t
     assert_clean_interrupt(proc, err, children, signum)
     assert f"stallbench demo: {'interrupted' if signum == signal.SIGINT else 'stopped by SIGTERM'}" in err
     assert not list(data.iterdir())  # the half-made workload is gone
+
+
+def _a_job_s_workers_run(pid: int) -> bool:
+    """Whether a generated job under the stallbench process ``pid`` has its DataLoader workers running."""
+    for child in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "stallbench.jobs.workload" in " ".join(child.cmdline()) and child.children():
+                return True
+    return False
+
+
+def _running(processes: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+    return alive
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_a_stallbench_killed_with_sigkill_leaves_no_job_and_nothing_behind(tmp_path):
+    """SIGKILL runs no handler: the run's watchdog kills its jobs' sessions (the job, its workers) and
+    removes the run's cache folder, cgroups and the jobs' temporary folders (issue 46)."""
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
+    args = ["analyze", "--data", "images:48", "--data-dir", str(tmp_path), *TINY, "--epochs", "500"]
+    proc = start(*args, cwd=tmp_path, extra_env={"TMPDIR": str(scratch)})
+    tree: list[psutil.Process] = []
+    try:
+        wait_for(proc, lambda: _a_job_s_workers_run(proc.pid))
+        tree = psutil.Process(proc.pid).children(recursive=True)  # the job, its workers, the watchdog
+        proc.kill()
+        proc.communicate(timeout=60)
+        deadline = time.monotonic() + 15
+        while _running(tree) or leftovers(proc.pid) or any(scratch.iterdir()):
+            left = (_running(tree), leftovers(proc.pid), list(scratch.iterdir()))
+            assert time.monotonic() < deadline, f"still there 15 s after the kill: {left}"
+            time.sleep(0.05)
+    finally:
+        for process in tree:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        proc.kill()
+        proc.communicate()
 
 
 def in_use(pid: int) -> set[str]:

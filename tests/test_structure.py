@@ -30,6 +30,7 @@ LONG = {
     "loader/coordinated/area.py",  # the group table's operations, each under the one lock
     "loader/cache/_store.py",  # a store attached: its files checked, what it holds and gave back, pickled
     "stallbench/cli/__init__.py",  # the parser, one option per call, and the checks across options
+    "loader/dataloader.py",  # torch's signature and documented options, then each torch hook it takes over
 }
 
 

@@ -14,7 +14,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["StorageConditionUnavailable", "StorageLimits", "block_device", "filesystem_type", "try_cgroup"]
+__all__ = [
+    "StorageConditionUnavailable",
+    "StorageLimits",
+    "block_device",
+    "filesystem_type",
+    "controller_roots",
+    "remove_cgroup",
+    "try_cgroup",
+]
 
 _SETTINGS = {"memory": "memory.limit_in_bytes", "blkio": "blkio.throttle.read_bps_device"}
 _counter = itertools.count()
@@ -74,9 +82,7 @@ def block_device(path: str | os.PathLike) -> str:
 
 
 def _make_cgroup(controller: str, name: str) -> Path:
-    root = _controller_root(controller)
-    _sweep_stale(root)
-    path = root / name
+    path = _controller_root(controller) / name
     try:
         path.mkdir()
     except OSError as e:
@@ -288,11 +294,19 @@ class StorageLimits:
                 raise RuntimeError(f"processes {pids} in {list(self._dirs.values())} survived SIGKILL")
             time.sleep(0.005)
         for controller, path in list(self._dirs.items()):
-            _rmdir(path, deadline)
+            remove_cgroup(path, deadline)
             del self._dirs[controller]
 
 
-def _rmdir(path: Path, deadline: float) -> None:
+def controller_roots() -> list[Path]:
+    """Where the cgroup v1 controllers stallbench uses are mounted (those that are)."""
+    ours = set(_SETTINGS)
+    mounted = {c: point for point, fstype, opts in _mounts() if fstype == "cgroup" for c in opts & ours}
+    return [Path(mounted[c]) for c in _SETTINGS if c in mounted]
+
+
+def remove_cgroup(path: Path, deadline: float) -> None:
+    """Remove the cgroup ``path`` once empty (its last processes may still be leaving it), by ``deadline``."""
     while True:
         try:
             path.rmdir()
@@ -303,12 +317,3 @@ def _rmdir(path: Path, deadline: float) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.005)
-
-
-def _sweep_stale(root: Path) -> None:
-    """Remove empty cgroups, over a minute old, of stallbench processes that died without cleaning up."""
-    for path in root.glob("stallbench-*"):
-        pid = path.name.split("-")[-2]
-        with contextlib.suppress(OSError):  # gone already, or holds processes: not ours to kill
-            if not Path(f"/proc/{pid}").exists() and time.time() - path.stat().st_mtime > 60:
-                path.rmdir()

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import IO
 
 from stallbench.conditions.cgroup import StorageLimits
+from stallbench.jobs.watchdog import ensure_started, unwatch, watch
 
 __all__ = ["CommandProcess"]
 
@@ -31,7 +32,9 @@ class CommandProcess:
     ) -> None:
         options = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, errors="replace")
         start = cgroup.popen if cgroup is not None else subprocess.Popen
+        ensure_started()
         self.proc = start(list(argv), start_new_session=True, **options)
+        watch(self.proc.pid)
         self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
         self._copiers = [
             threading.Thread(target=_copy, args=(stream, log or to, self.tail), daemon=True)
@@ -64,6 +67,7 @@ class CommandProcess:
         if self.proc.returncode is None:
             _kill_session(self.proc, signal.SIGKILL)
             self.proc.wait()
+        unwatch(self.proc.pid)
 
 
 def _copy(stream: IO[str], to: IO[str], tail: collections.deque[str]) -> None:

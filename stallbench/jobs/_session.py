@@ -16,12 +16,14 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import psutil
 
-__all__ = ["remove_torch_segments", "session"]
+from stallbench.jobs.watchdog import ensure_started, unwatch, watch
+
+__all__ = ["end_session", "remove_torch_segments", "session"]
 
 _HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each ends stallbench (``stallbench.cli.stops``)
 
@@ -31,6 +33,7 @@ def session(argv: Sequence[str], **options: Any) -> Iterator[subprocess.Popen]:
     """``argv`` started in a session of its own, which is killed whole (the process and all it started)
     when the block ends, however it ends. Ctrl-C, SIGTERM and SIGHUP are held back while the process starts:
     landing between its start and this block, they would leave the process running, unkilled."""
+    ensure_started()
     held = _hold_signals()
     try:
         proc = subprocess.Popen(list(argv), start_new_session=True, **options)
@@ -39,17 +42,25 @@ def session(argv: Sequence[str], **options: Any) -> Iterator[subprocess.Popen]:
         raise
     with proc:
         try:
+            watch(proc.pid)
             _release_signals(held)  # a signal held back acts here, where the kill below is armed
             yield proc
         finally:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGSTOP)  # none of them forks another once listed
-            pids = _tree(proc.pid)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()  # killed: at once
-            _wait_ended(pids)  # one killed inside its open of a name makes the name first: sweep after
-            remove_torch_segments(pids)
+            end_session(proc.pid, reap=proc.wait)
+            unwatch(proc.pid)
+
+
+def end_session(sid: int, reap: Callable[[], object] = lambda: None) -> None:
+    """Every process of the session that ``sid`` leads killed (``reap``: its leader's parent waits for it
+    there), then the shared memory torch named after them removed."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(sid, signal.SIGSTOP)  # none of them forks another once listed
+    pids = _tree(sid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(sid, signal.SIGKILL)
+    reap()  # killed: at once
+    _wait_ended(pids)  # one killed inside its open of a name makes the name first: sweep after
+    remove_torch_segments(pids)
 
 
 def _tree(pid: int) -> list[int]:

@@ -24,6 +24,7 @@ from typing import IO
 from stallbench.conditions.cgroup import StorageConditionUnavailable, StorageLimits
 from stallbench.conditions.load import OtherLoad
 from stallbench.jobs._process import CommandProcess
+from stallbench.jobs.leftovers import JOB_PREFIX
 from stallbench.jobs.run import child_env, job_tmpdir
 from stallbench.jobs.spec import JOB_ENV, JobSpec, LoaderEpoch, WorkloadJob, read_records, read_targets
 
@@ -97,7 +98,7 @@ class StartedCommand:
         job: WorkloadJob | None = None,
     ) -> None:
         self._stack = contextlib.ExitStack()
-        self.out = Path(tempfile.mkdtemp(prefix=f"stallbench-job-{os.getpid()}-"))
+        self.out = Path(tempfile.mkdtemp(prefix=f"{JOB_PREFIX}-{os.getpid()}-"))
         self._stack.callback(shutil.rmtree, self.out, ignore_errors=True)
         try:
             tmp = job_tmpdir()  # the command's TMPDIR, short enough for a worker's socket below it

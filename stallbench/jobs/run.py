@@ -9,11 +9,9 @@ hand-timed witnesses, whose figures stallbench's are checked against).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import stat
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -22,6 +20,7 @@ from typing import Any
 
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.jobs._session import session
+from stallbench.jobs.leftovers import JOB_TMP_PREFIX, RUN_PREFIX, sweep_folders
 
 __all__ = [
     "JobFailed",
@@ -34,7 +33,7 @@ __all__ = [
 REPO = Path(__file__).resolve().parents[2]  # the folder that holds this checkout's stallbench and loader
 _TAIL = 2_000  # characters of a failed job's stderr kept in the error
 _SUN_PATH = 107  # bytes of a Unix socket's path (sun_path, less its NUL)
-_SOCKET, _TMP_NAME = len("/pymp-XXXXXXXX/listener-XXXXXXXX"), len("/sb-XXXXXXXX")
+_SOCKET, _TMP_NAME = len("/pymp-XXXXXXXX/listener-XXXXXXXX"), len(f"/{JOB_TMP_PREFIX}-4194304-XXXXXXXX")
 
 
 class JobFailed(RuntimeError):
@@ -85,7 +84,7 @@ def job_tmpdir() -> str:
     most 107 bytes: a deeper one cannot be bound, the worker cannot send its batch and the job hangs."""
     bases = (tempfile.gettempdir(), "/tmp")
     fits = [base for base in bases if len(os.fsencode(base)) + _TMP_NAME + _SOCKET <= _SUN_PATH]
-    return tempfile.mkdtemp(prefix="sb-", dir=fits[0] if fits else None)
+    return tempfile.mkdtemp(prefix=f"{JOB_TMP_PREFIX}-{os.getpid()}-", dir=fits[0] if fits else None)
 
 
 def child_env(tmpdir: str | os.PathLike, first: Sequence[str | os.PathLike] = ()) -> dict[str, str]:
@@ -102,19 +101,5 @@ def scratch_cache_dir(parent: str | os.PathLike | None = None) -> Path:
         from loader.system.home import default_cache_dir  # here: the command line starts without torch
 
         parent = default_cache_dir()
-    _sweep_dead_runs(Path(parent))
-    return Path(tempfile.mkdtemp(prefix=f"stallbench-run-{os.getpid()}-", dir=parent))
-
-
-def _sweep_dead_runs(parent: Path) -> None:
-    """Remove ``stallbench-run-<pid>-*`` folders of ``parent`` that this user owns and whose ``pid`` is gone;
-    another user's, a link, or a live process's are left alone."""
-    for entry in parent.glob("stallbench-run-*-*"):
-        with contextlib.suppress(ValueError, OSError):
-            st = entry.lstat()
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-                continue
-            try:
-                os.kill(int(entry.name.split("-")[2]), 0)
-            except ProcessLookupError:
-                shutil.rmtree(entry, ignore_errors=True)
+    sweep_folders(Path(parent), RUN_PREFIX)
+    return Path(tempfile.mkdtemp(prefix=f"{RUN_PREFIX}-{os.getpid()}-", dir=parent))

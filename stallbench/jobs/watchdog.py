@@ -1,0 +1,111 @@
+"""Jobs that end when the stallbench that started them is killed with SIGKILL.
+
+A job runs in a session of its own (``_session.py``, ``_process.py``), so nothing kills it with stallbench:
+a stallbench killed with SIGKILL, which runs no handler, would leave it running with its workers, its
+cgroups and scratch folders. So each stallbench process that starts a job first starts one watchdog, a
+process in a session of its own that reads the sessions stallbench has running from a pipe stallbench alone
+writes to. When that pipe ends (stallbench has exited, however), the watchdog kills each session still
+listed (a stallbench that ended normally has ended them all), then removes what the run left
+(``leftovers.sweep``). It waits in a blocking read: no CPU while stallbench lives. A watchdog killed with
+its run (a whole process tree killed) leaves that to the next run, which sweeps before it starts its own.
+
+    python stallbench/jobs/watchdog.py PID   (stdin: lines "+SID" and "-SID")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+
+__all__ = ["ensure_started", "unwatch", "watch"]
+
+_lock = threading.Lock()
+_pipe: tuple[int, int] | None = None  # (this process's pid, the write end): a fork does not inherit it
+_watchdogs: list[subprocess.Popen] = []  # held for good: it ends after this process, never waited for
+
+
+def ensure_started() -> None:
+    """This process's watchdog started, if not yet: called before a job starts, so that no moment passes
+    between the job's start and its watch."""
+    with _lock:
+        _write_end()
+
+
+def watch(sid: int) -> None:
+    """Session ``sid`` (a job's) is killed if this process dies before ``unwatch(sid)``."""
+    _send(f"+{sid}\n")
+
+
+def unwatch(sid: int) -> None:
+    """Session ``sid`` has been ended: the watchdog forgets it."""
+    _send(f"-{sid}\n")
+
+
+def _send(line: str) -> None:
+    with _lock, contextlib.suppress(BrokenPipeError):  # the watchdog is gone (killed): the next run sweeps
+        os.write(_write_end(), line.encode())
+
+
+def _write_end() -> int:
+    """The write end of this process's watchdog's pipe, the watchdog started first where there is none."""
+    global _pipe
+    if _pipe is None or _pipe[0] != os.getpid():
+        _pipe = os.getpid(), _start()
+    return _pipe[1]
+
+
+def _start() -> int:
+    """A watchdog for this process, what dead runs left removed first; the write end of its pipe, which no
+    child of ours inherits."""
+    from stallbench.jobs.leftovers import sweep
+
+    sweep()
+    read, write = os.pipe()
+    try:
+        argv = [sys.executable, os.path.abspath(__file__), str(os.getpid())]  # no import until it must act
+        _watchdogs.append(subprocess.Popen(argv, stdin=read, start_new_session=True, env=_importable_env()))
+    finally:
+        os.close(read)
+    return write
+
+
+def _importable_env() -> dict[str, str]:
+    """This environment with this stallbench importable (a checkout run without installing it)."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    paths = [here, os.environ.get("PYTHONPATH")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
+
+
+def _serve(parent: int) -> None:
+    """Until the pipe ends; then the sessions still listed are killed and the run's leftovers removed."""
+    running: set[int] = set()
+    for line in sys.stdin.buffer:
+        sid = int(line[1:])
+        if line.startswith(b"+"):
+            running.add(sid)
+        else:
+            running.discard(sid)
+    if not running:
+        return
+    from stallbench.jobs._session import end_session
+    from stallbench.jobs.leftovers import sweep
+
+    for sid in running:
+        if _leads_its_session(sid):
+            end_session(sid)
+    sweep(parent)
+
+
+def _leads_its_session(sid: int) -> bool:
+    """Whether ``sid`` is still a session's leader (the job's, not a process given its pid since)."""
+    try:
+        return os.getsid(sid) == sid
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]))
