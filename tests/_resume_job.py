@@ -4,8 +4,9 @@
 AT (its length: after its last batch; 0: the iterator made, no batch taken), saves ``state_dict()`` to STATE,
 and records the rest of that epoch and two more in OUT. ``_resume_job.py load STATE OUT WORKERS PERSISTENT
 MORE [KIND DATA]`` restores STATE in a new process and records what its first iterator gives (the rest of the
-saved epoch, or the next one) and MORE epochs after it. ``_resume_job.py batch MODE CASES`` runs many cases in
-one process (``_job_batch``).
+saved epoch, or the next one) and MORE epochs after it. ``_resume_job.py relay STATE OUT WORKERS PERSISTENT
+TAKE [KIND DATA]`` restores STATE, records TAKE batches and saves its own state over STATE: a job restarted
+once more. ``_resume_job.py batch MODE CASES`` runs many cases in one process (``_job_batch``).
 
 KIND: ``index`` (the default: each sample its record's index), ``drawn`` (the index and a draw from each
 of ``torch``, ``random`` and ``numpy``, as a user's augmentation draws) or ``train`` (the JPEGs under DATA
@@ -76,6 +77,11 @@ def main(
             next(it)
         torch.save(dl.state_dict(), state_file)
         rest = epochs(dl, it, 2, kind)
+    elif mode == "relay":
+        dl.load_state_dict(torch.load(state_file))
+        it = iter(dl)
+        rest = [record(next(it), kind) for _ in range(int(count))]
+        torch.save(dl.state_dict(), state_file)
     else:
         dl.load_state_dict(torch.load(state_file))
         rest = epochs(dl, iter(dl), int(count), kind)

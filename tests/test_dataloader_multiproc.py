@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import multiprocessing as mp
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 import torch
-from helpers import MemorySource, first_index, index_of
+from _crashed_job import fingerprint
+from helpers import MemorySource, first_index, index_of, make_jpeg_folder
 
-from loader import DataLoader, SourceDataset
+from loader import DataLoader, ImageFolder, SourceDataset
 from loader.cache._layout import index_bytes
 
 pytestmark = pytest.mark.multiproc
@@ -173,3 +180,38 @@ def test_a_killed_job_leaves_no_worker_behind():
     for orphan in alive:
         orphan.kill()
     assert not alive, [p.pid for p in alive]
+
+
+def test_a_job_killed_whole_leaves_nothing_in_dev_shm_and_its_restart_reads_right(tmp_path):
+    """The peers' users' crash (issue 46): every process of a job SIGKILLed while its workers admit records to
+    the cache; nothing of its processes is left in /dev/shm, and the job started again gives every batch
+    whole (each against torch's loader over the same images) and reads what was admitted from the cache."""
+    data = make_jpeg_folder(tmp_path / "data", per_class=40, classes=2)
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parent)])}
+    argv = [sys.executable, str(here / "_crashed_job.py"), str(data), str(tmp_path / "cache")]
+    (tmp_path / "cache").mkdir()
+    job = subprocess.Popen([*argv, "50"], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    pids: set[int] = set()
+    try:
+        batches = [job.stdout.readline() for _ in range(8)]  # 8 of the first epoch's 20: records admitted
+        assert all(batches), "the job ended before its eighth batch"
+        pids = {job.pid, *(p.pid for p in psutil.Process(job.pid).children(recursive=True))}
+        assert len(pids) == 3  # the job and its two workers
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+        job.stdout.close()
+    psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=10)
+    assert not [name for name in os.listdir("/dev/shm") if any(str(pid) in name for pid in pids)]
+    again = subprocess.run([*argv, "2"], env=env, text=True, capture_output=True, timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    *batches, counts = again.stdout.splitlines()
+    plain = torch.utils.data.DataLoader(ImageFolder(data, transform="eval"), batch_size=4)
+    expected = [fingerprint(images, labels) for images, labels in plain]
+    assert batches == expected * 2
+    counts = json.loads(counts)
+    assert counts["hits"] + counts["misses"] == 2 * 80 and counts["hits"] >= 80 + 8 * 4  # 8 batches admitted

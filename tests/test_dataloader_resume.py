@@ -4,6 +4,9 @@ one new process and restored in another (``_job_batch``), not two processes a ca
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,3 +97,19 @@ def test_a_loader_with_live_workers_restores_in_place():
     dl.load_state_dict(state)
     assert [record(b, "drawn") for b in dl] == went_on
     assert len(went_on) == BATCHES - 5
+
+
+def test_each_restart_with_other_workers_gives_the_samples_not_yet_seen_once(tmp_path):
+    """What the peers' users ask for (issue 46): a job saved with 2 workers, restarted with 4, saved and
+    restarted again without workers, each a new process: the batches are the ones the saved job went on to
+    get, so every sample of the epoch comes once."""
+    state, outs = tmp_path / "state.pt", [tmp_path / f"{mode}.json" for mode in ("save", "relay", "load")]
+    steps = [("save", 2, 5), ("relay", 4, 4), ("load", 0, 0)]  # (mode, workers, batches: at / taken / epochs)
+    for (mode, workers, count), out in zip(steps, outs, strict=True):
+        argv = [sys.executable, str(JOB), mode, str(state), str(out), str(workers), "0", str(count)]
+        done = subprocess.run(argv, cwd=JOB.parent, text=True, capture_output=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+    went_on, relayed, rest = (json.loads(out.read_text()) for out in outs)
+    assert relayed + rest == went_on[: BATCHES - 5] and len(relayed) == 4
+    samples = [i for batch in relayed + rest for i in batch]
+    assert len(samples) == len(set(samples)) == 40 - 5 * 3  # the 5 batches of 3 seen before the first save
