@@ -111,22 +111,6 @@ def test_a_throttled_disk_shows_as_fetch_stall(tmp_path):
     assert loader["fetch_stall_seconds"] > loader["compute_seconds"]
 
 
-def test_compare_runs_ours_and_shows_its_cache_at_work(images, tmp_path):
-    out = tmp_path / "compare.json"
-    done = stallbench(
-        "compare", "--data", str(images), "--steps", "3", "--epochs", "3", "--no-progress", "--quiet",
-        "--log", str(tmp_path / "log.txt"), "--json", str(out), *train(images),
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    torch_report, ours = json.loads(out.read_text())["loaders"]
-    assert (torch_report["loader"], ours["loader"]) == ("torch", "cached")
-    cold = ours["runs"][2]["epochs"]
-    assert sum(e["hits"] for e in cold[1:]) > 0  # the example's own Dataset read through our cache
-    assert sum(e["hits"] + e["misses"] for e in torch_report["runs"][2]["epochs"]) == 0
-    assert "epoch 1: train loss" in (tmp_path / "log.txt").read_text()  # --quiet: the output in the log
-    assert "epoch 1: train loss" not in done.stdout
-
-
 def test_a_failing_script_gives_exit_1_and_its_message(images):
     done = stallbench(
         "analyze",
@@ -226,23 +210,24 @@ def test_the_how_to_example_runs_as_written(tmp_path):
     assert "epoch 1: train loss" in outputs[-1]
 
 
-def test_a_time_to_target_the_script_measures_shows_per_loader(images, tmp_path):
-    out = tmp_path / "compare.json"
-    script = [
-        "--",
-        sys.executable,
-        str(SCRIPTS / "train_to_target.py"),
-        "--data",
-        str(images),
-        "--epochs",
-        "3",
-    ]
+def test_compare_runs_ours_with_its_cache_at_work_and_the_time_to_target_per_loader(images, tmp_path):
+    """One compare of a user's script that reads its own files (read through our cache) and measures its
+    time to a target with ``stallbench.time_to_target``; ``--quiet`` sends its output to the log."""
+    out, log = tmp_path / "compare.json", tmp_path / "log.txt"
+    script = ["--", sys.executable, str(SCRIPTS / "train_to_target.py"), "--data", str(images)]
     done = stallbench(
-        "compare", "--data", str(images), "--epochs", "3", "--no-progress", "--json", str(out), *script
-    )
+        "compare", "--data", str(images), "--epochs", "3", "--no-progress", "--quiet", "--log", str(log),
+        "--json", str(out), *script, "--epochs", "3",
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "time to target" in done.stdout
-    for report in json.loads(out.read_text())["loaders"]:
+    torch_report, ours = json.loads(out.read_text())["loaders"]
+    assert (torch_report["loader"], ours["loader"]) == ("torch", "cached")
+    cold = ours["runs"][2]["epochs"]
+    assert sum(e["hits"] for e in cold[1:]) > 0  # the script's own file reads went through our cache
+    assert sum(e["hits"] + e["misses"] for e in torch_report["runs"][2]["epochs"]) == 0
+    assert "updates, " in log.read_text() and "updates, " not in done.stdout  # the script's summary line
+    for report in (torch_report, ours):
         got = report["useful"]["time_to_target"]
         assert got["target"] == 0.05 and got["reached"] == (got["value"] <= 0.05)
         assert 1 <= got["epochs"] <= 3 and got["updates"] == got["epochs"] * 25  # 400 files, batches of 16
