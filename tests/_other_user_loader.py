@@ -1,14 +1,15 @@
 """Another user's training job on the same machine, for the leak check's test.
 
-``_other_user_loader.py PIDFILE`` leaves its parent (two forks, a session of its own: no process of the test
-session is its ancestor), writes its pid to PIDFILE, keeps a cache folder named as a stallbench run's in
-/dev/shm, and runs torch's DataLoader with 2 workers sharing batches by name (``file_system``: a
-``torch_<pid>_*`` name per batch) until killed."""
+``_other_user_loader.py PIDFILE PID`` leaves its parent (two forks, a session of its own: no process of
+the test session is its ancestor), writes its pid to PIDFILE, keeps a cache folder named as a stallbench
+run's in /dev/shm, and runs torch's DataLoader with 2 workers sharing batches by name (``file_system``: a
+``torch_<pid>_*`` name per batch) until killed or PID is gone."""
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 
@@ -33,6 +34,7 @@ if __name__ == "__main__":
     Path(sys.argv[1]).write_text(str(os.getpid()))
     data = torch.utils.data.TensorDataset(torch.zeros(1_000, 256))
     loader = torch.utils.data.DataLoader(data, batch_size=10, num_workers=2, persistent_workers=True)
-    while True:
+    watched = int(sys.argv[2])  # the test session's process: it ends when that one is gone
+    while os.path.exists(f"/proc/{watched}"):
         for _ in loader:
-            pass
+            time.sleep(0.005)

@@ -313,8 +313,9 @@ def test_a_stallbench_killed_with_sigkill_leaves_no_job_and_nothing_behind(tmp_p
         proc.kill()
         proc.communicate(timeout=60)
         deadline = time.monotonic() + 15
-        while _running(tree) or leftovers(proc.pid) or any(scratch.iterdir()):
-            left = (_running(tree), leftovers(proc.pid), list(scratch.iterdir()))
+        temp = [scratch, Path("/tmp")]  # a job's TMPDIR goes in /tmp where the scratch's path is too long
+        while _running(tree) or leftovers(proc.pid) or any(any(d.glob(f"*-{proc.pid}-*")) for d in temp):
+            left = (_running(tree), leftovers(proc.pid), [list(d.glob(f"*-{proc.pid}-*")) for d in temp])
             assert time.monotonic() < deadline, f"still there 15 s after the kill: {left}"
             time.sleep(0.05)
     finally:

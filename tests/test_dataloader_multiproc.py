@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import multiprocessing as mp
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -192,21 +192,20 @@ def test_a_job_killed_whole_leaves_nothing_in_dev_shm_and_its_restart_reads_righ
     argv = [sys.executable, str(here / "_crashed_job.py"), str(data), str(tmp_path / "cache")]
     (tmp_path / "cache").mkdir()
     job = subprocess.Popen([*argv, "50"], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
-    pids: set[int] = set()
+    tree: list[psutil.Process] = []
     try:
         batches = [job.stdout.readline() for _ in range(8)]  # 8 of the first epoch's 20: records admitted
         assert all(batches), "the job ended before its eighth batch"
-        pids = {job.pid, *(p.pid for p in psutil.Process(job.pid).children(recursive=True))}
-        assert len(pids) == 3  # the job and its two workers
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait()
+        tree = [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]
+        assert len(tree) == 3  # the job and its two workers
     finally:
-        with contextlib.suppress(ProcessLookupError):
+        if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
         job.wait()
         job.stdout.close()
-    psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=10)
-    assert not [name for name in os.listdir("/dev/shm") if any(str(pid) in name for pid in pids)]
+    psutil.wait_procs(tree, timeout=10)
+    made = [re.compile(rf"^(torch_{p.pid}_|pym-{p.pid}-|stallbench-run-{p.pid}-)") for p in tree]
+    assert not [name for name in os.listdir("/dev/shm") if any(m.match(name) for m in made)]
     again = subprocess.run([*argv, "2"], env=env, text=True, capture_output=True, timeout=120)
     assert again.returncode == 0, again.stderr[-3000:]
     *batches, counts = again.stdout.splitlines()

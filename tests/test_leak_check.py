@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import SHM, _others
+from conftest import _MAKER, SHM, _others
 
 JOB = Path(__file__).with_name("_other_user_loader.py")
 
@@ -30,7 +30,7 @@ def _tree(jobs: list[int]) -> set[int]:
 
 def _names_of(pids: set[int]) -> set[str]:
     """The names in /dev/shm that ``pids`` made (a worker makes torch's)."""
-    return {name for name in os.listdir(SHM) for pid in pids if f"_{pid}_" in name or f"-{pid}-" in name}
+    return {name for name in os.listdir(SHM) if (made := _MAKER.match(name)) and int(made[1]) in pids}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def other_users_loaders(tmp_path_factory) -> Iterator[list[int]]:
     try:
         for n in range(2):
             pidfile = folder / f"pid{n}"
-            subprocess.run([sys.executable, str(JOB), str(pidfile)], check=True, timeout=30)
+            subprocess.run([sys.executable, str(JOB), str(pidfile), str(os.getpid())], check=True, timeout=30)
             deadline = time.monotonic() + 60
             while not (pidfile.exists() and pidfile.read_text()):
                 assert time.monotonic() < deadline, "the other user's job did not start"

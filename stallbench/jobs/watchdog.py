@@ -4,10 +4,11 @@ A job runs in a session of its own (``_session.py``, ``_process.py``), so nothin
 a stallbench killed with SIGKILL, which runs no handler, would leave it running with its workers, its
 cgroups and scratch folders. So each stallbench process that starts a job first starts one watchdog, a
 process in a session of its own that reads the sessions stallbench has running from a pipe stallbench alone
-writes to. When that pipe ends (stallbench has exited, however), the watchdog kills each session still
-listed (a stallbench that ended normally has ended them all), then removes what the run left
-(``leftovers.sweep``). It waits in a blocking read: no CPU while stallbench lives. A watchdog killed with
-its run (a whole process tree killed) leaves that to the next run, which sweeps before it starts its own.
+writes to (a forked child drops its copy). When that pipe ends (stallbench has exited, however), the
+watchdog kills each session still listed (a stallbench that ended normally has ended them all), then
+removes what the run left (``leftovers.sweep``). It waits in a blocking read: no CPU while stallbench
+lives. A watchdog killed with its run (a whole process tree killed) leaves that to the next run, which
+sweeps before it starts its own; one killed alone is replaced for the jobs started after.
 
     python stallbench/jobs/watchdog.py PID   (stdin: lines "+SID" and "-SID")
 """
@@ -23,7 +24,7 @@ import threading
 __all__ = ["ensure_started", "unwatch", "watch"]
 
 _lock = threading.Lock()
-_pipe: tuple[int, int] | None = None  # (this process's pid, the write end): a fork does not inherit it
+_pipe: int | None = None  # the write end; a forked child drops it
 _watchdogs: list[subprocess.Popen] = []  # held for good: it ends after this process, never waited for
 
 
@@ -45,16 +46,37 @@ def unwatch(sid: int) -> None:
 
 
 def _send(line: str) -> None:
-    with _lock, contextlib.suppress(BrokenPipeError):  # the watchdog is gone (killed): the next run sweeps
-        os.write(_write_end(), line.encode())
+    global _pipe
+    with _lock:
+        try:
+            os.write(_write_end(), line.encode())
+        except BrokenPipeError:  # the watchdog was killed alone: a new one for the jobs started from now
+            os.close(_write_end())
+            _pipe = None
+            if line.startswith("+"):
+                with contextlib.suppress(BrokenPipeError):
+                    os.write(_write_end(), line.encode())
+
+
+def _forget_in_child() -> None:
+    """A forked child holds no write end of its parent's pipe (the watchdog waits for every one to close)
+    and starts its own watchdog where it starts a job."""
+    global _pipe, _lock
+    if _pipe is not None:
+        with contextlib.suppress(OSError):
+            os.close(_pipe)
+    _pipe, _lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _write_end() -> int:
     """The write end of this process's watchdog's pipe, the watchdog started first where there is none."""
     global _pipe
-    if _pipe is None or _pipe[0] != os.getpid():
-        _pipe = os.getpid(), _start()
-    return _pipe[1]
+    if _pipe is None:
+        _pipe = _start()
+    return _pipe
 
 
 def _start() -> int:
@@ -88,15 +110,13 @@ def _serve(parent: int) -> None:
             running.add(sid)
         else:
             running.discard(sid)
-    if not running:
-        return
     from stallbench.jobs._session import end_session
     from stallbench.jobs.leftovers import sweep
 
     for sid in running:
         if _leads_its_session(sid):
             end_session(sid)
-    sweep(parent)
+    sweep(parent)  # killed between two jobs, it left its folders too; ended normally, nothing is left
 
 
 def _leads_its_session(sid: int) -> bool:
