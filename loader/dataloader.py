@@ -141,11 +141,14 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         """Torch's rules; a sampler a subclass swaps in after ``__init__`` (timm's ``MultiEpochsDataLoader``
         wraps ``batch_sampler`` in an endless one) is the one the epochs are drawn from; one without a length
         is refused where ``coordinate=`` or ``partition_cache=`` plan the epochs from it."""
+        if attr not in ("sampler", "batch_sampler"):
+            super().__setattr__(attr, val)
+            return
         planned = any(getattr(self, name, None) is not None for name in ("_coordinated", "_partition"))
-        if attr in ("sampler", "batch_sampler") and planned and not hasattr(val, "__len__"):
+        if planned and not hasattr(val, "__len__"):
             raise TypeError(f"{attr} has no len(): coordinate= and partition_cache= plan each epoch from it")
         super().__setattr__(attr, val)
-        if attr in ("sampler", "batch_sampler") and getattr(self, "_replay", None) is not None:
+        if getattr(self, "_replay", None) is not None:
             self._replay.inner = super()._index_sampler
 
     @property

@@ -198,6 +198,15 @@ def test_analyze_end_to_end(tmp_path):
     assert report["loaders"][0]["loader"] == "cached" and (tmp_path / "a.png").stat().st_size > 10_000
 
 
+def _running(processes: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+    return alive
+
+
 def leftovers(pid: int) -> set[str]:
     """Cache folders and cgroups made by the stallbench process ``pid`` (both carry its pid)."""
     shm = {p.name for p in default_cache_dir().glob(f"stallbench-run-{pid}-*")}
@@ -229,7 +238,7 @@ def test_sigterm_writes_results_so_far_and_leaves_nothing(tmp_path):
     )
     assert [e["loader"] for e in json.loads((tmp_path / "c.json").read_text())["loaders"]] == ["torch"]
     time.sleep(0.5)
-    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert not _running(children)
     assert not leftovers(proc.pid)
 
 
@@ -263,7 +272,7 @@ def assert_clean_interrupt(
     assert proc.returncode == 128 + signum, err
     assert "Traceback" not in err, err
     time.sleep(0.5)
-    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert not _running(children)
     assert not leftovers(proc.pid)
 
 
@@ -286,15 +295,6 @@ def _a_job_s_workers_run(pid: int) -> bool:
             if "stallbench.jobs.workload" in " ".join(child.cmdline()) and child.children():
                 return True
     return False
-
-
-def _running(processes: list[psutil.Process]) -> list[psutil.Process]:
-    alive = []
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                alive.append(process)
-    return alive
 
 
 @pytest.mark.slow

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import psutil
 import pytest
 import torch
 from _crashed_job import fingerprint
+from conftest import _MAKER
 from helpers import MemorySource, first_index, index_of, make_jpeg_folder
 
 from loader import DataLoader, ImageFolder, SourceDataset
@@ -204,8 +204,9 @@ def test_a_job_killed_whole_leaves_nothing_in_dev_shm_and_its_restart_reads_righ
         job.wait()
         job.stdout.close()
     psutil.wait_procs(tree, timeout=10)
-    made = [re.compile(rf"^(torch_{p.pid}_|pym-{p.pid}-|stallbench-run-{p.pid}-)") for p in tree]
-    assert not [name for name in os.listdir("/dev/shm") if any(m.match(name) for m in made)]
+    pids = {p.pid for p in tree}
+    made = [(name, _MAKER.match(name)) for name in os.listdir("/dev/shm")]
+    assert not [name for name, maker in made if maker and int(maker[1]) in pids]
     again = subprocess.run([*argv, "2"], env=env, text=True, capture_output=True, timeout=120)
     assert again.returncode == 0, again.stderr[-3000:]
     *batches, counts = again.stdout.splitlines()

@@ -50,14 +50,13 @@ def sweep_cgroups(pid: int | None = None) -> None:
     dead), or (None) every one's whose process is gone and that is over a minute old (one made by a process
     of another pid namespace a moment ago may not hold its process yet)."""
     for path in (path for root in controller_roots() for path in root.glob("stallbench-*-*")):
-        owner = path.name.split("-")[-2]
-        with contextlib.suppress(OSError):  # gone already, or holds processes: not ours to kill
-            st = path.stat()
+        with contextlib.suppress(ValueError, OSError):  # gone already, or holds processes: not ours to kill
+            owner, st = int(path.name.split("-")[-2]), path.stat()
             if st.st_uid != os.geteuid():
                 continue
-            if pid is None and not Path(f"/proc/{owner}").exists() and time.time() - st.st_mtime > 60:
+            if pid is None and not _alive(owner) and time.time() - st.st_mtime > 60:
                 path.rmdir()
-            elif owner == str(pid):
+            elif owner == pid:
                 remove_cgroup(path, time.monotonic() + 2)  # its last processes may still be leaving it
 
 

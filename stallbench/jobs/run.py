@@ -25,6 +25,7 @@ from stallbench.jobs.leftovers import JOB_TMP_PREFIX, RUN_PREFIX, sweep_folders
 __all__ = [
     "JobFailed",
     "child_env",
+    "importable_env",
     "job_tmpdir",
     "run_job",
     "scratch_cache_dir",
@@ -89,8 +90,13 @@ def job_tmpdir() -> str:
 
 def child_env(tmpdir: str | os.PathLike, first: Sequence[str | os.PathLike] = ()) -> dict[str, str]:
     """This environment for a child: ``first`` then this checkout importable, ``TMPDIR`` set to ``tmpdir``."""
+    return {**importable_env(first), "TMPDIR": os.fspath(tmpdir)}
+
+
+def importable_env(first: Sequence[str | os.PathLike] = ()) -> dict[str, str]:
+    """This environment with ``first`` then this checkout importable (a checkout run without installing)."""
     paths = [*map(os.fspath, first), str(REPO), os.environ.get("PYTHONPATH")]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths)), "TMPDIR": os.fspath(tmpdir)}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
 
 
 def scratch_cache_dir(parent: str | os.PathLike | None = None) -> Path:

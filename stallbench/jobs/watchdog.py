@@ -83,22 +83,16 @@ def _start() -> int:
     """A watchdog for this process, what dead runs left removed first; the write end of its pipe, which no
     child of ours inherits."""
     from stallbench.jobs.leftovers import sweep
+    from stallbench.jobs.run import importable_env
 
     sweep()
     read, write = os.pipe()
     try:
         argv = [sys.executable, os.path.abspath(__file__), str(os.getpid())]  # no import until it must act
-        _watchdogs.append(subprocess.Popen(argv, stdin=read, start_new_session=True, env=_importable_env()))
+        _watchdogs.append(subprocess.Popen(argv, stdin=read, start_new_session=True, env=importable_env()))
     finally:
         os.close(read)
     return write
-
-
-def _importable_env() -> dict[str, str]:
-    """This environment with this stallbench importable (a checkout run without installing it)."""
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    paths = [here, os.environ.get("PYTHONPATH")]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, paths))}
 
 
 def _serve(parent: int) -> None:
