@@ -112,6 +112,8 @@ class SourceDataset(Dataset):
             if raw is not None:
                 return Fetched(raw, False, False, time.perf_counter() - start, peer=True)
             return Fetched(self.source.read(index), False, False, time.perf_counter() - start)
+        if (self._cache is not None or self._prepared is not None) and not self.source.unchanged(index):
+            return Fetched(self.source.read(index), False, False, time.perf_counter() - start)  # rewritten
         got = self._prepared.fetch(index) if self._prepared is not None else None
         if got is not None and got.hit:
             return got

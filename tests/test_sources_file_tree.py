@@ -14,7 +14,7 @@ import pytest
 from loader import FileTreeSource
 from loader.errors import BadRecordError, SourceError
 from loader.sources import _path_index
-from loader.sources._fingerprint import digest
+from loader.sources._listing import scanned
 from loader.sources._path_index import PathIndex
 from loader.sources.file_tree import shared_listing
 from stallbench.conditions.storage import evict_page_cache, resident_bytes
@@ -90,7 +90,10 @@ def test_a_deep_tree_is_listed_in_the_order_and_with_the_fingerprint_of_its_sort
         f[0] for f in listed
     ]
     assert [source.listed(i) for i in range(len(source))] == [f[1:] for f in listed]
-    assert source.fingerprint == digest(["file-tree", *listed])
+    paths, sizes, mtimes = (list(column) for column in zip(*listed, strict=True))
+    assert (
+        source.fingerprint == scanned("file-tree", [(paths, sizes, mtimes, 0)], None, {}, False).fingerprint
+    )
 
 
 def test_fingerprint_changes_with_the_tree(tree):
@@ -185,7 +188,7 @@ def test_path_index_finds_every_path_and_only_those():
 
 
 def test_path_index_tells_paths_with_one_hash_apart(monkeypatch):
-    monkeypatch.setattr(_path_index, "_hash", lambda encoded: 7)
+    monkeypatch.setattr(_path_index, "_digest", lambda encoded: b"\7" * 8)
     paths = ["a", "b", "c/d", "e"]
     index = PathIndex(paths)
     assert [index.find(p) for p in paths] == [0, 1, 2, 3]

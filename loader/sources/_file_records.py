@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from loader.errors import BadRecordError
+from loader.sources._listing import Listing
 from loader.sources.base import Source
 from loader.system.pagecache import evict_file, read_admitting
 
@@ -12,7 +14,30 @@ __all__ = ["FileRecords"]
 
 
 class FileRecords(Source):
-    """``read`` and ``read_admitting`` for a source of one file per record; subclasses give ``describe``."""
+    """``read`` and ``read_admitting`` for a source of one file per record, listed in ``_listing`` (its
+    fingerprint, each file's size and mtime as listed); subclasses give ``describe``."""
+
+    _listing: Listing
+
+    @property
+    def fingerprint(self) -> str:
+        """Digest of every file's relative path, size and mtime (and label) as listed."""
+        return self._listing.fingerprint
+
+    def listed(self, index: int) -> tuple[int, int]:
+        """(size, mtime_ns) of file ``index`` when the tree was listed."""
+        i = self.check_index(index)
+        return self._listing.sizes[i], self._listing.mtimes[i]
+
+    def unchanged(self, index: int) -> bool:
+        """Whether file ``index`` still has the size and mtime it was listed with (one ``os.stat``): a file
+        rewritten since, even in place, is read from storage, never served from a cache."""
+        size, mtime = self.listed(index)
+        try:
+            st = os.stat(self.describe(index))
+        except OSError:
+            return False
+        return st.st_size == size and st.st_mtime_ns == mtime
 
     def read(self, index: int) -> bytes:
         i = self.check_index(index)

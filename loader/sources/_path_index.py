@@ -18,33 +18,55 @@ from __future__ import annotations
 import bisect
 import hashlib
 import os
+import sys
 from array import array
 from collections.abc import Iterable
+from itertools import accumulate, islice
 
 import numpy as np
 
 __all__ = ["PathIndex"]
 
 
+_CHUNK = 4096  # paths encoded, joined and hashed together
+_FS, _ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()  # os.fsencode's, without its call
+
+
+def _digest(encoded: bytes) -> bytes:
+    return hashlib.blake2b(encoded, digest_size=8).digest()
+
+
 def _hash(encoded: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(encoded, digest_size=8).digest(), "little")
+    return int.from_bytes(_digest(encoded), "little")
 
 
 class PathIndex:
     """``paths[i]`` for ``i`` in ``range(len(paths))``, and ``find(path) -> i``; picklable."""
 
     def __init__(self, paths: Iterable[str]) -> None:
-        blob, ends, hashes = bytearray(), array("q"), array("Q")
-        for path in paths:  # one path at a time: a listing read as it is scanned is never held as objects
-            encoded = os.fsencode(path)
-            blob += encoded
-            ends.append(len(blob))
-            hashes.append(_hash(encoded))
+        blob, ends, hashes = bytearray(), array("q"), bytearray()
+        paths = iter(paths)
+        while chunk := [path.encode(_FS, _ERRORS) for path in islice(paths, _CHUNK)]:
+            # a chunk at a time: a listing read as it is scanned is never held as objects
+            ends.extend(islice(accumulate(map(len, chunk), initial=len(blob)), 1, None))
+            blob += b"".join(chunk)
+            hashes += b"".join([_digest(encoded) for encoded in chunk])
         self._blob, self._ends = bytes(blob), ends
-        keys = np.frombuffer(hashes, np.uint64)
+        keys = np.frombuffer(hashes, "<u8")
         order = np.argsort(keys, kind="stable")
         self._order = array("q", order.astype(np.int64).tobytes())
-        self._hashes = array("Q", keys[order].tobytes())
+        self._hashes = array("Q", keys[order].astype(np.uint64).tobytes())
+
+    @classmethod
+    def from_parts(cls, blob: bytes, ends: array, order: array, hashes: array) -> PathIndex:
+        """The index whose ``parts()`` these are (a kept listing read back)."""
+        index = cls.__new__(cls)
+        index._blob, index._ends, index._order, index._hashes = blob, ends, order, hashes
+        return index
+
+    def parts(self) -> tuple[bytes, array, array, array]:
+        """The encoded paths end to end, where each ends, and the sorted hashes with their positions."""
+        return self._blob, self._ends, self._order, self._hashes
 
     def __len__(self) -> int:
         return len(self._ends)

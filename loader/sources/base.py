@@ -54,6 +54,11 @@ class Source(abc.ABC):
         raw = self.read(index)
         return raw, admit(raw, False)
 
+    def unchanged(self, index: int) -> bool:
+        """Whether record ``index`` is still what the source listed, so a cache may serve its copy. This
+        default: yes (a source whose records cannot change under it)."""
+        return True
+
     def evict(self, index: int) -> None:
         """Evict from the page cache the pages of record ``index`` that the read which admitted it brought
         in (it said ``ours``); called once the cache has served the record. This default evicts nothing."""

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import os
 import weakref
-from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 from loader.errors import SourceError
 from loader.sources._file_records import FileRecords
-from loader.sources._fingerprint import Digest
-from loader.sources._path_index import PathIndex
+from loader.sources._kept_listing import kept_listing
+from loader.sources._listing import Batch, Folders, Listing, scanned
 
 __all__ = ["FileTreeSource", "shared_listing"]
+
+KIND = "file-tree"
 
 
 class FileTreeSource(FileRecords):
@@ -36,33 +37,21 @@ class FileTreeSource(FileRecords):
         if os.path.isfile(self.root):
             self._base, name = os.path.split(self.root)
             st = os.stat(self.root)
-            files: Iterable[tuple[str, int, int]] = [(name, st.st_size, st.st_mtime_ns)]
+            self._listing = scanned(KIND, [([name], [st.st_size], [st.st_mtime_ns], 0)], None, {}, False)
         elif os.path.isdir(self.root):
             self._base = self.root
-            files = _scan(self.root, "")
+            self._listing = kept_listing((KIND, self.root), self.root, self._scan)
         else:
             raise SourceError(f"file tree root {self.root!r} does not exist or is not a folder or file")
         self._real_base = os.path.realpath(self._base)
-        self._list(files)
+        self._paths = self._listing.paths
+        self.nbytes = self._listing.nbytes
         if not self._paths:
             raise SourceError(f"file tree root {self.root!r} has no regular, non-hidden files")
 
-    def _list(self, files: Iterable[tuple[str, int, int]]) -> None:
-        """Keep each (path, size, mtime) as it is scanned, in arrays: a tree may hold millions of files, and
-        the scan's own objects, held all at once, stayed in the allocator's arenas after they were freed
-        (listing bench_tight_budget's 12,520 files left the process 3.2 MiB bigger with the listing freed)."""
-        self._sizes, self._mtimes, fingerprint = array("q"), array("q"), Digest()
-        fingerprint.add("file-tree")
-
-        def keep(file: tuple[str, int, int]) -> str:
-            self._sizes.append(file[1])
-            self._mtimes.append(file[2])
-            fingerprint.add(file)
-            return file[0]
-
-        self._paths = PathIndex(map(keep, files))
-        self.nbytes = sum(self._sizes)
-        self._fingerprint = fingerprint.hexdigest()
+    def _scan(self) -> Listing:
+        folders = Folders(self.root)
+        return scanned(KIND, _scan(folders, ""), folders, {}, labelled=False)
 
     def __len__(self) -> int:
         return len(self._paths)
@@ -73,11 +62,6 @@ class FileTreeSource(FileRecords):
 
     def describe(self, index: int) -> str:
         return os.path.join(self._base, self._paths[self.check_index(index)])
-
-    def listed(self, index: int) -> tuple[int, int]:
-        """(size, mtime_ns) of file ``index`` when the tree was listed."""
-        i = self.check_index(index)
-        return self._sizes[i], self._mtimes[i]
 
     def find(self, path: str) -> int | None:
         """The index of the listed file at ``path`` (absolute, normalised), written under the root as given
@@ -95,11 +79,6 @@ class FileTreeSource(FileRecords):
         if not path.startswith(base) or path[len(base) : len(base) + 1] != os.sep:
             return None
         return self._paths.find(path[len(base) + 1 :])
-
-    @property
-    def fingerprint(self) -> str:
-        """Digest of every file's relative path, size and mtime as listed when the source was opened."""
-        return self._fingerprint
 
 
 _listed: weakref.WeakValueDictionary[str, FileTreeSource] = weakref.WeakValueDictionary()
@@ -120,20 +99,29 @@ def shared_listing(root: str | os.PathLike) -> FileTreeSource:
     return kept
 
 
-def _scan(top: str, rel_dir: str) -> Iterator[tuple[str, int, int]]:
-    """(relative path, size, mtime_ns) of the regular files under ``top/rel_dir``, sorted by relative path;
-    links are not followed. Only the entries of the folders on the way down are held, never the whole
-    tree's: each folder's are sorted by name, a subfolder's name followed by the separator, which is where
-    its files' paths sort among its siblings."""
-    with os.scandir(os.path.join(top, rel_dir)) as found:
-        entries = sorted((e for e in found if not e.name.startswith(".")), key=_sort_key)
-    for entry in entries:
-        rel = os.path.join(rel_dir, entry.name)
+def _scan(folders: Folders, rel_dir: str) -> Iterator[Batch]:
+    """The regular files under ``rel_dir`` as batches (relative paths, sizes, mtimes, label 0), sorted by
+    relative path; links are not followed. Only the entries of the folders on the way down are held, never
+    the whole tree's: each folder's are sorted by name, a subfolder's name followed by the separator, which
+    is where its files' paths sort among its siblings; a folder's run of files between two subfolders is
+    one batch."""
+    prefix = rel_dir + os.sep if rel_dir else ""
+    files: list[os.DirEntry] = []
+    for entry in sorted(folders.entries(rel_dir), key=_sort_key):
         if entry.is_dir(follow_symlinks=False):
-            yield from _scan(top, rel)
+            yield from _batch(prefix, files)
+            files = []
+            yield from _scan(folders, prefix + entry.name)
         elif entry.is_file(follow_symlinks=False):
-            st = entry.stat(follow_symlinks=False)
-            yield rel, st.st_size, st.st_mtime_ns
+            files.append(entry)
+    yield from _batch(prefix, files)
+
+
+def _batch(prefix: str, files: list[os.DirEntry]) -> Iterator[Batch]:
+    if files:
+        stats = [entry.stat(follow_symlinks=False) for entry in files]
+        paths = [prefix + entry.name for entry in files]
+        yield paths, [st.st_size for st in stats], [st.st_mtime_ns for st in stats], 0
 
 
 def _sort_key(entry: os.DirEntry) -> str:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 from loader.errors import SourceError
 from loader.sources._file_records import FileRecords
-from loader.sources._fingerprint import digest
+from loader.sources._kept_listing import kept_listing
+from loader.sources._listing import Batch, Folders, Listing, scanned
 
 __all__ = ["IMG_EXTENSIONS", "ImageFolderSource"]
 
+KIND = "image-folder"
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
@@ -27,36 +30,44 @@ class ImageFolderSource(FileRecords):
         if not os.path.isdir(self.root):
             raise SourceError(f"image folder {self.root!r} does not exist or is not a directory")
         self.extensions = tuple(e.lower() for e in extensions)
-        with os.scandir(self.root) as entries:
-            self.classes = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+        top = os.path.abspath(self.root)
+        self._listing = kept_listing((KIND, top, *self.extensions), top, functools.partial(self._scan, top))
+        self.classes: list[str] = self._listing.meta["classes"]
         if not self.classes:
             raise SourceError(
                 f"image folder {self.root!r} has no class folders (expected root/<class>/<image>)"
             )
-        files = []
-        for label, name in enumerate(self.classes):
-            files.extend((rel, label, size, mtime) for rel, size, mtime in sorted(self._scan(name)))
-        if not files:
+        if not len(self._listing):
             raise SourceError(f"image folder {self.root!r} has no image files ending in {self.extensions}")
-        self._paths = [f[0] for f in files]
-        self._labels = [f[1] for f in files]
-        self.nbytes = sum(f[2] for f in files)
-        self._fingerprint = digest((rel, size, mtime) for rel, _, size, mtime in files)
+        self._paths, self._labels = self._listing.paths, self._listing.labels
+        self.nbytes = self._listing.nbytes
 
-    def _scan(self, rel_dir: str) -> list[tuple[str, int, int]]:
-        """(relative path, size, mtime_ns) of the images under ``rel_dir``; one stat per file."""
-        found = []
-        with os.scandir(os.path.join(self.root, rel_dir)) as entries:
-            for entry in entries:
-                if entry.name.startswith("."):
-                    continue
-                rel = os.path.join(rel_dir, entry.name)
-                if entry.is_dir():
-                    found.extend(self._scan(rel))
-                elif entry.name.lower().endswith(self.extensions) and entry.is_file():
-                    st = entry.stat()
-                    found.append((rel, st.st_size, st.st_mtime_ns))
-        return found
+    def _scan(self, top: str) -> Listing:
+        folders = Folders(top)
+        classes = sorted(e.name for e in folders.entries("") if e.is_dir())
+        batches = (self._images(folders, name, label) for label, name in enumerate(classes))
+        return scanned(KIND, batches, folders, {"classes": classes}, labelled=True)
+
+    def _images(self, folders: Folders, class_dir: str, label: int) -> Batch:
+        """The images under ``class_dir`` (subfolders too), sorted by relative path; one stat per file."""
+        found: list[tuple[str, os.stat_result]] = []
+        self._find(folders, class_dir, found)
+        found.sort(key=lambda item: item[0])
+        return (
+            [rel for rel, _ in found],
+            [st.st_size for _, st in found],
+            [st.st_mtime_ns for _, st in found],
+            label,
+        )
+
+    def _find(self, folders: Folders, rel_dir: str, found: list[tuple[str, os.stat_result]]) -> None:
+        prefix = rel_dir + os.sep
+        entries = folders.entries(rel_dir)
+        images = [e for e in entries if e.name.lower().endswith(self.extensions) and e.is_file()]
+        found.extend([(prefix + e.name, e.stat()) for e in images])
+        for entry in entries:
+            if entry.is_dir():
+                self._find(folders, prefix + entry.name, found)
 
     def __len__(self) -> int:
         return len(self._paths)
@@ -66,8 +77,3 @@ class ImageFolderSource(FileRecords):
 
     def describe(self, index: int) -> str:
         return os.path.join(self.root, self._paths[self.check_index(index)])
-
-    @property
-    def fingerprint(self) -> str:
-        """Digest of every image's relative path, size and mtime as listed when the source was opened."""
-        return self._fingerprint

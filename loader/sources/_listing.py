@@ -1,0 +1,124 @@
+"""A listed folder tree: each file's relative path, size, mtime (and label) in arrays, its fingerprint, and
+the folders the scan entered, each with the identity and mtime it had before its entries were read.
+
+Those folders are what tells a later run whether the listing still holds (``loader.sources._kept_listing``):
+adding, removing or renaming a file changes its folder's mtime, and an mtime taken before the entries were
+read can only be older than any change made after. A file rewritten in place changes no folder: the sources
+check a file's size and mtime against the listing whenever they serve it from a cache
+(``FileRecords.unchanged``).
+
+The fingerprint is one sha256 over the arrays, not a digest per file: listing a million files took 0.8 s
+less so (each file's ``repr`` digested on its own cost ~0.8 us).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from array import array
+from collections.abc import Iterable
+from itertools import chain
+from typing import Any
+
+from loader.sources._path_index import PathIndex
+
+__all__ = ["Folders", "Listing", "scanned"]
+
+SETTLED_NS = 2 * 10**9  # a folder changed this recently may change again within its mtime's resolution
+
+
+class Folders:
+    """The folders a scan entered under ``root``: each one's path relative to it, inode and mtime."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.names: list[str] = []
+        self.inodes, self.mtimes = array("q"), array("q")
+        self.started = time.time_ns()
+
+    def entries(self, rel: str) -> list[os.DirEntry]:
+        """The non-hidden entries of folder ``rel`` (links followed to it), its mtime taken first."""
+        path = os.path.join(self.root, rel)
+        st = os.stat(path)
+        self.names.append(rel)
+        self.inodes.append(st.st_ino)
+        self.mtimes.append(st.st_mtime_ns)
+        with os.scandir(path) as found:
+            return [e for e in found if not e.name.startswith(".")]
+
+    def unchanged(self) -> bool:
+        """Whether every folder still is the one entered, with the mtime it had then."""
+        for rel, inode, mtime in zip(self.names, self.inodes, self.mtimes, strict=True):
+            try:
+                st = os.stat(os.path.join(self.root, rel))
+            except OSError:
+                return False
+            if st.st_ino != inode or st.st_mtime_ns != mtime:
+                return False
+        return True
+
+    def settled(self) -> bool:
+        """Whether every folder's mtime was older than the scan by ``SETTLED_NS``: a change made during the
+        scan within the same tick of the filesystem's clock would leave a newer folder with the same mtime."""
+        return bool(self.names) and max(self.mtimes) < self.started - SETTLED_NS
+
+
+class Listing:
+    """The files of a tree: ``paths`` (a ``PathIndex``), ``sizes``, ``mtimes``, ``labels`` (None: none),
+    ``folders`` (None: a single file), ``meta`` (what the source needs besides: its classes), and
+    ``fingerprint``, which covers the paths, sizes, mtimes and labels."""
+
+    def __init__(
+        self,
+        kind: str,
+        paths: PathIndex,
+        sizes: array,
+        mtimes: array,
+        labels: array | None,
+        folders: Folders | None,
+        meta: dict[str, Any],
+        fingerprint: str | None = None,
+    ) -> None:
+        self.kind, self.paths, self.sizes, self.mtimes, self.labels = kind, paths, sizes, mtimes, labels
+        self.folders, self.meta = folders, meta
+        self.nbytes = sum(sizes)
+        self.fingerprint = fingerprint or self._digest()
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def arrays(self) -> dict[str, array | bytes]:
+        """Every array the listing holds, by name (what ``_kept_listing`` writes)."""
+        blob, ends, order, hashes = self.paths.parts()
+        held = dict(blob=blob, ends=ends, order=order, hashes=hashes, sizes=self.sizes, mtimes=self.mtimes)
+        return held if self.labels is None else {**held, "labels": self.labels}
+
+    def _digest(self) -> str:
+        sha = hashlib.sha256(self.kind.encode() + b"\0")
+        for name, part in self.arrays().items():
+            if name not in ("order", "hashes"):  # the index's own: they follow from the paths
+                sha.update(name.encode() + b"\0")
+                sha.update(memoryview(part).nbytes.to_bytes(8, "little"))
+                sha.update(part)
+        return sha.hexdigest()
+
+
+Batch = tuple[list[str], list[int], list[int], int]  # relative paths, sizes, mtimes (ns), their one label
+
+
+def scanned(
+    kind: str, batches: Iterable[Batch], folders: Folders | None, meta: dict[str, Any], labelled: bool
+) -> Listing:
+    """The listing of the files in ``batches`` (each a folder's run of files, in record order) as they are
+    scanned: no Python object is kept per file. Labels are kept where ``labelled``."""
+    sizes, mtimes, labels = array("q"), array("q"), array("q")
+
+    def keep(batch: Batch) -> list[str]:
+        sizes.extend(batch[1])
+        mtimes.extend(batch[2])
+        labels.extend(array("q", [batch[3]]) * len(batch[0]))
+        return batch[0]
+
+    paths = PathIndex(chain.from_iterable(map(keep, batches)))
+    return Listing(kind, paths, sizes, mtimes, labels if labelled else None, folders, meta)

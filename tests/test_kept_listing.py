@@ -1,0 +1,156 @@
+"""A folder's listing kept for the next run: read back in a new process without a scan while the tree's
+folders are unchanged, listed again when a file is added, removed or renamed or a folder replaced, never
+believed when damaged or not ours; a file rewritten in place is read from storage, not served stale."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from _data import jpeg_bytes, make_image_folder
+
+import loader
+from loader.sources import FileTreeSource, ImageFolderSource
+from loader.sources._kept_listing import listing_name, listings_folder
+
+LISTED = """
+import json, sys
+from loader.sources import _listing
+from loader.sources import {cls}
+if sys.argv[2] == "kept":  # a scan would enter a folder
+    def refuse(self, rel):
+        raise AssertionError(f"scanned {{rel!r}}")
+    _listing.Folders.entries = refuse
+source = {cls}(sys.argv[1])
+print(json.dumps([source.fingerprint, [source.describe(i) for i in range(len(source))],
+                  [source.listed(i) for i in range(len(source))], getattr(source, "classes", None)]))
+"""
+
+
+PAST = time.time_ns() - 10 * 10**9
+
+
+def _settle(root, past: int = PAST) -> None:
+    """Every folder's mtime set to ``past``, as a tree made before this run has."""
+    for folder, _, _ in os.walk(root):
+        os.utime(folder, ns=(past, past))
+
+
+def _listed(cls: str, root, how: str = "scan") -> list:
+    """``cls(root)``'s fingerprint, paths, sizes and mtimes and classes, in a new process; ``how="kept"``
+    fails it with the scan's AssertionError if the tree is scanned (the kept listing not believed)."""
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(LISTED.format(cls=cls)), str(root), how],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if out.returncode:
+        raise AssertionError(out.stderr)
+    return json.loads(out.stdout)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "imgs"
+    make_image_folder(root, {"dog": 3, "cat": 2})
+    (root / "dog" / "sub").mkdir()
+    (root / "dog" / "sub" / "deep.jpg").write_bytes(jpeg_bytes(7))
+    _settle(root)
+    return root
+
+
+@pytest.mark.parametrize("cls", ["ImageFolderSource", "FileTreeSource"])
+def test_a_settled_tree_is_read_back_in_a_new_process_without_a_scan(tree, cls):
+    first = _listed(cls, tree)
+    assert _listed(cls, tree, "kept") == first
+    assert len(first[1]) == 6
+
+
+@pytest.mark.parametrize("cls", ["ImageFolderSource", "FileTreeSource"])
+@pytest.mark.parametrize("change", ["add", "remove", "rename", "replace a folder"])
+def test_a_changed_tree_is_listed_again(tree, cls, change):
+    first = _listed(cls, tree)
+    if change == "add":
+        (tree / "dog" / "sub" / "new.jpg").write_bytes(jpeg_bytes(9))
+    elif change == "remove":
+        (tree / "dog" / "sub" / "deep.jpg").unlink()
+    elif change == "rename":
+        (tree / "cat").rename(tree / "cow")
+    else:  # the same names in a new folder, every mtime as before: its inode tells it apart
+        (tree / "dog" / "sub").rename(tree / "old")
+        (tree / "dog" / "sub").mkdir()
+        (tree / "old" / "deep.jpg").rename(tree / "dog" / "sub" / "deep.jpg")
+        (tree / "old").rmdir()
+        _settle(tree)
+    with pytest.raises(AssertionError, match="scanned"):
+        _listed(cls, tree, "kept")
+    _settle(tree, PAST - 10**9)
+    again = _listed(cls, tree)
+    assert _listed(cls, tree, "kept") == again  # the new listing is kept in turn
+    fresh = (ImageFolderSource if cls == "ImageFolderSource" else FileTreeSource)(tree)
+    assert again[1] == [fresh.describe(i) for i in range(len(fresh))]
+    assert again[2] == [list(fresh.listed(i)) for i in range(len(fresh))]
+    if change != "replace a folder":
+        assert again[1] != first[1]
+
+
+def test_a_tree_changed_just_before_the_scan_is_not_kept(tmp_path):
+    root = tmp_path / "imgs"
+    make_image_folder(root, {"dog": 2})
+    before = set(listings_folder().iterdir())
+    ImageFolderSource(root)
+    assert set(listings_folder().iterdir()) == before
+    _settle(root)
+    ImageFolderSource(root)
+    assert len(set(listings_folder().iterdir()) - before) == 1
+
+
+@pytest.mark.parametrize("fault", ["cut short", "a byte changed", "readable by others", "a link"])
+def test_a_damaged_or_foreign_kept_listing_is_never_believed(tree, fault, tmp_path):
+    first = _listed("ImageFolderSource", tree)
+    source = ImageFolderSource(tree)
+    kept = listings_folder() / listing_name(("image-folder", str(tree), *source.extensions))
+    data = kept.read_bytes()
+    if fault == "cut short":
+        kept.write_bytes(data[: len(data) // 2])
+    elif fault == "a byte changed":
+        kept.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+    elif fault == "readable by others":
+        kept.chmod(0o644)
+    else:
+        (tmp_path / "elsewhere").write_bytes(data)
+        kept.unlink()
+        kept.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(AssertionError, match="scanned"):
+        _listed("ImageFolderSource", tree, "kept")
+    assert _listed("ImageFolderSource", tree) == first
+    assert _listed("ImageFolderSource", tree, "kept") == first  # a sound one replaced it
+
+
+def test_a_file_rewritten_in_place_is_read_from_storage_not_served_stale(tree, shm_dir):
+    """No folder changes when a file is rewritten in place: the kept listing is used, and the record's
+    size and mtime, checked as it is served, send it to storage."""
+
+    def epoch() -> tuple[list[bytes], loader.LoaderStats]:
+        data = loader.ImageFolder(str(tree), transform=None)
+        dl = loader.DataLoader(data, batch_size=None, cache_bytes=1 << 20, cache_dir=shm_dir)
+        records = [bytes(raw) for raw, _ in dl]
+        return records, dl.stats()
+
+    first, _ = epoch()
+    assert epoch()[1].hits == len(first)
+    target = tree / "cat" / "img0.jpg"
+    with open(target, "r+b") as f:  # the same size, other bytes
+        f.write(jpeg_bytes(99)[: target.stat().st_size].ljust(target.stat().st_size, b"\0"))
+    os.utime(target, ns=(time.time_ns(), time.time_ns()))
+    _listed("ImageFolderSource", tree, "kept")  # no folder changed: the kept listing stands
+    records, stats = epoch()
+    expected = [target.read_bytes() if i == 0 else raw for i, raw in enumerate(first)]
+    assert records == expected
+    assert stats.hits == len(first) - 1 and stats.misses == 1
