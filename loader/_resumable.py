@@ -110,7 +110,7 @@ class ResumableEpochs:
     def _epoch_finished(self) -> bool:
         """Whether every batch of the current epoch was handed out (never, for an endless sampler)."""
         try:
-            return self._delivered >= len(self._replay)
+            return self._delivered >= self._replay.epoch_length()
         except TypeError:
             return False
 

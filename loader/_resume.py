@@ -20,12 +20,14 @@ from typing import Any
 import torch
 
 from loader._own_states import OwnStates, load, stateful_parts
+from loader._world_change import dealing, dealt_again, needs_dealing_again
 
 __all__ = ["ReplayableSampler", "generator_states", "restore_generators"]
 
 GLOBAL = "torch"  # the name of torch's global random state among the states kept
 OWN = "sampler_states"  # and of what resumes samplers that keep a state_dict() of their own (OwnStates.saved)
 LISTED = "order"  # a state saved before version 4 kept such a sampler's whole order instead
+WORLD = "distributed"  # how a DistributedSampler's epoch is dealt among ranks (``_world_change.Dealt``)
 
 
 class ReplayableSampler:
@@ -46,6 +48,7 @@ class ReplayableSampler:
         self._own: OwnStates | None = None  # the current epoch's own sampler states, where kept
         self._pending: tuple[dict[str, Any], int] | None = None
         self._before_draw: Any = None
+        self._length: int | None = None  # the current epoch's items, where dealt again among other ranks
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -57,6 +60,10 @@ class ReplayableSampler:
                 self._before_draw, before = None, self._before_draw
                 before()
             self.draw_states = {**generator_states(self._generators()), GLOBAL: torch.get_rng_state()}
+            self._length = None
+            dealt = dealing(self.inner)
+            if dealt is not None:
+                self.draw_states[WORLD] = dealt
             parts = stateful_parts(self.inner)
             self._own = OwnStates(parts) if parts else None
             self.epochs_started += 1
@@ -64,10 +71,22 @@ class ReplayableSampler:
             return
         (self.draw_states, start), self._pending = self._pending, None
         self.epochs_started += 1
+        self._length = None
         if LISTED in self.draw_states:
             yield from self.draw_states[LISTED][start:]
             return
+        if needs_dealing_again(self.inner, self.draw_states.get(WORLD)):
+            rest, dealt, self._length = dealt_again(self.inner, self.draw_states[WORLD], start)
+            self.draw_states = {**self.draw_states, WORLD: dealt}
+            yield from rest
+            return
         yield from self._redrawn(start)
+
+    def epoch_length(self) -> int:
+        """Items in the current epoch: the inner sampler's, or, for an epoch dealt again among other ranks
+        (``_world_change``), those handed out before and this rank's part of the rest. Raises TypeError for
+        an endless sampler."""
+        return len(self.inner) if self._length is None else self._length
 
     def saved_draw(self) -> dict[str, Any]:
         """What the current epoch's draw is drawn again from (``resume``). Raises ValueError where a
@@ -147,6 +166,6 @@ def generator_states(generators: dict[str, torch.Generator | None]) -> dict[str,
 
 def restore_generators(generators: dict[str, torch.Generator | None], states: dict[str, Any]) -> None:
     for name, state in states.items():
-        generator = generators.get(name) if name not in (GLOBAL, OWN, LISTED) else None
+        generator = generators.get(name) if name not in (GLOBAL, OWN, LISTED, WORLD) else None
         if generator is not None:
             generator.set_state(state)

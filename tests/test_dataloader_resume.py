@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from _job_batch import OUT, STATE, Restarts
-from helpers import make_jpeg_folder
+from helpers import MemorySource, make_jpeg_folder
 
 pytestmark = pytest.mark.multiproc
 JOB = Path(__file__).with_name("_resume_job.py")
@@ -113,3 +113,39 @@ def test_each_restart_with_other_workers_gives_the_samples_not_yet_seen_once(tmp
     assert relayed + rest == went_on[: BATCHES - 5] and len(relayed) == 4
     samples = [i for batch in relayed + rest for i in batch]
     assert len(samples) == len(set(samples)) == 40 - 5 * 3  # the 5 batches of 3 seen before the first save
+
+
+def test_each_restart_with_another_world_size_gives_the_samples_not_yet_seen_once(tmp_path):
+    """A job over torch's DistributedSampler saved with 2 ranks after 4 batches each, restarted with 3 ranks
+    that take 2 batches (with workers), saved, restarted with 4 that take the rest: each rank a new
+    process, each restart from rank 0's state (DDP's ranks step together). Each part of the epoch is the
+    next stretch of the one order the sampler dealt, every sample once; the next epoch is torch's."""
+    from _world_job import BATCH, RECORDS
+    from torch.utils.data import DistributedSampler
+
+    from loader import SourceDataset
+
+    job = JOB.with_name("_world_job.py")
+    phases = [(2, 4, 0), (3, 2, 2), (4, -1, 0)]  # (world size, batches taken: -1 the rest, workers)
+    taken, state_in = [], "-"
+    for phase, (world, take, workers) in enumerate(phases):
+        runs = []
+        for rank in range(world):
+            state_out, out = tmp_path / f"state-{phase}-{rank}.pt", tmp_path / f"out-{phase}-{rank}.json"
+            argv = [str(a) for a in (job, state_in, state_out, out, world, rank, take, workers)]
+            done = subprocess.run(
+                [sys.executable, *argv], cwd=JOB.parent, text=True, capture_output=True, timeout=120
+            )
+            assert done.returncode == 0, done.stderr[-3000:]
+            runs.append(json.loads(out.read_text()))
+        taken.append([i for run in runs for batch in run["taken"] for i in batch])
+        state_in = tmp_path / f"state-{phase}-0.pt"
+    whole = DistributedSampler(SourceDataset(MemorySource(RECORDS)), num_replicas=1, rank=0, seed=3)
+    whole.set_epoch(1)
+    order = list(whole)
+    first, second = 2 * 4 * BATCH, 3 * 2 * BATCH
+    assert sorted(taken[0]) == sorted(order[:first])
+    assert sorted(taken[1]) == sorted(order[first : first + second])
+    assert sorted(taken[2]) == sorted(order[first + second :])
+    assert sorted(i for part in taken for i in part) == list(range(RECORDS))
+    assert all(run["next"] == run["torch_next"] for run in runs) and runs[0]["next"]
