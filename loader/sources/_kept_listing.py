@@ -124,10 +124,11 @@ def _parse(view: memoryview, root: str) -> Listing:
     folders = Folders(root)
     folders.names = header["folders"]
     folders.inodes, folders.mtimes = array("q", header["folder_inodes"]), array("q", header["folder_mtimes"])
-    paths = PathIndex.from_parts(parts["blob"], parts["ends"], parts["order"], parts["hashes"])
+    order, hashes = parts.get("order", array("q")), parts.get("hashes", array("Q"))
+    paths = PathIndex.from_parts(parts["blob"], parts["ends"], order, hashes)
     count = len(paths)
     labels = parts.get("labels")
-    if any(len(a) != count for a in (parts["order"], parts["hashes"], parts["sizes"], parts["mtimes"])):
+    if len(order) != len(hashes) or any(len(a) != count for a in (parts["sizes"], parts["mtimes"])):
         raise ValueError("arrays of different lengths")
     if (labels is not None and len(labels) != count) or (count and parts["ends"][-1] != len(parts["blob"])):
         raise ValueError("arrays of different lengths")

@@ -91,7 +91,8 @@ class Listing:
     def arrays(self) -> dict[str, array | bytes]:
         """Every array the listing holds, by name (what ``_kept_listing`` writes)."""
         blob, ends, order, hashes = self.paths.parts()
-        held = dict(blob=blob, ends=ends, order=order, hashes=hashes, sizes=self.sizes, mtimes=self.mtimes)
+        held = dict(blob=blob, ends=ends, sizes=self.sizes, mtimes=self.mtimes)
+        held |= dict(order=order, hashes=hashes) if self.paths.searchable else {}
         return held if self.labels is None else {**held, "labels": self.labels}
 
     def _digest(self) -> str:
@@ -111,7 +112,8 @@ def scanned(
     kind: str, batches: Iterable[Batch], folders: Folders | None, meta: dict[str, Any], labelled: bool
 ) -> Listing:
     """The listing of the files in ``batches`` (each a folder's run of files, in record order) as they are
-    scanned: no Python object is kept per file. Labels are kept where ``labelled``."""
+    scanned: no Python object is kept per file. Labels are kept where ``labelled``; a labelled listing is
+    read by index, an unlabelled one (a file tree) also looked up by path (``PathIndex.searchable``)."""
     sizes, mtimes, labels = array("q"), array("q"), array("q")
 
     def keep(batch: Batch) -> list[str]:
@@ -120,5 +122,5 @@ def scanned(
         labels.extend(array("q", [batch[3]]) * len(batch[0]))
         return batch[0]
 
-    paths = PathIndex(chain.from_iterable(map(keep, batches)))
+    paths = PathIndex(chain.from_iterable(map(keep, batches)), searchable=not labelled)
     return Listing(kind, paths, sizes, mtimes, labels if labelled else None, folders, meta)
