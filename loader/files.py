@@ -92,7 +92,7 @@ class CachedFiles:
         if not stat.S_ISREG(st.st_mode) or st.st_size > self.largest:
             return None
         cache = self._caches[k]
-        if (st.st_size, st.st_mtime_ns) != source.listed(i):
+        if not source.matches(i, st):
             cache = None  # changed since the listing: its slot belongs to the listed bytes
         return self._fetch(cache, i, name, st.st_size)
 

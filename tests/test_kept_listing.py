@@ -4,6 +4,7 @@ believed when damaged or not ours; a file rewritten in place is read from storag
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ from _data import jpeg_bytes, make_image_folder
 
 import loader
 from loader.sources import FileTreeSource, ImageFolderSource
-from loader.sources._kept_listing import listing_name, listings_folder
+from loader.sources._kept_listing import MAGIC, listing_name, listings_folder
 
 LISTED = """
 import json, sys
@@ -36,9 +37,11 @@ PAST = time.time_ns() - 10 * 10**9
 
 
 def _settle(root, past: int = PAST) -> None:
-    """Every folder's mtime set to ``past``, as a tree made before this run has."""
+    """Every folder's mtime set to ``past``, as a tree made before this run has (its ctime, which no one
+    can set, left a tick behind)."""
     for folder, _, _ in os.walk(root):
         os.utime(folder, ns=(past, past))
+    time.sleep(0.15)
 
 
 def _listed(cls: str, root, how: str = "scan") -> list:
@@ -154,3 +157,46 @@ def test_a_file_rewritten_in_place_is_read_from_storage_not_served_stale(tree, s
     expected = [target.read_bytes() if i == 0 else raw for i, raw in enumerate(first)]
     assert records == expected
     assert stats.hits == len(first) - 1 and stats.misses == 1
+
+
+def test_a_root_whose_name_is_not_utf8_is_listed_and_kept(tmp_path):
+    root = tmp_path / os.fsdecode(b"caf\xe9")  # not UTF-8: held as a surrogate escape
+    make_image_folder(root, {"dog": 2})
+    _settle(root)
+    first = _listed("ImageFolderSource", root)
+    assert _listed("ImageFolderSource", root, "kept") == first and len(first[1]) == 2
+
+
+def test_a_folder_whose_mtime_was_set_back_is_listed_again(tree):
+    """``tar x``, ``cp -a`` and ``rsync -a`` write into a folder, then set its mtime back: its ctime moves."""
+    first = _listed("FileTreeSource", tree)
+    (tree / "dog" / "sub" / "deep.jpg").unlink()
+    (tree / "dog" / "sub" / "other.jpg").write_bytes(jpeg_bytes(3))
+    _settle(tree)  # every mtime as it was when listed
+    with pytest.raises(AssertionError, match="scanned"):
+        _listed("FileTreeSource", tree, "kept")
+    again = _listed("FileTreeSource", tree)
+    assert str(tree / "dog" / "sub" / "other.jpg") in again[1] and again[1] != first[1]
+
+
+def test_a_kept_listing_of_another_layout_behind_a_sound_sum_is_listed_again(tree):
+    """A layout this code does not read (a writer's fault, a later version) fails nothing: listed again."""
+    first = _listed("ImageFolderSource", tree)
+    kept = listings_folder() / listing_name(("image-folder", str(tree), *ImageFolderSource(tree).extensions))
+    header = json.dumps({"arrays": [], "folders": ["", "x"], "marks": [[1, 2, 3, 4]]}).encode()
+    body = MAGIC + len(header).to_bytes(8, "little") + header
+    kept.write_bytes(body + hashlib.sha256(body).digest())
+    with pytest.raises(AssertionError, match="scanned"):
+        _listed("ImageFolderSource", tree, "kept")
+    assert _listed("ImageFolderSource", tree) == first
+
+
+def test_what_a_killed_writer_left_is_removed_by_the_next(tree):
+    pid = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    name = listing_name(("file-tree", str(tree)))
+    left = listings_folder() / f".{name}.{int(pid.stdout)}.0badf00d"  # that process is gone
+    left.write_bytes(b"half a listing")
+    _listed("FileTreeSource", tree)
+    assert not left.exists() and (listings_folder() / name).exists()

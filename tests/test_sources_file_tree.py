@@ -195,6 +195,15 @@ def test_path_index_tells_paths_with_one_hash_apart(monkeypatch):
     assert index.find("f") is None
 
 
+def test_a_path_index_built_without_lookups_holds_the_paths_and_refuses_a_lookup():
+    paths = [f"{d}/{i:05d}.jpg" for d in range(3) for i in range(5000)]  # more than one chunk
+    index = PathIndex(paths, searchable=False)
+    assert [index[i] for i in range(len(paths))] == paths
+    assert not index.searchable and PathIndex(paths).searchable
+    with pytest.raises(TypeError, match="searchable=False"):
+        index.find(paths[0])
+
+
 def test_path_index_holds_no_python_object_per_path():
     paths = [f"train/{d}/{i:05d}.jpg" for d in range(10) for i in range(2000)]
     tracemalloc.start()

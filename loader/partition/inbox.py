@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import xxhash
 
 from loader.partition.split import Split
-from loader.system.private import open_private, write_new
+from loader.system.private import open_private, replace_private, write_new
 
 if TYPE_CHECKING:
     import psutil
@@ -117,9 +117,7 @@ class Inbox:
     def set_split(self, split: Split) -> None:
         """Publish the next epoch's split for the workers (before they start it): written whole, then
         renamed into place, so a worker reads the old split or the new one."""
-        tmp = self.path / f".t-split-{os.getpid()}"
-        write_new(tmp, [_SPLIT.pack(split.epoch, split.share)])
-        os.replace(tmp, self.path / "split")
+        replace_private(self.path, "split", [_SPLIT.pack(split.epoch, split.share)])
 
     def split(self, known: tuple[int, Split]) -> tuple[int, Split]:
         """The split published now, with its file's inode: ``known`` (an inode and its split) again where the

@@ -18,6 +18,7 @@ class FileRecords(Source):
     fingerprint, each file's size and mtime as listed); subclasses give ``describe``."""
 
     _listing: Listing
+    _per_process = ("_checked",)  # the records whose file this process found unchanged (``unchanged``)
 
     @property
     def fingerprint(self) -> str:
@@ -30,14 +31,25 @@ class FileRecords(Source):
         return self._listing.sizes[i], self._listing.mtimes[i]
 
     def unchanged(self, index: int) -> bool:
-        """Whether file ``index`` still has the size and mtime it was listed with (one ``os.stat``): a file
-        rewritten since, even in place, is read from storage, never served from a cache."""
-        size, mtime = self.listed(index)
+        """Whether file ``index`` still has the size and mtime it was listed with (one ``os.stat``, once per
+        record in each process): a file rewritten since it was listed, even in place where no folder
+        changes, is read from storage, never served from a cache."""
+        i = self.check_index(index)
+        checked = self.__dict__.get("_checked")
+        if checked is None:
+            checked = self._checked = bytearray(len(self))
+        if checked[i]:
+            return True
         try:
-            st = os.stat(self.describe(index))
+            st = os.stat(self.describe(i))
         except OSError:
             return False
-        return st.st_size == size and st.st_mtime_ns == mtime
+        checked[i] = same = self.matches(i, st)
+        return same
+
+    def matches(self, index: int, st: os.stat_result) -> bool:
+        """Whether ``st`` (a stat of file ``index``) has the size and mtime the file was listed with."""
+        return (st.st_size, st.st_mtime_ns) == self.listed(index)
 
     def read(self, index: int) -> bytes:
         i = self.check_index(index)

@@ -8,9 +8,11 @@ by its source's kind, root and options, and read back while every folder it ente
 it had (``Folders.unchanged``): a thousand stats, not a million. A listing whose folders changed within
 ``SETTLED_NS`` of its scan is not kept: the folder clock's tick could hide a change made during the scan.
 
-The file is ours alone (made ``O_EXCL``, 0600, in a 0700 folder, opened without following links) and ends
-with a sha256 of all it holds: a file cut short or damaged is listed again and replaced, never believed.
-Where the folder cannot be used (no such home, not ours, full), the tree is listed as before.
+The file is ours alone (made ``O_EXCL``, 0600, in a 0700 folder, opened without following links, moved into
+place whole: ``replace_private``) and ends with a sha256 of all it holds: a file cut short, damaged or of
+another layout is listed again and replaced, never believed, and never fails the job. Where the folder cannot
+be used (no such home, not ours, full), the tree is listed as before. Kept listings are not removed (a
+million files' takes 62 MB); ``$STALLBENCH_CACHE_DIR/stallbench-<uid>/listings`` may be emptied at any time.
 Written by hand: the arrays go to disk as they are held, and no library reads them back with a checksum
 and an owner check.
 """
@@ -22,7 +24,6 @@ import hashlib
 import io
 import json
 import os
-import uuid
 from array import array
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +31,7 @@ from pathlib import Path
 from loader.sources._listing import Folders, Listing
 from loader.sources._path_index import PathIndex
 from loader.system.home import CACHE_DIR_VARIABLE, default_cache_dir
-from loader.system.private import open_private, private_dir, user_dir, write_new
+from loader.system.private import open_private, private_dir, replace_private, user_dir
 
 __all__ = ["kept_listing", "listing_name", "listings_folder"]
 
@@ -43,20 +44,19 @@ def kept_listing(key: tuple[str, ...], root: str, scan: Callable[[], Listing]) -
     """The listing kept under ``key`` where its folders under ``root`` are unchanged, else ``scan()``'s,
     kept for the next run where its folders had settled."""
     folder, name = listings_folder(), listing_name(key)
-    if folder is not None:
-        kept = _read(folder, name, root)
-        if kept is not None and kept.folders is not None and kept.folders.unchanged():
-            return kept
+    kept = _read(folder, name, root) if folder is not None else None
+    if kept is not None:
+        return kept
     listing = scan()
     if folder is not None and listing.folders is not None and listing.folders.settled():
         with contextlib.suppress(OSError):
-            _write(folder, name, listing)
+            replace_private(folder, name, _encoded(listing))
     return listing
 
 
 def listing_name(key: tuple[str, ...]) -> str:
     """The name a listing of ``key`` (its source's kind, root and options) is kept under."""
-    return "listing-" + hashlib.sha256("\0".join(key).encode()).hexdigest()[:40]
+    return "listing-" + hashlib.sha256(b"\0".join(map(os.fsencode, key))).hexdigest()[:40]
 
 
 def listings_folder() -> Path | None:
@@ -67,8 +67,8 @@ def listings_folder() -> Path | None:
         return None
 
 
-def _write(folder: Path, name: str, listing: Listing) -> None:
-    """Write under a name of our own, then move it over ``name`` at once: a reader sees a whole file."""
+def _encoded(listing: Listing) -> list[bytes | memoryview]:
+    """The listing as the file holds it: magic, header length, header (JSON), arrays, their sha256."""
     folders = listing.folders
     assert folders is not None
     parts = listing.arrays()
@@ -77,8 +77,7 @@ def _write(folder: Path, name: str, listing: Listing) -> None:
         "meta": listing.meta,
         "fingerprint": listing.fingerprint,
         "folders": folders.names,
-        "folder_inodes": folders.inodes.tolist(),
-        "folder_mtimes": folders.mtimes.tolist(),
+        "marks": folders.marks,
         "arrays": [[key, memoryview(part).nbytes] for key, part in parts.items()],
     }
     encoded = json.dumps(header).encode()
@@ -87,29 +86,25 @@ def _write(folder: Path, name: str, listing: Listing) -> None:
     sha = hashlib.sha256()
     for part in body:
         sha.update(part)
-    temporary = folder / f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-    try:
-        write_new(temporary, [*body, sha.digest()])
-        os.replace(temporary, folder / name)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
+    return [*body, sha.digest()]
 
 
 def _read(folder: Path, name: str, root: str) -> Listing | None:
-    """The listing in ``folder/name``, or None where there is none, it is not ours, or it fails its check."""
+    """The listing in ``folder/name`` where its folders under ``root`` are unchanged; None where there is
+    none, it is not ours, it fails its check or it cannot be read (a listing kept is never worth a job)."""
     try:
         fd = open_private(folder, name, os.O_RDONLY)
     except OSError:
         return None
-    with io.FileIO(fd) as f:
-        data = f.readall()
-    view = memoryview(data)
-    if not data.startswith(MAGIC) or hashlib.sha256(view[:-_SUM]).digest() != data[-_SUM:]:
-        return None
     try:
-        return _parse(view[len(MAGIC) : -_SUM], root)
-    except (ValueError, KeyError, TypeError):
+        with io.FileIO(fd) as f:
+            data = f.readall()
+        view = memoryview(data)
+        if not data.startswith(MAGIC) or hashlib.sha256(view[:-_SUM]).digest() != data[-_SUM:]:
+            return None
+        listing = _parse(view[len(MAGIC) : -_SUM], root)
+        return listing if listing.folders is not None and listing.folders.unchanged() else None
+    except Exception:  # an I/O error, or a file of another layout behind a sound sum
         return None
 
 
@@ -122,8 +117,10 @@ def _parse(view: memoryview, root: str) -> Listing:
         at += nbytes
         parts[key] = bytes(chunk) if _TYPECODES[key] is None else _array(_TYPECODES[key], chunk)
     folders = Folders(root)
-    folders.names = header["folders"]
-    folders.inodes, folders.mtimes = array("q", header["folder_inodes"]), array("q", header["folder_mtimes"])
+    folders.names = [str(name) for name in header["folders"]]
+    folders.marks = [tuple(int(n) for n in mark) for mark in header["marks"]]
+    if len(folders.names) != len(folders.marks) or any(len(mark) != 4 for mark in folders.marks):
+        raise ValueError("folders and their marks do not match")
     order, hashes = parts.get("order", array("q")), parts.get("hashes", array("Q"))
     paths = PathIndex.from_parts(parts["blob"], parts["ends"], order, hashes)
     count = len(paths)

@@ -26,42 +26,54 @@ from loader.sources._path_index import PathIndex
 __all__ = ["Folders", "Listing", "scanned"]
 
 SETTLED_NS = 2 * 10**9  # a folder changed this recently may change again within its mtime's resolution
+TICK_NS = 10**8  # longer than any tick of the kernel's coarse clock (1-10 ms), which stamps the ctime
 
 
 class Folders:
-    """The folders a scan entered under ``root``: each one's path relative to it, inode and mtime."""
+    """The folders a scan entered under ``root``: each one's path relative to it and its mark (device,
+    inode, mtime, ctime), taken before its entries were read. The ctime counts: ``tar x``, ``cp -a`` and
+    ``rsync -a`` set a folder's mtime back after writing into it, and setting it moves the ctime, which no
+    user can set."""
 
     def __init__(self, root: str) -> None:
         self.root = root
         self.names: list[str] = []
-        self.inodes, self.mtimes = array("q"), array("q")
+        self.marks: list[tuple[int, int, int, int]] = []
         self.started = time.time_ns()
 
     def entries(self, rel: str) -> list[os.DirEntry]:
-        """The non-hidden entries of folder ``rel`` (links followed to it), its mtime taken first."""
+        """The non-hidden entries of folder ``rel`` (links followed to it), its mark taken first."""
         path = os.path.join(self.root, rel)
-        st = os.stat(path)
+        self.marks.append(_mark(os.stat(path)))
         self.names.append(rel)
-        self.inodes.append(st.st_ino)
-        self.mtimes.append(st.st_mtime_ns)
         with os.scandir(path) as found:
             return [e for e in found if not e.name.startswith(".")]
 
     def unchanged(self) -> bool:
-        """Whether every folder still is the one entered, with the mtime it had then."""
-        for rel, inode, mtime in zip(self.names, self.inodes, self.mtimes, strict=True):
+        """Whether every folder still is the one entered, unchanged since."""
+        for rel, mark in zip(self.names, self.marks, strict=True):
             try:
                 st = os.stat(os.path.join(self.root, rel))
             except OSError:
                 return False
-            if st.st_ino != inode or st.st_mtime_ns != mtime:
+            if _mark(st) != mark:
                 return False
         return True
 
     def settled(self) -> bool:
-        """Whether every folder's mtime was older than the scan by ``SETTLED_NS``: a change made during the
-        scan within the same tick of the filesystem's clock would leave a newer folder with the same mtime."""
-        return bool(self.names) and max(self.mtimes) < self.started - SETTLED_NS
+        """Whether every folder's mtime is ``SETTLED_NS`` older than the scan and its ctime ``TICK_NS``: a
+        change made during the scan within the tick of the clock that stamped the folder last would leave
+        it changed with the same mark (a tool that sets the mtime back only moves the ctime)."""
+        if not self.marks:
+            return False
+        return (
+            max(m[2] for m in self.marks) < self.started - SETTLED_NS
+            and max(m[3] for m in self.marks) < self.started - TICK_NS
+        )
+
+
+def _mark(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
 
 
 class Listing:

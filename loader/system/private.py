@@ -13,10 +13,21 @@ import contextlib
 import os
 import pwd
 import stat
+import uuid
 import warnings
 from pathlib import Path
 
-__all__ = ["UntrustedCacheError", "check_private", "open_private", "private_dir", "user_dir", "write_new"]
+import psutil
+
+__all__ = [
+    "UntrustedCacheError",
+    "check_private",
+    "open_private",
+    "private_dir",
+    "replace_private",
+    "user_dir",
+    "write_new",
+]
 
 _FOREIGN_BITS = 0o077  # any access for group or others
 _NAMES = 16  # per-user names tried before giving up: stallbench-<uid>, then stallbench-<uid>-1 ...
@@ -104,6 +115,24 @@ def write_new(path: Path, parts: list[bytes | memoryview]) -> None:
                 done += os.write(fd, joined[done:])
     finally:
         os.close(fd)
+
+
+def replace_private(folder: Path, name: str, parts: list[bytes | memoryview]) -> None:
+    """``folder/name`` made, or replaced, whole at once (a reader sees the old file or the new one): written
+    under a name of this process's own, then renamed over it. What a killed writer of ``name`` left behind
+    is removed first."""
+    for entry in os.scandir(folder):
+        writer = entry.name.removeprefix(f".{name}.").split(".")[0]
+        if entry.name.startswith(f".{name}.") and writer.isdigit() and not psutil.pid_exists(int(writer)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+    temporary = folder / f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    try:
+        write_new(temporary, parts)
+        os.replace(temporary, folder / name)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
 
 
 def check_private(st: os.stat_result, path: Path, *, want: int) -> None:
