@@ -49,14 +49,17 @@ class ResumableEpochs:
                 "state_dict() needs in_order=True: with in_order=False batches arrive out of order"
             )
         started = self._replay.epochs_started > self._started_before  # this iterator's order is drawn
+        # a restored epoch not drawn again yet (no batch taken since load_state_dict): saved as it was loaded
+        pending = None if started else self._replay.pending()
+        draw_states, delivered = pending or (self._replay.saved_draw() if started else {}, self._delivered)
         return {
             "version": STATE_VERSION,
-            "draw_states": self._replay.saved_draw() if started else {},
-            "batches_delivered": self._delivered,
+            "draw_states": draw_states,
+            "batches_delivered": delivered,
             "epoch_finished": started and self._epoch_finished(),
             "generators": generator_states(self._generators()),
             # an iterator made whose order is not drawn yet: its base seed is drawn, the order comes next
-            "order_next": self._made_iterator and not started,
+            "order_next": self._made_iterator and not started and pending is None,
             "iterator_made": self._made_iterator,
             "worker_random": dict(self._worker_states),
             "workers_seed": self._workers_seed,

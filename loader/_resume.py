@@ -155,6 +155,10 @@ class ReplayableSampler:
         """Call ``callback()`` once, just before the next epoch's order is drawn from the inner sampler."""
         self._before_draw = callback
 
+    def pending(self) -> tuple[dict[str, Any], int] | None:
+        """The restored epoch's draw states and position, where its order is not drawn yet."""
+        return self._pending
+
     def next_start(self) -> int:
         """Position at which the next epoch begins: 0, or where a resumed epoch left off."""
         return 0 if self._pending is None else self._pending[1]

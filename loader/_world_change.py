@@ -26,11 +26,15 @@ __all__ = ["Dealt", "dealing", "dealt_again", "needs_dealing_again"]
 
 class Dealt(TypedDict):
     """An epoch's dealing: among ``num_replicas`` ranks from position ``at`` (batches each rank had handed
-    out when it began) on, after ``reached`` positions of the order were reached under earlier dealings."""
+    out when it began) on, after ``reached`` positions of the order were reached under earlier dealings; the
+    order is the one of the sampler's ``epoch`` and ``seed`` over ``records``."""
 
     num_replicas: int
     reached: int
     at: int
+    epoch: int
+    seed: int
+    records: int
 
 
 def _distributed(inner: Any) -> tuple[DistributedSampler, int] | None:
@@ -46,7 +50,12 @@ def _distributed(inner: Any) -> tuple[DistributedSampler, int] | None:
 def dealing(inner: Any) -> Dealt | None:
     """How a freshly drawn epoch is dealt: among the sampler's ranks from its start; None without one."""
     found = _distributed(inner)
-    return None if found is None else Dealt(num_replicas=found[0].num_replicas, reached=0, at=0)
+    return None if found is None else _dealt(found[0], reached=0, at=0)
+
+
+def _dealt(sampler: DistributedSampler, reached: int, at: int) -> Dealt:
+    order = dict(epoch=sampler.epoch, seed=sampler.seed, records=len(sampler.dataset))
+    return Dealt(num_replicas=sampler.num_replicas, reached=reached, at=at, **order)
 
 
 def needs_dealing_again(inner: Any, saved: Dealt | None) -> bool:
@@ -62,14 +71,28 @@ def dealt_again(inner: Any, saved: Dealt, start: int) -> tuple[Iterator[Any], De
     as the loader's index sampler would yield it (batches where it batches); the new dealing; and how many
     items this rank's epoch has in all (``start`` and the new part)."""
     sampler, per_item = _distributed(inner)
+    now = _dealt(sampler, 0, start)
+    _check_same_order(saved, now)
     reached = saved["reached"] + (start - saved["at"]) * per_item * saved["num_replicas"]
     rest = _whole_order(sampler)[reached:]
     mine = _deal(rest, sampler.num_replicas, sampler.rank, sampler.drop_last)
-    now = Dealt(num_replicas=sampler.num_replicas, reached=reached, at=start)
+    now["reached"] = reached
     if type(inner) is BatchSampler:
         batches = BatchSampler(mine, inner.batch_size, inner.drop_last)
         return iter(batches), now, start + len(batches)
     return iter(mine), now, start + len(mine)
+
+
+def _check_same_order(saved: Dealt, now: Dealt) -> None:
+    """ValueError where the sampler would draw another order than the saved epoch's."""
+    drawn = {key: saved.get(key, now[key]) for key in ("epoch", "seed", "records")}
+    if all(drawn[key] == now[key] for key in drawn):
+        return
+    was, has = (f"epoch {d['epoch']}, seed {d['seed']}, {d['records']} records" for d in (drawn, now))
+    raise ValueError(
+        f"the saved epoch is a DistributedSampler's {was}; this loader's sampler has {has}: call "
+        f"set_epoch({drawn['epoch']}) on it before iterating, over the same dataset and seed"
+    )
 
 
 def _whole_order(sampler: DistributedSampler) -> list[int]:

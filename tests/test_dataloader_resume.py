@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from _job_batch import OUT, STATE, Restarts
-from helpers import MemorySource, make_jpeg_folder
+from helpers import MemorySource, first_index, make_jpeg_folder
 
 pytestmark = pytest.mark.multiproc
 JOB = Path(__file__).with_name("_resume_job.py")
@@ -149,3 +149,78 @@ def test_each_restart_with_another_world_size_gives_the_samples_not_yet_seen_onc
     assert sorted(taken[2]) == sorted(order[first + second :])
     assert sorted(i for part in taken for i in part) == list(range(RECORDS))
     assert all(run["next"] == run["torch_next"] for run in runs) and runs[0]["next"]
+
+
+def _rank_loader(world: int, rank: int, batch_size: int | None, shuffle: bool, drop_last: bool, epoch=1):
+    from torch.utils.data import DistributedSampler
+
+    from loader import DataLoader, SourceDataset
+
+    dataset = SourceDataset(MemorySource(50), transform=first_index)
+    sampler = DistributedSampler(dataset, world, rank, shuffle=shuffle, seed=3, drop_last=drop_last)
+    sampler.set_epoch(epoch)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last)
+
+
+def _samples(item, batched: bool) -> list[int]:
+    return item[0].tolist() if batched else [int(item[0])]
+
+
+@pytest.mark.parametrize(
+    "batch_size, shuffle, drop_last", [(2, True, True), (3, False, False), (None, True, False)]
+)
+def test_world_size_changes_deal_the_rest_of_the_one_order(batch_size, shuffle, drop_last):
+    """2 ranks, then 3, then 3 again (an epoch already dealt again, dealt once more), then 4 that take the
+    rest: each stretch is the next part of the sampler's one order; the last is the rest, dealt as the
+    sampler deals (padded to even shares by repeating its start, or cut where ``drop_last``)."""
+    per = batch_size or 1
+    phases = [(2, 2), (3, 2), (3, 1), (4, None)]  # (world size, items each rank takes: None the rest)
+    state, taken, reached = None, [], 0
+    for world, take in phases:
+        part, states = [], []
+        for rank in range(world):
+            dl = _rank_loader(world, rank, batch_size, shuffle, drop_last)
+            if state is not None:
+                dl.load_state_dict(state)
+            it = iter(dl)
+            got = list(it) if take is None else [next(it) for _ in range(take)]
+            part += [i for item in got for i in _samples(item, batch_size is not None)]
+            states.append(dl.state_dict())
+        state = states[0]  # rank 0's, as a job saves it
+        taken.append(part)
+    order = list(_rank_loader(1, 0, None, shuffle, False).sampler)
+    for (world, take), part in zip(phases[:-1], taken, strict=False):
+        assert sorted(part) == sorted(order[reached : reached + world * take * per])
+        reached += world * take * per
+    last, rest = taken[-1], order[reached:]
+    assert last and (set(last) <= set(rest) if drop_last else set(last) == set(rest))
+    assert len(last) - len(set(last)) < 4  # the padding: at most one short of a share per rank
+    before = [i for part in taken[:-1] for i in part]
+    assert len(before) == len(set(before)) and not set(before) & set(last)
+
+
+def test_a_state_saved_before_the_first_batch_after_a_restore_keeps_its_place():
+    """Without workers an iterator made after ``load_state_dict`` draws nothing before its first batch: a
+    state saved then is the restored one, not the epoch's start."""
+    dl = _rank_loader(2, 0, 3, True, False)
+    it = iter(dl)
+    for _ in range(3):
+        next(it)
+    state = dl.state_dict()
+    went_on = [b[0].tolist() for b in it]
+    restored = _rank_loader(2, 0, 3, True, False)
+    restored.load_state_dict(state)
+    iter(restored)  # made, no batch taken
+    again = _rank_loader(2, 0, 3, True, False)
+    again.load_state_dict(restored.state_dict())
+    assert [b[0].tolist() for b in again] == went_on and len(went_on) == 9 - 3
+
+
+def test_a_world_size_change_under_another_epoch_is_refused_naming_it():
+    dl = _rank_loader(2, 0, 3, True, False)
+    next(iter(dl))
+    state = dl.state_dict()
+    other = _rank_loader(3, 0, 3, True, False, epoch=2)
+    other.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"epoch 1, seed 3, 50 records.*epoch 2.*set_epoch\(1\)"):
+        next(iter(other))
