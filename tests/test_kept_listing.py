@@ -200,3 +200,16 @@ def test_what_a_killed_writer_left_is_removed_by_the_next(tree):
     left.write_bytes(b"half a listing")
     _listed("FileTreeSource", tree)
     assert not left.exists() and (listings_folder() / name).exists()
+
+
+def test_a_rescan_sees_a_file_rewritten_in_place_and_keeps_the_new_listing(tree):
+    first = ImageFolderSource(tree)
+    assert ImageFolderSource(tree).fingerprint == first.fingerprint
+    target = tree / "cat" / "img0.jpg"
+    target.write_bytes(jpeg_bytes(42) + b"longer")
+    assert ImageFolderSource(tree).fingerprint == first.fingerprint  # the kept listing: no folder changed
+    fresh = ImageFolderSource(tree, rescan=True)
+    assert fresh.fingerprint != first.fingerprint and fresh.listed(0)[0] == target.stat().st_size
+    _settle(tree)
+    ImageFolderSource(tree, rescan=True)  # kept in turn
+    assert _listed("ImageFolderSource", tree, "kept")[0] == fresh.fingerprint

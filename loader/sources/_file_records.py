@@ -22,7 +22,9 @@ class FileRecords(Source):
 
     @property
     def fingerprint(self) -> str:
-        """Digest of every file's relative path, size and mtime (and label) as listed."""
+        """Digest of every file's relative path, size and mtime (and label) as listed: where the listing was
+        kept from an earlier run, as they were then (a file rewritten in place since is caught by
+        ``unchanged``, not here)."""
         return self._listing.fingerprint
 
     def listed(self, index: int) -> tuple[int, int]:

@@ -40,11 +40,13 @@ _SUM = 32  # bytes of the sha256 the file ends with
 _TYPECODES = dict(blob=None, ends="q", order="q", hashes="Q", sizes="q", mtimes="q", labels="q")
 
 
-def kept_listing(key: tuple[str, ...], root: str, scan: Callable[[], Listing]) -> Listing:
-    """The listing kept under ``key`` where its folders under ``root`` are unchanged, else ``scan()``'s,
-    kept for the next run where its folders had settled."""
+def kept_listing(
+    key: tuple[str, ...], root: str, scan: Callable[[], Listing], rescan: bool = False
+) -> Listing:
+    """The listing kept under ``key`` where its folders under ``root`` are unchanged (and not ``rescan``),
+    else ``scan()``'s, kept for the next run where its folders had settled."""
     folder, name = listings_folder(), listing_name(key)
-    kept = _read(folder, name, root) if folder is not None else None
+    kept = _read(folder, name, root) if folder is not None and not rescan else None
     if kept is not None:
         return kept
     listing = scan()

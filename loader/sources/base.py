@@ -75,7 +75,8 @@ class Source(abc.ABC):
     @property
     @abc.abstractmethod
     def fingerprint(self) -> str:
-        """Hex digest: equal for the same data, different when any record is added, removed or changed."""
+        """Hex digest: equal for the same data, different when any record is added, removed or changed (a
+        file source with a kept listing: changed in place is told by ``unchanged`` instead)."""
 
     def check_index(self, index: int) -> int:
         """Normalise ``index`` like a sequence does, or raise IndexError naming it."""

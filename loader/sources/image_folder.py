@@ -20,18 +20,24 @@ class ImageFolderSource(FileRecords):
     """Images under ``root/<class>/`` (subfolders included), as torchvision's ImageFolder lists them.
 
     Classes are the sorted names of the non-hidden folders in ``root`` (label ids 0..K-1); records are sorted
-    by class, then by path. Extensions match case-insensitively. ``read`` returns the file's bytes.
+    by class, then by path. Extensions match case-insensitively. ``read`` returns the file's bytes. The
+    listing kept by an earlier run is used while the folders are unchanged (``_kept_listing``), so the
+    fingerprint does not see a file rewritten in place since (the cache checks each file as it serves it);
+    ``rescan=True`` lists every file again, for a fingerprint that does.
     """
 
     thread_safe_reads = True  # each read opens, reads and closes its own file
 
-    def __init__(self, root: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXTENSIONS) -> None:
+    def __init__(
+        self, root: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXTENSIONS, rescan: bool = False
+    ) -> None:
         self.root = os.fspath(root)
         if not os.path.isdir(self.root):
             raise SourceError(f"image folder {self.root!r} does not exist or is not a directory")
         self.extensions = tuple(e.lower() for e in extensions)
         top = os.path.abspath(self.root)
-        self._listing = kept_listing((KIND, top, *self.extensions), top, functools.partial(self._scan, top))
+        scan = functools.partial(self._scan, top)
+        self._listing = kept_listing((KIND, top, *self.extensions), top, scan, rescan)
         self.classes: list[str] = self._listing.meta["classes"]
         if not self.classes:
             raise SourceError(

@@ -45,7 +45,7 @@ def _fingerprint(data: str | os.PathLike) -> str:
     if not path.is_dir() or (path / "data.mdb").exists() or (path / "state.json").exists():
         raise ConversionError(f"{path}: other loaders are compared on an image folder (class/image.jpg)")
     try:
-        return loader.ImageFolderSource(path).fingerprint
+        return loader.ImageFolderSource(path, rescan=True).fingerprint  # a file rewritten in place too
     except (loader.SourceError, OSError) as err:
         raise ConversionError(f"{path}: {err}") from err
 
