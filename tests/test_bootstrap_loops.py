@@ -83,6 +83,15 @@ def test_an_eval_loader_rebuilt_every_epoch_is_one_loader(tmp_path):
     assert [r.epoch for r in run.of("1:RandomData")] == [1, 2, 3]
 
 
+def test_train_and_eval_loaders_of_one_shape_stay_two_loaders(tmp_path):
+    """One class, one batch size, no length: the eval loader is another loader, not the train loader
+    rebuilt, so the script runs its 3 training epochs and each loader's epochs are its own (issue 48)."""
+    run = _ok(_run(tmp_path, "--iterable", "--eval", "--eval-iterable"))
+    assert [(e["train"], e["eval"]) for e in run.epochs] == [(5, 3)] * 3
+    assert _complete(run, "0:StreamData") == [(1, 5, True), (2, 5, True), (3, 5, True)]
+    assert _complete(run, "1:StreamData") == [(1, 3, True), (2, 3, True), (3, 3, True)]
+
+
 def test_the_batch_size_of_a_batch_sampler_is_recorded(tmp_path):
     run = _ok(_run(tmp_path, "--batch-sampler"))
     assert {(r.batch_size, r.batches, r.samples) for r in run.records} == {(8, 5, 40)}

@@ -44,6 +44,7 @@ class LoaderState:
     epochs: int = 0  # records written
     complete: int = 0  # epochs that ran to their end
     shape: tuple[Any, ...] = ()  # what a rebuilt loader must match to keep this id (``loader_shape``)
+    dataset_id: int = 0  # id() of its latest loader's Dataset, alive while that loader is held
     open: EpochMeter | None = None
     replay: list[Any] | None = None
 

@@ -135,7 +135,7 @@ class _Run:
         shape = loader_shape(dl, settings)
         stats = inner.stats if ours else getattr(inner, GENERATED_STATS, None)
         counts_tokens, room = token_batches(inner)
-        state = self._rebuilt(shape) or LoaderState(
+        state = self._rebuilt(shape, dl.dataset) or LoaderState(
             id=f"{len(self.order)}:{type(dl.dataset).__name__}",
             order=len(self.order),
             loader_class="loader.DataLoader" if ours else "torch.utils.data.DataLoader",
@@ -148,6 +148,7 @@ class _Run:
             seen=counting_sampler(inner),
             over_network=stats is not None and any(map(in_object_storage, self.spec.data)),
             shape=shape,
+            dataset_id=id(dl.dataset),
         )
         if state.order == len(self.order):
             self.order.append(state)
@@ -157,13 +158,26 @@ class _Run:
             self.exit_hooked = True
         return state
 
-    def _rebuilt(self, shape: tuple[Any, ...]) -> LoaderState | None:
-        """The state of an earlier loader of ``shape``, not in an epoch now: the new loader rebuilds it."""
-        for state in self.order:
-            if state.shape == shape and state.open is None:
+    def _rebuilt(self, shape: tuple[Any, ...], dataset: Any) -> LoaderState | None:
+        """The state of an earlier loader of ``shape``, not in an epoch now, that the new loader over
+        ``dataset`` rebuilds: one the script no longer holds, or one over the same Dataset object (a
+        framework may keep the loaders it rebuilt: accelerate's ``prepare`` keeps each). One still held over
+        another Dataset is another loader of the same shape (a training and an evaluation loader of one
+        class and batch size, without a length), never merged with it; a loader dropped but kept by a
+        reference cycle is let go first (``gc.collect``, only where it decides)."""
+        candidates = [s for s in self.order if s.shape == shape and s.open is None]
+        if any(self._held(s) and s.dataset_id != id(dataset) for s in candidates):
+            gc.collect()
+        for state in candidates:
+            if not self._held(state) or state.dataset_id == id(dataset):
                 state.replay = None  # the batches of the loader it was (its Dataset may differ in content)
+                state.dataset_id = id(dataset)
                 return state
         return None
+
+    def _held(self, state: LoaderState) -> bool:
+        """Whether a loader of ``state`` is still alive in the script."""
+        return any(held is state and ref() is not None for ref, held in self.loaders.values())
 
     def _forget(self, key: int, ref: weakref.ref[Any]) -> None:
         if self.loaders.get(key, (None,))[0] is ref:

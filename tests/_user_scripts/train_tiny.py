@@ -127,6 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ours", action="store_true", help="build loader.DataLoader instead of torch's")
     p.add_argument("--eval", action="store_true", help="an eval loop over a second loader each epoch")
     p.add_argument("--eval-first", action="store_true", help="the eval loop before the train loop")
+    p.add_argument("--eval-iterable", action="store_true", help="the eval loader's Dataset has no length")
     p.add_argument("--log", default=None)
     p.add_argument("--mutate", action="store_true", help="edit each batch in place after reading it")
     p.add_argument("--break-after", type=int, default=None)
@@ -193,6 +194,10 @@ def _probe(train: DataLoader, data: Dataset) -> None:
     _say(**fields)
 
 
+def _held_out(args: argparse.Namespace) -> Dataset:
+    return StreamData(args.n // 2) if args.eval_iterable else RandomData(args.n // 2)
+
+
 def main() -> int:
     args = _parser().parse_args()
     _say(pid=os.getpid())
@@ -207,7 +212,7 @@ def main() -> int:
     else:
         data = RandomData(args.n, args.log)
     train = _loader(args, data)
-    held_out = _loader(args, RandomData(args.n // 2)) if args.eval else None
+    held_out = _loader(args, _held_out(args)) if args.eval else None
     if held_out is not None and args.eval_first:
         _loop(held_out, args)  # a sanity check before training: the eval loader is iterated first
     if args.probe:
@@ -215,7 +220,7 @@ def main() -> int:
     for epoch in range(1, args.epochs + 1):
         batches, edited = _loop(train, args)
         if args.rebuild_eval:
-            held_out = _loader(args, RandomData(args.n // 2))
+            held_out = _loader(args, _held_out(args))
         evals = _loop(held_out, args)[0] if held_out is not None else 0
         _say(epoch=epoch, train=batches, eval=evals, edited=edited)
     if args.probe:
