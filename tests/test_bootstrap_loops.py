@@ -92,6 +92,16 @@ def test_train_and_eval_loaders_of_one_shape_stay_two_loaders(tmp_path):
     assert _complete(run, "1:StreamData") == [(1, 3, True), (2, 3, True), (3, 3, True)]
 
 
+def test_optimizer_updates_are_the_steps_made_not_the_batches(tmp_path):
+    """Gradient accumulation over 4 batches: 10 batches an epoch make 2 updates (issue 48); the evaluation
+    loader's epochs make none."""
+    run = _ok(_run(tmp_path, "--accumulate", "4", "--batch-size", "4", "--eval"))
+    assert [(r.batches, r.optimizer_steps) for r in run.of("0:RandomData")] == [(10, 2)] * 3
+    assert {r.optimizer_steps for r in run.of("1:RandomData")} == {0}
+    plain = _ok(_run(tmp_path / "plain", "--batch-size", "4"))
+    assert {r.optimizer_steps for r in plain.records} == {None}  # no optimizer: counted by batches
+
+
 def test_the_batch_size_of_a_batch_sampler_is_recorded(tmp_path):
     run = _ok(_run(tmp_path, "--batch-sampler"))
     assert {(r.batch_size, r.batches, r.samples) for r in run.records} == {(8, 5, 40)}

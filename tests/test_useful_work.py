@@ -140,3 +140,32 @@ def test_measured_energy_is_used_where_every_epoch_has_it():
     work = useful_work(epochs)
     assert (work.energy_joules, work.energy_source) == (4.0, "rapl")
     assert work.valid_tokens is None and work.joules_per_1k_tokens is None and work.unique_samples is None
+
+
+def test_updates_are_the_optimizer_steps_where_counted_else_the_batches():
+    epoch = dict(epoch=2, seconds=2.0, wait_seconds=0.5, step_seconds=1.5, first_batch_seconds=0.1)
+    epoch |= dict(samples=40, storage_bytes=0)
+    stepped = [EpochRecord(**epoch, batches=10, optimizer_steps=n) for n in (2, 3)]
+    assert useful_work(stepped).updates == 2.5 and useful_work(stepped).updates_per_s == 1.25
+    unstepped = [EpochRecord(**epoch, batches=10)]
+    assert useful_work(unstepped).updates == 10
+
+
+def test_a_wrapper_whose_step_steps_its_optimizer_is_one_update():
+    """accelerate's AcceleratedOptimizer.step calls its optimizer's: torch's hooks fire for both."""
+    from stallbench.jobs._updates import optimizer_steps, watch_optimizers
+
+    class Wrapper(torch.optim.SGD):
+        def __init__(self, inner: torch.optim.Optimizer) -> None:
+            super().__init__([torch.zeros(1, requires_grad=True)], lr=0.1)
+            self.inner = inner
+
+        def step(self, closure=None):
+            return self.inner.step(closure)
+
+    watch_optimizers()
+    inner = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1)
+    before = optimizer_steps() or 0
+    Wrapper(inner).step()
+    inner.step()
+    assert optimizer_steps() - before == 2

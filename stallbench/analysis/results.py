@@ -78,6 +78,7 @@ class EpochRecord:
     unique_samples: int | None = None  # distinct example indices the epoch's order handed out
     energy_joules: float | None = None  # read from a counter (RAPL, NVML); None where none was readable
     energy_source: str | None = None  # which: "rapl", "nvml", "rapl+nvml"
+    optimizer_steps: int | None = None  # your own command: optimizer.step() calls; None where it made none
 
 
 @dataclass(frozen=True)

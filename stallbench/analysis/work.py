@@ -1,7 +1,8 @@
 """Useful work of a steady epoch: what the epoch's time and energy bought, beside how long it took.
 
 A faster epoch is no gain if it carries more padding, repeats examples or makes fewer updates, so a report
-counts, per steady epoch of the cold run: optimizer updates (one per batch; a pack is one batch), unique
+counts, per steady epoch of the cold run: optimizer updates (the ``optimizer.step()`` calls of a command that
+made any, so gradient accumulation and AMP's skipped steps count as made; else one per batch), unique
 examples, and for token data the valid tokens (the examples' own) against the token slots the batches
 carried (padding included), each also per second; and the energy the epoch used, per epoch and per unit of
 work (``stallbench.energy``: a counter's reading where the job could read one, else an estimate from the
@@ -41,7 +42,7 @@ class UsefulWork:
 
     packing: str | None  # the packing algorithm of this run; None: the loader's own batches (padded tokens)
     pack_len: int | None  # tokens per pack at most, with packing
-    updates: float  # optimizer updates: one per batch
+    updates: float  # optimizer updates: optimizer.step() calls where counted, else one per batch
     updates_per_s: float
     unique_samples: float | None  # distinct examples the epoch's order handed out; None: not counted
     valid_tokens: float | None  # the examples' own tokens; None: not token batches
@@ -92,7 +93,7 @@ def useful_work(
     seconds = fmean(e.seconds for e in kept)
     valid, slots = _mean([e.valid_tokens for e in kept]), _mean([e.token_slots for e in kept])
     joules, source = _energy(kept)
-    updates = fmean(e.batches for e in kept)
+    updates = fmean(e.batches if e.optimizer_steps is None else e.optimizer_steps for e in kept)
     return UsefulWork(
         packing=packing,
         pack_len=pack_len,

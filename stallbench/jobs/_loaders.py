@@ -65,6 +65,7 @@ def epoch_record(
         storage = int(stats.get("bytes_from_source", 0))
     joules = None if before.joules is None or after.joules is None else after.joules - before.joules
     tokens = meter.token_slots > 0
+    updates = None if after.optimizer_steps is None else after.optimizer_steps - (before.optimizer_steps or 0)
     return LoaderEpoch(
         loader=state.id,
         rank=_rank(),
@@ -93,6 +94,7 @@ def epoch_record(
         unique_samples=state.seen.unique if state.seen is not None else None,
         energy_joules=joules,
         energy_source=after.energy_source if joules is not None else None,
+        optimizer_steps=updates,
         timeline=meter.timeline(),
     )
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from stallbench.jobs._updates import optimizer_steps
 from stallbench.jobs.counters import cpu_seconds, storage_read_bytes
 
 __all__ = [
@@ -66,6 +67,7 @@ class Counters:
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)  # loader.DataLoader.stats(), asdict
     joules: float | None = None  # the machine's energy counter (``stallbench.energy``); None: none readable
     energy_source: str | None = None
+    optimizer_steps: int | None = None  # ``optimizer.step()`` calls so far (``_updates``); None: none yet
 
     def stats_since(self, before: Counters) -> dict[str, Any]:
         """Counts as deltas; levels (``LEVELS``) and anything else (the cache's sizing note) as now."""
@@ -93,7 +95,8 @@ def read_counters(stats: Callable[[], Any] | None) -> Counters:
     except Exception as exc:
         say(f"cannot read the energy counter ({exc!r}); records leave energy out", key="energy")
         joules = None
-    return Counters(storage, cpu, values, joules, meter.source if joules is not None else None)
+    source = meter.source if joules is not None else None
+    return Counters(storage, cpu, values, joules, source, optimizer_steps())
 
 
 @functools.cache

@@ -52,6 +52,7 @@ from stallbench.jobs._loaders import (
 )
 from stallbench.jobs._replay import ReplayIterator, replay_length, take_batches
 from stallbench.jobs._timed import EpochMeter, TimedIterator, handing_out, read_counters, say
+from stallbench.jobs._updates import watch_optimizers
 from stallbench.jobs.spec import GENERATED_STATS, JobSpec
 
 __all__ = ["end_process", "install"]
@@ -129,6 +130,7 @@ class _Run:
         known = self.loaders.get(key)
         if known is not None and known[0]() is dl:
             return known[1]
+        watch_optimizers()  # torch is imported: a DataLoader runs
         inner = getattr(dl, "base_dataloader", dl)  # the loader inside a framework's wrapper (accelerate)
         ours = derives_from(inner, "loader.dataloader", "DataLoader")
         settings = loader_settings(dl)

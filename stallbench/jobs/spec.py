@@ -244,6 +244,7 @@ class LoaderEpoch:
     unique_samples: int | None = None  # distinct example indices the epoch's order handed out, if counted
     energy_joules: float | None = None  # read from a counter (``stallbench.energy``), where one is readable
     energy_source: str | None = None
+    optimizer_steps: int | None = None  # optimizer.step() calls in the epoch; None: the process made none
     timeline: list[list[float]] = field(default_factory=list)  # [wait, step] per batch, the first 100,000
 
     def to_json(self) -> str:

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
@@ -128,6 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--eval", action="store_true", help="an eval loop over a second loader each epoch")
     p.add_argument("--eval-first", action="store_true", help="the eval loop before the train loop")
     p.add_argument("--eval-iterable", action="store_true", help="the eval loader's Dataset has no length")
+    p.add_argument("--accumulate", type=int, default=0, help="train a model: an optimizer step per K batches")
     p.add_argument("--log", default=None)
     p.add_argument("--mutate", action="store_true", help="edit each batch in place after reading it")
     p.add_argument("--break-after", type=int, default=None)
@@ -163,13 +165,20 @@ def _say(**fields) -> None:
     print(json.dumps(fields), flush=True)
 
 
-def _loop(dl: DataLoader, args: argparse.Namespace) -> tuple[int, bool]:
+def _loop(dl: DataLoader, args: argparse.Namespace, optimizer: Any = None) -> tuple[int, bool]:
+    """Each batch read (and with ``optimizer``, a linear model's gradients on it, a step every
+    ``--accumulate`` batches)."""
     seen, edited = 0, False
     # to_len: stop at len(dl) and never ask for the batch past the end
     batches = zip(range(len(dl)), dl, strict=False) if args.to_len else enumerate(dl)
     for _, (x, _y) in batches:
         seen += 1
         edited = edited or bool((x < 0).any())
+        if optimizer is not None:
+            optimizer.param_groups[0]["params"][0].sum().mul(x.sum()).backward()
+            if seen % args.accumulate == 0:
+                optimizer.step()
+                optimizer.zero_grad()
         if args.mutate:
             x.fill_(-1.0)
         time.sleep(args.sleep)
@@ -217,8 +226,9 @@ def main() -> int:
         _loop(held_out, args)  # a sanity check before training: the eval loader is iterated first
     if args.probe:
         _probe(train, data)
+    optimizer = torch.optim.SGD([torch.zeros(4, requires_grad=True)], lr=0.1) if args.accumulate else None
     for epoch in range(1, args.epochs + 1):
-        batches, edited = _loop(train, args)
+        batches, edited = _loop(train, args, optimizer)
         if args.rebuild_eval:
             held_out = _loader(args, _held_out(args))
         evals = _loop(held_out, args)[0] if held_out is not None else 0
