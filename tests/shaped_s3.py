@@ -2,8 +2,9 @@
 reached over a veth pair, with a token bucket (``tc qdisc tbf``) on the server's side, so every byte it
 sends waits for the link as it would on a real network. Needs root (CI runs as root).
 
-Latency is not imposed: ``tc netem``, the kernel's delay, is not built into this machine's kernel
-(``qdisc kind is unknown``); the token bucket is. The namespace, the pair and the server are removed on exit,
+Latency is not imposed here: ``tc netem``, the kernel's delay, is not built into this machine's kernel
+(``qdisc kind is unknown``); the token bucket is. A test adds latency with ``delay_proxy.delayed``, a
+proxy between the client and the server that holds each chunk for half the round trip, each way. The namespace, the pair and the server are removed on exit,
 whatever happened (only what this run made); names and addresses carry this process's id, so runs side
 by side do not meet.
 """

@@ -1,0 +1,81 @@
+"""The delaying proxy (``tests/delay_proxy.py``, latency where the kernel has no netem) adds the round trip
+it claims, within 10%; object storage read through it gives the folder's records, each GET at least a round
+trip slower, and the proxy killed mid-epoch is named, not a hang (issue 49, requirement 1)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import socketserver
+import statistics
+import threading
+import time
+
+import pytest
+from delay_proxy import delayed
+from test_object_store import bucket, gone_mid_epoch, server  # noqa: F401  (fixtures)
+
+from loader import ImageFolder, ImageFolderSource
+from loader.sources import S3ImageFolderSource
+
+pytestmark = pytest.mark.multiproc
+
+
+class _Echo(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        while data := self.request.recv(4096):
+            self.request.sendall(data)
+
+
+def _round_trip(port: int, times: int = 25) -> float:
+    """The median seconds for one byte to go to ``port`` and come back, on one connection."""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.sendall(b"w")  # the connection's first exchange, untimed
+        s.recv(1)
+        spent = []
+        for _ in range(times):
+            start = time.perf_counter()
+            s.sendall(b"x")
+            assert s.recv(1) == b"x"
+            spent.append(time.perf_counter() - start)
+    return statistics.median(spent)
+
+
+@pytest.mark.parametrize("rtt_ms", [10, 50])
+def test_the_proxy_adds_the_round_trip_it_claims(rtt_ms):
+    echo = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Echo)
+    echo.daemon_threads = True
+    threading.Thread(target=echo.serve_forever, daemon=True).start()
+    try:
+        port = echo.server_address[1]
+        direct = _round_trip(port)
+        with delayed("127.0.0.1", port, rtt_ms) as (_, proxied, _proc):
+            through = _round_trip(proxied)
+    finally:
+        echo.shutdown()
+        echo.server_close()
+    added_ms = (through - direct) * 1000
+    assert abs(added_ms - rtt_ms) <= 0.1 * rtt_ms, f"added {added_ms:.2f} ms for {rtt_ms} ms"
+
+
+def test_object_storage_through_the_proxy_is_the_folder_and_the_proxy_killed_is_named(
+    bucket,  # noqa: F811
+    server,  # noqa: F811
+    shm_dir,
+    monkeypatch,
+):
+    url, local = bucket
+    upstream = int(os.environ["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
+    with delayed("127.0.0.1", upstream, 20) as (host, port, proxy):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
+        source = S3ImageFolderSource(url)
+        start = time.perf_counter()
+        got = [source.read(i) for i in range(3)]
+        assert (time.perf_counter() - start) / 3 >= 0.020  # a GET waits at least the round trip added
+        assert got == [ImageFolderSource(local).read(i) for i in range(3)]
+        dataset = ImageFolder(url, transform="eval")
+        dataset.source.attempts = 1
+        assert dataset.source.read(0)
+        named = r"s3://data/train/class0/img001.jpg.*cannot read the object"
+        gone_mid_epoch(proxy, dataset, shm_dir, 1, named, workers=0)
