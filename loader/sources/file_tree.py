@@ -27,7 +27,9 @@ class FileTreeSource(FileRecords):
 
     ``read(i)`` is the file's bytes, ``describe(i)`` its path, ``label(i)`` 0. A ``root`` that is a file
     gives that one record. The fingerprint covers each file's relative path, size and mtime as listed, so a
-    changed tree opens a new store; ``listed(i)`` gives that size and mtime to check a file against later.
+    tree with files added, removed or renamed opens a new store; ``listed(i)`` gives that size and mtime to
+    check a file against later (a file rewritten in place, which a kept listing does not see: see
+    ``loader.sources._kept_listing``).
     """
 
     thread_safe_reads = True  # each read opens, reads and closes its own file
