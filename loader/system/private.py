@@ -17,8 +17,6 @@ import uuid
 import warnings
 from pathlib import Path
 
-import psutil
-
 __all__ = [
     "UntrustedCacheError",
     "check_private",
@@ -123,7 +121,7 @@ def replace_private(folder: Path, name: str, parts: list[bytes | memoryview]) ->
     is removed first."""
     for entry in os.scandir(folder):
         writer = entry.name.removeprefix(f".{name}.").split(".")[0]
-        if entry.name.startswith(f".{name}.") and writer.isdigit() and not psutil.pid_exists(int(writer)):
+        if entry.name.startswith(f".{name}.") and writer.isdigit() and not _running(int(writer)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(entry.path)
     temporary = folder / f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
@@ -133,6 +131,17 @@ def replace_private(folder: Path, name: str, parts: list[bytes | memoryview]) ->
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user's counts: it cannot be ours to sweep after)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def check_private(st: os.stat_result, path: Path, *, want: int) -> None:
