@@ -4,9 +4,9 @@ sends waits for the link as it would on a real network. Needs root (CI runs as r
 
 Latency is not imposed here: ``tc netem``, the kernel's delay, is not built into this machine's kernel
 (``qdisc kind is unknown``); the token bucket is. A test adds latency with ``delay_proxy.delayed``, a
-proxy between the client and the server that holds each chunk for half the round trip, each way. The namespace, the pair and the server are removed on exit,
-whatever happened (only what this run made); names and addresses carry this process's id, so runs side
-by side do not meet.
+proxy between the client and the server that holds each chunk for half the round trip, each way. The
+namespace, the pair and the server are removed on exit, whatever happened (only what this run made); names
+and addresses carry this process's id, so runs side by side do not meet.
 """
 
 from __future__ import annotations
