@@ -16,7 +16,8 @@ import pytest
 from _data import jpeg_bytes, make_image_folder
 
 import loader
-from loader.sources import FileTreeSource, ImageFolderSource
+from loader import sources
+from loader.sources import FileTreeSource, ImageFolderSource, _listing
 from loader.sources._kept_listing import MAGIC, listing_name, listings_folder
 
 LISTED = """
@@ -45,8 +46,25 @@ def _settle(root, past: int = PAST) -> None:
 
 
 def _listed(cls: str, root, how: str = "scan") -> list:
-    """``cls(root)``'s fingerprint, paths, sizes and mtimes and classes, in a new process; ``how="kept"``
-    fails it with the scan's AssertionError if the tree is scanned (the kept listing not believed)."""
+    """``cls(root)``'s fingerprint, paths, sizes and mtimes and classes; ``how="kept"`` fails it with the
+    scan's AssertionError if the tree is scanned (the kept listing not believed)."""
+    with pytest.MonkeyPatch.context() as patch:
+        if how == "kept":
+            patch.setattr(_listing.Folders, "entries", _refuse)
+        source = getattr(sources, cls)(root)
+    found = (
+        [source.describe(i) for i in range(len(source))],
+        [list(source.listed(i)) for i in range(len(source))],
+    )
+    return [source.fingerprint, *found, getattr(source, "classes", None)]
+
+
+def _refuse(folders, rel: str) -> None:
+    raise AssertionError(f"scanned {rel!r}")
+
+
+def _listed_in_a_new_process(cls: str, root, how: str = "scan") -> list:
+    """``_listed`` in a new process, as a job's next run lists."""
     out = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(LISTED.format(cls=cls)), str(root), how],
         capture_output=True,
@@ -70,8 +88,8 @@ def tree(tmp_path):
 
 @pytest.mark.parametrize("cls", ["ImageFolderSource", "FileTreeSource"])
 def test_a_settled_tree_is_read_back_in_a_new_process_without_a_scan(tree, cls):
-    first = _listed(cls, tree)
-    assert _listed(cls, tree, "kept") == first
+    first = _listed_in_a_new_process(cls, tree)
+    assert _listed_in_a_new_process(cls, tree, "kept") == first == _listed(cls, tree, "kept")
     assert len(first[1]) == 6
 
 
