@@ -1,11 +1,12 @@
 """A listed folder tree: each file's relative path, size, mtime (and label) in arrays, its fingerprint, and
-the folders the scan entered, each with the identity and mtime it had before its entries were read.
+the folders the scan entered, each with its mark (device, inode, mtime, ctime) from before its entries were
+read.
 
 Those folders are what tells a later run whether the listing still holds (``loader.sources._kept_listing``):
-adding, removing or renaming a file changes its folder's mtime, and an mtime taken before the entries were
-read can only be older than any change made after. A file rewritten in place changes no folder: the sources
-check a file's size and mtime against the listing whenever they serve it from a cache
-(``FileRecords.unchanged``).
+adding, removing or renaming a file changes its folder's mtime and ctime, and a mark taken before the
+entries were read can only be older than any change made after. A file rewritten in place changes no
+folder: the sources check a file's size and mtime against the listing once per record in each process,
+before a cache serves it (``FileRecords.unchanged``).
 
 The fingerprint is one sha256 over the arrays, not a digest per file: listing a million files took 0.8 s
 less so (each file's ``repr`` digested on its own cost ~0.8 us).
