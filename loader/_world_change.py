@@ -71,12 +71,11 @@ def dealt_again(inner: Any, saved: Dealt, start: int) -> tuple[Iterator[Any], De
     as the loader's index sampler would yield it (batches where it batches); the new dealing; and how many
     items this rank's epoch has in all (``start`` and the new part)."""
     sampler, per_item = _distributed(inner)
-    now = _dealt(sampler, 0, start)
-    _check_same_order(saved, now)
     reached = saved["reached"] + (start - saved["at"]) * per_item * saved["num_replicas"]
+    now = _dealt(sampler, reached, start)
+    _check_same_order(saved, now)
     rest = _whole_order(sampler)[reached:]
     mine = _deal(rest, sampler.num_replicas, sampler.rank, sampler.drop_last)
-    now["reached"] = reached
     if type(inner) is BatchSampler:
         batches = BatchSampler(mine, inner.batch_size, inner.drop_last)
         return iter(batches), now, start + len(batches)

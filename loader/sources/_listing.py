@@ -132,7 +132,8 @@ def scanned(
     def keep(batch: Batch) -> list[str]:
         sizes.extend(batch[1])
         mtimes.extend(batch[2])
-        labels.extend(array("q", [batch[3]]) * len(batch[0]))
+        if labelled:
+            labels.extend(array("q", [batch[3]]) * len(batch[0]))
         return batch[0]
 
     paths = PathIndex(chain.from_iterable(map(keep, batches)), searchable=not labelled)
