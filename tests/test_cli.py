@@ -22,6 +22,7 @@ from tests.helpers import stops_at_defaults
 
 REPO = Path(__file__).resolve().parents[1]
 CGROUPS = [Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup/blkio")]
+STOPPING = (signal.SIGTERM, signal.SIGHUP)
 TINY = ["--batch-size", "8", "--epochs", "2", "--workers", "1", "--no-progress"]
 
 
@@ -276,16 +277,63 @@ def assert_clean_interrupt(
     assert not leftovers(proc.pid)
 
 
+def stopped_line(command: str, signum: int) -> str:
+    """What stallbench says on stderr when ``signum`` stops ``command``."""
+    how = "interrupted" if signum == signal.SIGINT else f"stopped by {signum.name}"
+    return f"stallbench {command}: {how}"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGTERM], ids=lambda s: s.name)  # Ctrl-C: the memory probe's
+@pytest.mark.parametrize("signum", STOPPING, ids=lambda s: s.name)  # Ctrl-C: the memory probe's
 def test_a_stop_during_generation_exits_128_plus_its_number_and_leaves_nothing(tmp_path, signum):
     data = tmp_path / "data"
     proc = start("demo", "--data-dir", str(data), "--num-images", "100000", "--no-progress", cwd=tmp_path)
     wait_for(proc, lambda: any(data.glob("images-100000.tmp-*/class_*/*.jpg")))  # generating
     children, err = interrupt(proc, signum)
     assert_clean_interrupt(proc, err, children, signum)
-    assert f"stallbench demo: {'interrupted' if signum == signal.SIGINT else 'stopped by SIGTERM'}" in err
+    assert stopped_line("demo", signum) in err
     assert not list(data.iterdir())  # the half-made workload is gone
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_sighup_as_a_compare_s_first_job_runs_stops_it_and_writes_nothing(tmp_path):
+    """A closed terminal (SIGHUP) while the first loader's job runs: no loader is done, so no JSON is
+    written (SIGTERM once one is done: ``test_sigterm_writes_results_so_far_and_leaves_nothing``)."""
+    args = ["compare", "--data", "images:48", "--data-dir", str(tmp_path), *TINY, "--epochs", "500"]
+    proc = start(*args, "--json", "c.json", cwd=tmp_path)
+    try:
+        wait_for(proc, lambda: _a_job_s_workers_run(proc.pid))
+        children, err = interrupt(proc, signal.SIGHUP)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert_clean_interrupt(proc, err, children, signal.SIGHUP)
+    assert stopped_line("compare", signal.SIGHUP) in err
+    assert not (tmp_path / "c.json").exists()
+
+
+def _simulating(pid: int) -> bool:
+    """Whether the stallbench process ``pid`` is past its imports, into the simulation (a second of CPU)."""
+    with contextlib.suppress(psutil.Error):
+        return sum(psutil.Process(pid).cpu_times()[:2]) > 1.0
+    return False
+
+
+@pytest.mark.parametrize("signum", STOPPING, ids=lambda s: s.name)
+def test_a_stop_during_simulate_exits_128_plus_its_number_and_writes_nothing(tmp_path, signum):
+    """simulate starts no process: a stop ends it at once, with no half-written JSON."""
+    args = ["simulate", "--dataset", "40G", "--cache", "16G", "--record-size", "4K", "--epochs", "500"]
+    proc = start(*args, "--json", "s.json", "--no-progress", cwd=tmp_path)
+    try:
+        wait_for(proc, lambda: _simulating(proc.pid))
+        children, err = interrupt(proc, signum)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert_clean_interrupt(proc, err, children, signum)
+    assert stopped_line("simulate", signum) in err
+    assert not list(tmp_path.iterdir())
 
 
 def _a_job_s_workers_run(pid: int) -> bool:
@@ -355,7 +403,7 @@ def test_a_stop_during_memory_probe_exits_128_plus_its_number_and_leaves_nothing
     wait_for(proc, lambda: {"shm", "cgroup"} <= in_use(proc.pid))
     children, err = interrupt(proc, signum)
     assert_clean_interrupt(proc, err, children, signum)
-    assert f"stallbench analyze: {'interrupted' if signum == signal.SIGINT else 'stopped by SIGHUP'}" in err
+    assert stopped_line("analyze", signum) in err
     assert not list(scratch.iterdir())
 
 

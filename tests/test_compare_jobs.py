@@ -315,7 +315,7 @@ def test_a_failing_job_exits_1_and_leaves_nothing(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiproc
-@pytest.mark.parametrize("signum", [signal.SIGTERM], ids=lambda s: s.name)  # Ctrl-C: test_cli's
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)  # SIGINT: test_cli
 def test_a_stop_kills_every_job_and_exits_128_plus_its_number(tmp_path, signum):
     argv = [
         "compare",
@@ -331,21 +331,25 @@ def test_a_stop_kills_every_job_and_exits_128_plus_its_number(tmp_path, signum):
     ]
     proc = subprocess.Popen(
         [sys.executable, "-m", "stallbench", *argv], cwd=tmp_path, env=_env(), text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=stops_at_defaults,
     )  # fmt: skip
-    me = psutil.Process(proc.pid)
-    while (
-        proc.poll() is None
-        and len([p for p in me.children() if "stallbench.jobs.workload" in p.cmdline()]) < 2
-    ):
-        time.sleep(0.05)
-    time.sleep(4)  # into their epochs: joined, staging batches
-    children = me.children(recursive=True)
-    assert len(children) >= 4, children  # two jobs and a worker each
-    proc.send_signal(signum)
-    _, err = proc.communicate(timeout=120)
+    try:
+        me = psutil.Process(proc.pid)
+        while (
+            proc.poll() is None
+            and len([p for p in me.children() if "stallbench.jobs.workload" in p.cmdline()]) < 2
+        ):
+            time.sleep(0.05)
+        time.sleep(4)  # into their epochs: joined, staging batches
+        children = me.children(recursive=True)
+        assert len(children) >= 4, children  # two jobs and a worker each
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.communicate()
     assert proc.returncode == 128 + signum, err
-    stopped = "interrupted" if signum == signal.SIGINT else "stopped by SIGTERM"
+    stopped = "interrupted" if signum == signal.SIGINT else f"stopped by {signum.name}"
     assert f"stallbench compare: {stopped}" in err and "Traceback" not in err
     time.sleep(0.5)
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
