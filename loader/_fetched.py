@@ -41,14 +41,18 @@ class Fetched(NamedTuple):
     memory_pause: bool = False  # the cache began a pause in admission because memory was short
     peer: bool = False  # sent by the node that caches it (partitioned cache)
     prepared: bool = False  # ``raw`` holds the record prepared (``loader._prepared``), not its raw bytes
+    identity: int = 0  # what the source said of the record before this read (``Source.identity``)
 
 
-def served(cache: MinIOCache, index: int, evict: Callable[[], None]) -> tuple[bytes | None, bool]:
-    """(record ``index``'s bytes from ``cache`` or None, whether its copy there failed its check). The first
-    hit since a read that left the record's pages in the page cache calls ``evict()``: advisory, a failure
-    of it never fails the hit."""
+def served(
+    cache: MinIOCache, index: int, evict: Callable[[], None], identity: Callable[[int], int]
+) -> tuple[bytes | None, bool]:
+    """(record ``index``'s bytes from ``cache`` or None, whether its copy there failed its check), served
+    only while ``identity(index)`` says what it said when the record was admitted. The first hit since a
+    read that left the record's pages in the page cache calls ``evict()``: advisory, a failure of it never
+    fails the hit."""
     try:
-        raw = cache.get(index)
+        raw = cache.get(index, identity)
     except CorruptRecordError:
         return None, True
     if raw is not None and cache.first_hit(index):
@@ -69,31 +73,34 @@ def fetch_raw(
     in the page cache evicts them), else from ``source``, admitted where the cache accepts it and the record
     is not ``held_elsewhere`` (prepared); ``start``: when the fetch began; ``corrupt``: a copy failed its
     check."""
-    raw, damaged = served(cache, index, lambda: source.evict(index))
+    raw, damaged = served(cache, index, lambda: source.evict(index), source.identity)
     corrupt = corrupt or damaged
     if raw is not None:
         return Fetched(raw, True, False, time.perf_counter() - start)
     evict = functools.partial(source.evict, index)
+    identity = source.identity(index)  # before the read: bytes changed during it are never served
     if corrupt or not cache.accepting(index) or held_elsewhere(index):
         if cache.crowded():
             raw = source.read_admitting(index, kept_out(evict), _anything)[0]
         else:
             raw = source.read(index)
-        return Fetched(raw, False, False, time.perf_counter() - start, corrupt)
+        return Fetched(raw, False, False, time.perf_counter() - start, corrupt, identity=identity)
     pauses = cache.memory_pauses
     raw, admitted = source.read_admitting(
-        index, admitting(cache, index, evict), lambda nbytes: cache.takes(index, nbytes)
+        index, admitting(cache, index, evict, identity), lambda nbytes: cache.takes(index, nbytes)
     )
     paused = cache.memory_pauses != pauses
-    return Fetched(raw, False, admitted, time.perf_counter() - start, memory_pause=paused)
+    return Fetched(raw, False, admitted, time.perf_counter() - start, memory_pause=paused, identity=identity)
 
 
-def admitting(cache: MinIOCache, index: int, evict: Callable[[], None]) -> Callable[[bytes, bool], bool]:
-    """``read_admitting``'s ``admit`` for record ``index``: the store takes it, or, where the store is
-    crowded (``MinIOCache.crowded``), the pages the read brought in are evicted at once."""
+def admitting(
+    cache: MinIOCache, index: int, evict: Callable[[], None], identity: int
+) -> Callable[[bytes, bool], bool]:
+    """``read_admitting``'s ``admit`` for record ``index`` of ``identity``: the store takes it, or, where the
+    store is crowded (``MinIOCache.crowded``), the pages the read brought in are evicted at once."""
 
     def admit(raw: bytes, ours: bool) -> bool:
-        if cache.admit(index, raw, ours):
+        if cache.admit(index, raw, ours, identity):
             return True
         if ours and cache.crowded():
             evict()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 from loader._fetched import Fetched
@@ -31,12 +32,13 @@ class PreparedRecords:
         self.store, self.transform = store, transform
         self.raw = raw  # a mix of forms: the raw store takes what the prepared store has no room for
 
-    def fetch(self, index: int) -> Fetched | None:
-        """The record prepared, as stored (a hit), or None: a miss, or a stored copy that failed its check
-        (``corrupt``: the caller reads the raw record and prepares it again)."""
+    def fetch(self, index: int, identity: Callable[[int], int]) -> Fetched | None:
+        """The record prepared, as stored (a hit, while ``identity(index)`` says what it said when it was
+        prepared), or None: a miss, or a stored copy that failed its check (``corrupt``: the caller reads the
+        raw record and prepares it again)."""
         start = time.perf_counter()
         try:
-            stored = self.store.get(index, mutable=True)  # its arrays become the sample's: no copy
+            stored = self.store.get(index, identity, mutable=True)  # its arrays become the sample's: no copy
         except CorruptRecordError:
             return Fetched(b"", False, False, time.perf_counter() - start, corrupt=True)
         if stored is None:
@@ -58,7 +60,8 @@ class PreparedRecords:
         if got.hit or got.admitted or not self.store.accepting(index):
             return transform(got.raw), self._admit_raw(index, got), "samples_whole"
         prepared, sample = transform.prepare_augment(got.raw)
-        admitted = self.store.admit(index, encode_prepared(prepared)) or self._admit_raw(index, got)
+        admitted = self.store.admit(index, encode_prepared(prepared), identity=got.identity)
+        admitted = admitted or self._admit_raw(index, got)
         return sample, admitted, "samples_prepared"
 
     def _admit_raw(self, index: int, got: Fetched) -> bool:
@@ -66,4 +69,4 @@ class PreparedRecords:
         raw = self.raw
         if raw is None or got.hit or got.admitted or got.corrupt:
             return False
-        return raw.accepting(index) and raw.admit(index, got.raw)
+        return raw.accepting(index) and raw.admit(index, got.raw, identity=got.identity)

@@ -112,14 +112,14 @@ class SourceDataset(Dataset):
             if raw is not None:
                 return Fetched(raw, False, False, time.perf_counter() - start, peer=True)
             return Fetched(self.source.read(index), False, False, time.perf_counter() - start)
-        if (self._cache is not None or self._prepared is not None) and not self.source.unchanged(index):
-            return Fetched(self.source.read(index), False, False, time.perf_counter() - start)  # rewritten
-        got = self._prepared.fetch(index) if self._prepared is not None else None
+        got = self._prepared.fetch(index, self.source.identity) if self._prepared is not None else None
         if got is not None and got.hit:
             return got
         corrupt = got is not None  # a prepared copy that failed its check
         if self._cache is None:
-            return Fetched(self.source.read(index), False, False, time.perf_counter() - start, corrupt)
+            identity = self.source.identity(index) if self._prepared is not None else 0  # before the read
+            raw = self.source.read(index)
+            return Fetched(raw, False, False, time.perf_counter() - start, corrupt, identity=identity)
         return fetch_raw(self._cache, self.source, index, start, corrupt, self._held_prepared)
 
     def _held_prepared(self, index: int) -> bool:

@@ -3,8 +3,9 @@
 A user's Dataset names its records by path (``Image.open(path)``), so swapping in our DataLoader alone gives
 it no cache. ``CachedFiles`` lists the files under some roots (one ``FileTreeSource`` and one store each) and
 serves ``read(path)`` from the store, reading and admitting on a miss, just as ``SourceDataset`` does by
-index. Each read checks the file's size and mtime against the listing (one ``os.stat``): a file changed since
-is read from storage, never served stale. ``DataLoader(cache_files=...)`` serves a Dataset's own ``open``
+index. A file is served only while its identity (device, inode, size, mtime, ctime: one ``os.stat`` per file
+in each process) is the one it had when it was admitted: a file rewritten since is read from storage, never
+served stale. ``DataLoader(cache_files=...)`` serves a Dataset's own ``open``
 through one (``loader._serving``) and counts its reads in ``stats()``.
 """
 
@@ -15,12 +16,13 @@ import io
 import os
 import stat
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Literal, NamedTuple
 
 from loader._fetched import admitting, kept_out, served
 from loader.cache import CacheInfo, MinIOCache
 from loader.cache._layout import index_bytes
+from loader.sources._file_records import file_identity
 from loader.sources.file_tree import FileTreeSource, shared_listing
 from loader.system.home import default_cache_dir
 from loader.system.pagecache import evict_file, read_admitting
@@ -84,17 +86,20 @@ class CachedFiles:
         if found is None:
             return None
         k, i, name = found
-        source = self.sources[k]
+        cache = self._caches[k]
+        evict = functools.partial(evict_file, name)
+        corrupt = False
+        if cache is not None:  # the file is stat'ed once per record in each process, to tell its identity
+            raw, corrupt = served(cache, i, evict, self.sources[k].identity)
+            if raw is not None:
+                return FileRead(raw, True, False)
         try:
             st = os.stat(name)
         except OSError:
             return None
         if not stat.S_ISREG(st.st_mode) or st.st_size > self.largest:
             return None
-        cache = self._caches[k]
-        if not source.matches(i, st):
-            cache = None  # changed since the listing: its slot belongs to the listed bytes
-        return self._fetch(cache, i, name, st.st_size)
+        return self._fetch(cache, i, name, st, corrupt, evict)
 
     def infos(self) -> list[CacheInfo]:
         """What each root's store holds now (none for a root whose store could not be made)."""
@@ -125,23 +130,27 @@ class CachedFiles:
         return None
 
     @staticmethod
-    def _fetch(cache: MinIOCache | None, i: int, name: str, size: int) -> FileRead:
-        """From the store, else from storage, admitted while there is room."""
-        evict = functools.partial(evict_file, name)
-        raw, corrupt = served(cache, i, evict) if cache is not None else (None, False)
-        if raw is not None:
-            return FileRead(raw, True, False)
+    def _fetch(
+        cache: MinIOCache | None,
+        i: int,
+        name: str,
+        st: os.stat_result,
+        corrupt: bool,
+        evict: Callable[[], None],
+    ) -> FileRead:
+        """A file the store did not serve (``st``: its stat, taken before the read), read from storage and
+        admitted while there is room."""
         if cache is None or corrupt or not cache.accepting(i):
             if cache is not None and cache.crowded():  # its pages would push the store's out
                 return FileRead(read_admitting(name, kept_out(evict), lambda nbytes: True)[0], False, False)
             with io.FileIO(name) as f:
                 return FileRead(f.readall(), False, False)
-        # admitted only at the listed size: a file rewritten between our stat and our read is not stored
-        admit = admitting(cache, i, evict)
+        # admitted only at the size stat'ed: a file rewritten between our stat and our read is not stored
+        admit = admitting(cache, i, evict, file_identity(st))
         raw, admitted = read_admitting(
             name,
-            lambda raw, ours: len(raw) == size and admit(raw, ours),
-            lambda nbytes: nbytes == size and cache.takes(i, nbytes),
+            lambda raw, ours: len(raw) == st.st_size and admit(raw, ours),
+            lambda nbytes: nbytes == st.st_size and cache.takes(i, nbytes),
         )
         return FileRead(raw, False, admitted)
 

@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 from loader.cache import CorruptRecordError, MinIOCache, store_path
-from loader.cache._layout import HEADER_BYTES, RESERVED, index_bytes
+from loader.cache._layout import HEADER_BYTES, RESERVED, SLOT_DTYPE, index_bytes
 
 N = 40
 FP = "ab" * 32
@@ -189,14 +189,32 @@ def test_give_back_cuts_at_a_record_boundary_and_keeps_a_record_being_written(sh
     assert cache.get(5) is None and cache._state[4] == RESERVED
 
 
+def test_a_record_is_served_only_while_its_source_gives_the_identity_it_was_admitted_with(shm_dir):
+    cache = open_store(shm_dir, 1 << 20)
+    assert cache.admit(1, record(1), identity=7)
+    asked: list[int] = []
+
+    def seven(index: int) -> int:
+        asked.append(index)
+        return 7
+
+    assert [cache.get(1, seven), cache.get(1, seven)] == [record(1)] * 2 and asked == [1]  # once a process
+    other = open_store(shm_dir, 1 << 20)  # as another process finds it
+    assert other.get(1, lambda index: 8) is None and other.get(1, lambda index: 8) is None
+    assert not other.admit(1, record(2), identity=8) and other.get(1, seven) == record(
+        1
+    )  # the first bytes kept
+
+
 def test_a_reader_of_a_slot_given_back_gets_no_wrong_bytes(shm_dir):
     big = 64 << 10
     cache = open_store(shm_dir, 1 << 22)
     for i in range(4):
         cache.admit(i, record(i, big))
-    stale = bytes(cache._map[HEADER_BYTES + 32 * 3 : HEADER_BYTES + 32 * 4])  # a slot looked up just before
+    slot = slice(HEADER_BYTES + SLOT_DTYPE.itemsize * 3, HEADER_BYTES + SLOT_DTYPE.itemsize * 4)
+    stale = bytes(cache._map[slot])  # a slot looked up just before
     cache.give_back(len(record(3, big)))
-    cache._map[HEADER_BYTES + 32 * 3 : HEADER_BYTES + 32 * 4] = stale
+    cache._map[slot] = stale
     with pytest.raises(CorruptRecordError, match=r"record 3 .* fails its checksum"):
         cache.get(3)
 

@@ -30,7 +30,7 @@ if sys.argv[2] == "kept":  # a scan would enter a folder
     _listing.Folders.entries = refuse
 source = {cls}(sys.argv[1])
 print(json.dumps([source.fingerprint, [source.describe(i) for i in range(len(source))],
-                  [source.listed(i) for i in range(len(source))], getattr(source, "classes", None)]))
+                  source.nbytes, getattr(source, "classes", None)]))
 """
 
 
@@ -46,17 +46,14 @@ def _settle(root, past: int = PAST) -> None:
 
 
 def _listed(cls: str, root, how: str = "scan") -> list:
-    """``cls(root)``'s fingerprint, paths, sizes and mtimes and classes; ``how="kept"`` fails it with the
-    scan's AssertionError if the tree is scanned (the kept listing not believed)."""
+    """``cls(root)``'s fingerprint, paths, bytes and classes; ``how="kept"`` fails it with the scan's
+    AssertionError if the tree is scanned (the kept listing not believed)."""
     with pytest.MonkeyPatch.context() as patch:
         if how == "kept":
             patch.setattr(_listing.Folders, "entries", _refuse)
         source = getattr(sources, cls)(root)
-    found = (
-        [source.describe(i) for i in range(len(source))],
-        [list(source.listed(i)) for i in range(len(source))],
-    )
-    return [source.fingerprint, *found, getattr(source, "classes", None)]
+    paths = [source.describe(i) for i in range(len(source))]
+    return [source.fingerprint, paths, source.nbytes, getattr(source, "classes", None)]
 
 
 def _refuse(folders, rel: str) -> None:
@@ -116,7 +113,7 @@ def test_a_changed_tree_is_listed_again(tree, cls, change):
     assert _listed(cls, tree, "kept") == again  # the new listing is kept in turn
     fresh = (ImageFolderSource if cls == "ImageFolderSource" else FileTreeSource)(tree)
     assert again[1] == [fresh.describe(i) for i in range(len(fresh))]
-    assert again[2] == [list(fresh.listed(i)) for i in range(len(fresh))]
+    assert again[2] == fresh.nbytes == sum(os.path.getsize(path) for path in again[1])
     if change != "replace a folder":
         assert again[1] != first[1]
 
@@ -155,8 +152,8 @@ def test_a_damaged_or_foreign_kept_listing_is_never_believed(tree, fault, tmp_pa
 
 
 def test_a_file_rewritten_in_place_is_read_from_storage_not_served_stale(tree, shm_dir):
-    """No folder changes when a file is rewritten in place: the kept listing is used, and the record's
-    size and mtime, checked as it is served, send it to storage."""
+    """No folder changes when a file is rewritten in place: the kept listing is used, and the file's
+    identity, checked against the one its record was admitted with, sends it to storage."""
 
     def epoch() -> tuple[list[bytes], loader.LoaderStats]:
         data = loader.ImageFolder(str(tree), transform=None)
@@ -220,14 +217,60 @@ def test_what_a_killed_writer_left_is_removed_by_the_next(tree):
     assert not left.exists() and (listings_folder() / name).exists()
 
 
-def test_a_rescan_sees_a_file_rewritten_in_place_and_keeps_the_new_listing(tree):
-    first = ImageFolderSource(tree)
-    assert ImageFolderSource(tree).fingerprint == first.fingerprint
+def test_a_fresh_listing_of_a_tree_with_a_file_rewritten_keeps_its_store_and_reads_that_file_again(
+    tree, shm_dir
+):
+    """The fingerprint covers paths and labels: a tree listed afresh opens the store it had, in which the
+    rewritten file's record, admitted under its old identity, is not served."""
+
+    def epoch() -> tuple[list[bytes], loader.LoaderStats, str]:
+        data = loader.ImageFolder(str(tree), transform=None)
+        dl = loader.DataLoader(data, batch_size=None, cache_bytes=1 << 20, cache_dir=shm_dir)
+        return [bytes(raw) for raw, _ in dl], dl.stats(), data.source.fingerprint
+
+    first, _, fingerprint = epoch()
     target = tree / "cat" / "img0.jpg"
     target.write_bytes(jpeg_bytes(42) + b"longer")
-    assert ImageFolderSource(tree).fingerprint == first.fingerprint  # the kept listing: no folder changed
-    fresh = ImageFolderSource(tree, rescan=True)
-    assert fresh.fingerprint != first.fingerprint and fresh.listed(0)[0] == target.stat().st_size
-    _settle(tree)
-    ImageFolderSource(tree, rescan=True)  # kept in turn
-    assert _listed("ImageFolderSource", tree, "kept")[0] == fresh.fingerprint
+    for kept in listings_folder().iterdir():
+        kept.unlink()
+    records, stats, again = epoch()
+    assert again == fingerprint
+    assert records == [target.read_bytes() if i == 0 else raw for i, raw in enumerate(first)]
+    assert stats.hits == len(first) - 1 and stats.misses == 1
+
+
+class _Unstatted:
+    """A folder's entry whose ``stat`` fails the test: a listing reads names and types alone."""
+
+    def __init__(self, entry: os.DirEntry) -> None:
+        self._entry = entry
+
+    def __getattr__(self, name: str):
+        if name == "stat":
+            raise AssertionError(f"{self._entry.path} stat'ed while listed")
+        return getattr(self._entry, name)
+
+
+@pytest.mark.parametrize("cls", ["ImageFolderSource", "FileTreeSource"])
+def test_a_listing_stats_only_a_sample_of_its_files_and_tells_their_bytes_from_it(tree, cls, monkeypatch):
+    entries = _listing.Folders.entries
+    monkeypatch.setattr(
+        _listing.Folders, "entries", lambda self, rel: list(map(_Unstatted, entries(self, rel)))
+    )
+    whole, statted = _statting(cls, tree)
+    assert whole[2] == sum(map(os.path.getsize, whole[1])) and sorted(statted) == sorted(whole[1])
+    monkeypatch.setattr(_listing, "SAMPLE", 3)
+    for kept in listings_folder().iterdir():
+        kept.unlink()
+    sampled, statted = _statting(cls, tree)
+    assert len(statted) == 3
+    assert whole[2] <= sampled[2] <= whole[2] * 1.01  # an upper estimate: the files' sizes differ by 1 B
+
+
+def _statting(cls: str, root) -> tuple[list, list[str]]:
+    """``_listed(cls, root)`` and the files it stat'ed by path."""
+    paths, stat = [], os.stat
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "stat", lambda path, *a, **k: paths.append(os.fspath(path)) or stat(path, *a, **k))
+        listed = _listed(cls, root)
+    return listed, [path for path in paths if os.path.isfile(path)]

@@ -7,6 +7,7 @@ import gc
 import os
 import pickle
 import re
+import shutil
 import tracemalloc
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from loader import FileTreeSource
 from loader.errors import BadRecordError, SourceError
 from loader.sources import _path_index
+from loader.sources._file_records import file_identity
 from loader.sources._listing import scanned
 from loader.sources._path_index import PathIndex
 from loader.sources.file_tree import shared_listing
@@ -38,7 +40,7 @@ def test_lists_every_regular_file_sorted_by_relative_path(tree):
     assert [source.read(i) for i in range(len(source))] == [FILES[r] for r in rels]
     assert [source.label(i) for i in range(len(source))] == [0] * len(FILES)
     assert source.nbytes == sum(map(len, FILES.values()))
-    assert source.listed(2) == (10, os.stat(tree / "a/z.npy").st_mtime_ns)
+    assert source.identity(2) == file_identity(os.stat(tree / "a/z.npy")) != 0
     assert source.thread_safe_reads
 
 
@@ -85,32 +87,34 @@ def test_a_deep_tree_is_listed_in_the_order_and_with_the_fingerprint_of_its_sort
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(b"r" * i)
     source = FileTreeSource(tmp_path)
-    listed = sorted((rel, i, os.stat(tmp_path / rel).st_mtime_ns) for i, rel in enumerate(names))
-    assert [os.path.relpath(source.describe(i), tmp_path) for i in range(len(source))] == [
-        f[0] for f in listed
-    ]
-    assert [source.listed(i) for i in range(len(source))] == [f[1:] for f in listed]
-    paths, sizes, mtimes = (list(column) for column in zip(*listed, strict=True))
+    paths = sorted(names)
+    assert [os.path.relpath(source.describe(i), tmp_path) for i in range(len(source))] == paths
+    assert source.nbytes == sum(range(len(names)))
     assert (
-        source.fingerprint == scanned("file-tree", [(paths, sizes, mtimes, 0)], None, {}, False).fingerprint
+        source.fingerprint == scanned("file-tree", str(tmp_path), [(paths, 0)], None, {}, False).fingerprint
     )
 
 
-def test_fingerprint_changes_with_the_tree(tree):
+def test_fingerprint_changes_with_the_tree_and_a_file_s_identity_with_its_content(tree, tmp_path):
     base = FileTreeSource(tree).fingerprint
     assert FileTreeSource(tree).fingerprint == base
     (tree / "new").write_bytes(b"n")
     added = FileTreeSource(tree).fingerprint
     (tree / "new").unlink()
     assert FileTreeSource(tree).fingerprint == base
-    (tree / "a" / "z.npy").write_bytes(b"longer than before")
-    resized = FileTreeSource(tree).fingerprint
-    st = os.stat(tree / "a" / "z.npy")
-    os.utime(tree / "a" / "z.npy", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    touched = FileTreeSource(tree).fingerprint
+    target = tree / "a" / "z.npy"
+    identities = [FileTreeSource(tree).identity(2)]
+    target.write_bytes(b"longer than before")
+    identities.append(FileTreeSource(tree).identity(2))
+    st = os.stat(target)
+    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))  # the mtime put back: the ctime moves
+    identities.append(FileTreeSource(tree).identity(2))
+    assert FileTreeSource(tree).fingerprint == base and len(set(identities)) == 3
     (tree / "b.bin").rename(tree / "b2.bin")
     renamed = FileTreeSource(tree).fingerprint
-    assert len({base, added, resized, touched, renamed}) == 5
+    shutil.copytree(tree, tmp_path / "copy")
+    elsewhere = FileTreeSource(tmp_path / "copy").fingerprint  # the same names in another place
+    assert len({base, added, renamed, elsewhere}) == 4
 
 
 def test_pickle_round_trip(tree):

@@ -4,24 +4,27 @@
 
     header (4096 bytes): magic, version, capacity, num_records, data_capacity, used, full, fingerprint,
                          limit, given_back, records_given_back, own_at_give_back, limit_at_give_back
-    slots  (32 bytes each, one per record): offset u64, length u32, state u32, checksum u64,
-                                            writer u32, generation u32
+    slots  (40 bytes each, one per record): offset u64, length u32, state u32, checksum u64,
+                                            writer u32, generation u32, identity u64
 
 A slot is EMPTY, RESERVED (space taken by a writer, payload not yet complete), READY or UNHIT (ready, and not
 read from the store yet since a read that left its pages in the page cache admitted it: its first hit
 evicts them, ``MinIOCache.first_hit``); READY and UNHIT are held. A writer reserves under the store's lock
 (naming itself in ``writer`` and ``generation``), writes the payload with ``pwrite`` and its checksum, and
-only then flips the slot to READY (or UNHIT) with one aligned 4-byte store, so a reader never
-sees a torn record. A writer killed mid-insert leaves a RESERVED slot that no reader uses, and the next
-writer of that record takes it over once the kernel says its writer is gone. ``data`` holds payloads back
-to back: the memory used is the bytes admitted, not pages per record. The checksum (xxh3-64 of the
-payload, seeded with the record's index) is checked on every read, so neither damaged bytes nor a slot moved
-to another record's place is ever served. ``limit`` is how much of ``data_capacity`` the store may fill now:
-a cache of two stores (raw and prepared records) moves room from one to the other by moving their limits
-(``MinIOCache.set_limit``), without touching their files. ``given_back`` and ``records_given_back`` count
-what the store gave back because the job grew into the memory the cache keeps free (``_giveback.py``), and
-the two fields after them what the job's own memory and its limit were the last time, so that every
-process's ``stats()`` can say how much went and why.
+only then flips the slot to READY (or UNHIT) with one aligned 4-byte store, so a reader never sees a torn
+record. A writer killed mid-insert leaves a RESERVED slot that no reader uses, and the next writer of that
+record takes it over once the kernel says its writer is gone. ``data`` holds payloads back to back: the
+memory used is the bytes admitted, not pages per record. The checksum (xxh3-64 of the payload, seeded with
+the record's index) is checked on every read, so neither damaged bytes nor a slot moved to another record's
+place is ever served. ``identity`` is what the source said of the record before it was read to be admitted
+(a file's device, inode, size, mtime and ctime folded to 64 bits; 0 for a source whose records cannot
+change): a record is served only while its source says the same (``MinIOCache.get``), so a file rewritten
+since it was admitted is read from storage, never served stale. ``limit`` is how much of ``data_capacity``
+the store may fill now: a cache of two stores (raw and prepared records) moves room from one to the other
+by moving their limits (``MinIOCache.set_limit``), without touching their files. ``given_back`` and
+``records_given_back`` count what the store gave back because the job grew into the memory the cache keeps
+free (``_giveback.py``), and the two fields after them what the job's own memory and its limit were the
+last time, so that every process's ``stats()`` can say how much went and why.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ __all__ = [
 ]
 
 MAGIC = b"SBMINIO1"
-VERSION = 5
+VERSION = 6
 HEADER_BYTES = 4096
 EMPTY, RESERVED, READY, UNHIT = 0, 1, 2, 3
 
@@ -75,6 +78,7 @@ SLOT_DTYPE = np.dtype(
         ("checksum", "<u8"),
         ("writer", "<u4"),
         ("generation", "<u4"),
+        ("identity", "<u8"),
     ]
 )
 

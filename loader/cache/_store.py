@@ -219,7 +219,16 @@ class SharedStore:
             raise StoreDamaged(f"the cache index {self.path / 'index'} has the wrong size")
         slots = np.frombuffer(self._map, SLOT_DTYPE, count=self._num_records, offset=HEADER_BYTES)
         fields = (slots[name] for name in SLOT_DTYPE.names)  # in the layout's order
-        self._offset, self._length, self._state, self._checksum, self._writer, self._generation = fields
+        (
+            self._offset,
+            self._length,
+            self._state,
+            self._checksum,
+            self._writer,
+            self._generation,
+            self._identity,
+        ) = fields
+        self._verified: bytearray | None = None  # the records whose identity this process found the same
         self._data_fd = open_private(self.path, "data", os.O_RDWR)
         self._data_bytes = min(self._data_capacity, os.fstat(self._data_fd).st_size)
         # in a tmpfs, hits are copied out of a read-only mapping: 12 us per 112 KB record against pread's

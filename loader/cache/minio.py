@@ -15,6 +15,7 @@ import errno
 import os
 import struct
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 
@@ -48,11 +49,14 @@ class MinIOCache(GivesBack):
         """Bytes of records the store holds now (its data; the index not counted)."""
         return int(self._used[0])
 
-    def get(self, index: int, *, mutable: bool = False) -> bytes | bytearray | np.ndarray | None:
+    def get(
+        self, index: int, identity: Callable[[int], int] | None = None, *, mutable: bool = False
+    ) -> bytes | bytearray | np.ndarray | None:
         """The cached bytes of record ``index`` (writable, the caller's own, with ``mutable``: a bytearray, or
-        an array of bytes from a disk), or None when
-        the store does not hold it. Raises CorruptRecordError when the slot points outside the data or the
-        bytes fail their checksum."""
+        an array of bytes from a disk), or None when the store does not hold it, or holds it under another
+        ``identity(index)`` than the source gives now (asked once per record in each process: a file
+        rewritten since it was admitted). Raises CorruptRecordError when the slot points outside the data or
+        the bytes fail their checksum."""
         if self._gate.off:
             return None
         if overdrawn := self._gate.overdrawn(self._used):
@@ -62,6 +66,8 @@ class MinIOCache(GivesBack):
         offset, length, state, expected = _SLOT_HEAD.unpack_from(self._map, HEADER_BYTES + _SLOT_SIZE * index)
         if state != READY and state != UNHIT:
             return None
+        if identity is not None and not self._same_identity(index, identity):
+            return None
         if offset + length > self._data_bytes:
             raise CorruptRecordError(f"slot {index} of {self.path} points past the end of its data")
         if self.in_memory and offset + length > os.fstat(self._data_fd).st_size:  # a SIGBUS, copied
@@ -70,6 +76,18 @@ class MinIOCache(GivesBack):
         if len(raw) != length or checksum(index, raw) != expected:
             raise CorruptRecordError(f"record {index} in {self.path} fails its checksum")
         return raw
+
+    def _same_identity(self, index: int, identity: Callable[[int], int]) -> bool:
+        """Whether the source says of record ``index`` what it said when the record was admitted; a record
+        found the same is not asked about again in this process."""
+        verified = self._verified
+        if verified is None:
+            verified = self._verified = bytearray(self._num_records)
+        if verified[index]:
+            return True
+        same = int(self._identity[index]) == identity(index)
+        verified[index] = same
+        return same
 
     def accepting(self, index: int) -> bool:
         """Whether ``admit(index, ...)`` may store the record now: the store has room (or a dead writer's
@@ -91,10 +109,11 @@ class MinIOCache(GivesBack):
         fits = int(self._used[0]) + ahead <= int(self._limit[0])
         return fits and self.accepting(index) and self._gate.room_for(ahead, self._used)
 
-    def admit(self, index: int, payload: bytes, evict_on_hit: bool = False) -> bool:
+    def admit(self, index: int, payload: bytes, evict_on_hit: bool = False, identity: int = 0) -> bool:
         """Store record ``index`` if there is room and memory to spare; True when this call admitted it.
         ``evict_on_hit``: the read of ``payload`` left pages of its own in the page cache, to be evicted
-        once the store has shown it keeps the record (``first_hit``).
+        once the store has shown it keeps the record (``first_hit``). ``identity``: what the source said of
+        the record before it was read (``Source.identity``), which ``get`` checks before serving it.
 
         The store's pages cannot be reclaimed by the kernel, so when the job's memory (its cgroup's, or the
         machine's) runs within a reserve of its limit, admission pauses, with one warning per process.
@@ -114,6 +133,7 @@ class MinIOCache(GivesBack):
         if offset is None or not self._write(payload, offset):
             return False
         self._checksum[index] = checksum(index, payload)
+        self._identity[index] = identity
         self._state[index] = UNHIT if evict_on_hit else READY  # one aligned 4-byte store: visible whole
         return True
 

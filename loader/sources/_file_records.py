@@ -3,55 +3,48 @@
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Callable
+
+import xxhash
 
 from loader.errors import BadRecordError
 from loader.sources._listing import Listing
 from loader.sources.base import Source
 from loader.system.pagecache import evict_file, read_admitting
 
-__all__ = ["FileRecords"]
+__all__ = ["FileRecords", "file_identity"]
+
+_IDENTITY = struct.Struct("<5q")
+
+
+def file_identity(st: os.stat_result) -> int:
+    """A file's device, inode, size, mtime and ctime folded to 64 bits, never 0 (what a source whose records
+    cannot change says): a file rewritten in place changes its size, mtime or ctime (no user can set a
+    ctime), one replaced by a rename its inode."""
+    fields = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return xxhash.xxh3_64_intdigest(_IDENTITY.pack(*fields)) or 1
 
 
 class FileRecords(Source):
-    """``read`` and ``read_admitting`` for a source of one file per record, listed in ``_listing`` (its
-    fingerprint, each file's size and mtime as listed); subclasses give ``describe``."""
+    """``read`` and ``read_admitting`` for a source of one file per record, listed in ``_listing`` (its paths
+    and fingerprint); subclasses give ``describe``."""
 
     _listing: Listing
-    _per_process = ("_checked",)  # the records whose file this process found unchanged (``unchanged``)
 
     @property
     def fingerprint(self) -> str:
-        """Digest of every file's relative path, size and mtime (and label) as listed: where the listing was
-        kept from an earlier run, as they were then (a file rewritten in place since is caught by
-        ``unchanged``, not here)."""
+        """Digest of every file's relative path (and label) as listed: files added, removed or renamed
+        change it; a file's content is checked by ``identity`` as a cache serves it."""
         return self._listing.fingerprint
 
-    def listed(self, index: int) -> tuple[int, int]:
-        """(size, mtime_ns) of file ``index`` when the tree was listed."""
-        i = self.check_index(index)
-        return self._listing.sizes[i], self._listing.mtimes[i]
-
-    def unchanged(self, index: int) -> bool:
-        """Whether file ``index`` still has the size and mtime it was listed with (one ``os.stat``, once per
-        record in each process): a file rewritten since it was listed, even in place where no folder
-        changes, is read from storage, never served from a cache."""
-        i = self.check_index(index)
-        checked = self.__dict__.get("_checked")
-        if checked is None:
-            checked = self._checked = bytearray(len(self))
-        if checked[i]:
-            return True
+    def identity(self, index: int) -> int:
+        """The file's ``file_identity`` now (one ``os.stat``), or 0 where it cannot be stat'ed (then no
+        cache serves it, and its read names the file)."""
         try:
-            st = os.stat(self.describe(i))
+            return file_identity(os.stat(self.describe(self.check_index(index))))
         except OSError:
-            return False
-        checked[i] = same = self.matches(i, st)
-        return same
-
-    def matches(self, index: int, st: os.stat_result) -> bool:
-        """Whether ``st`` (a stat of file ``index``) has the size and mtime the file was listed with."""
-        return (st.st_size, st.st_mtime_ns) == self.listed(index)
+            return 0
 
     def read(self, index: int) -> bytes:
         i = self.check_index(index)

@@ -54,10 +54,12 @@ class Source(abc.ABC):
         raw = self.read(index)
         return raw, admit(raw, False)
 
-    def unchanged(self, index: int) -> bool:
-        """Whether record ``index`` is still what the source listed, so a cache may serve its copy. This
-        default: yes (a source whose records cannot change under it)."""
-        return True
+    def identity(self, index: int) -> int:
+        """What record ``index`` is now, as 64 bits: a cache keeps it with the record it admits and serves
+        the record only while this says the same (``MinIOCache.get``). Asked before the record is read, so
+        a record changed during the read is held under its old identity and never served. This default: 0
+        (a source whose records cannot change under it: its fingerprint covers them)."""
+        return 0
 
     def evict(self, index: int) -> None:
         """Evict from the page cache the pages of record ``index`` that the read which admitted it brought
@@ -76,7 +78,7 @@ class Source(abc.ABC):
     @abc.abstractmethod
     def fingerprint(self) -> str:
         """Hex digest: equal for the same data, different when any record is added, removed or changed (a
-        file source with a kept listing: changed in place is told by ``unchanged`` instead)."""
+        source of files: added, removed or renamed; a file's content is told by ``identity``)."""
 
     def check_index(self, index: int) -> int:
         """Normalise ``index`` like a sequence does, or raise IndexError naming it."""

@@ -26,10 +26,9 @@ class FileTreeSource(FileRecords):
     """Every regular, non-hidden file under ``root`` (recursively), sorted by path relative to ``root``.
 
     ``read(i)`` is the file's bytes, ``describe(i)`` its path, ``label(i)`` 0. A ``root`` that is a file
-    gives that one record. The fingerprint covers each file's relative path, size and mtime as listed, so a
-    tree with files added, removed or renamed opens a new store; ``listed(i)`` gives that size and mtime to
-    check a file against later (a file rewritten in place, which a kept listing does not see: see
-    ``loader.sources._kept_listing``).
+    gives that one record. The fingerprint covers each file's relative path as listed, so a tree with files
+    added, removed or renamed opens a new store; a file rewritten in place is told by its ``identity``,
+    which a cache keeps with the record it admits.
     """
 
     thread_safe_reads = True  # each read opens, reads and closes its own file
@@ -38,8 +37,7 @@ class FileTreeSource(FileRecords):
         self.root = os.path.abspath(os.fspath(root))
         if os.path.isfile(self.root):
             self._base, name = os.path.split(self.root)
-            st = os.stat(self.root)
-            self._listing = scanned(KIND, [([name], [st.st_size], [st.st_mtime_ns], 0)], None, {}, False)
+            self._listing = scanned(KIND, self._base, [([name], 0)], None, {}, False)
         elif os.path.isdir(self.root):
             self._base = self.root
             self._listing = kept_listing((KIND, self.root), self.root, self._scan)
@@ -53,7 +51,7 @@ class FileTreeSource(FileRecords):
 
     def _scan(self) -> Listing:
         folders = Folders(self.root)
-        return scanned(KIND, _scan(folders, ""), folders, {}, labelled=False)
+        return scanned(KIND, self.root, _scan(folders, ""), folders, {}, labelled=False)
 
     def __len__(self) -> int:
         return len(self._paths)
@@ -92,8 +90,9 @@ def shared_listing(root: str | os.PathLike) -> FileTreeSource:
 
     A job's train and evaluation loaders often serve the same folder: listing bench_tight_budget's 12,520
     files grows the process by ~2 MiB (the listing itself holds 0.8 MiB), and listing it again grew it by
-    1.2 MiB more. Not listing again is safe for ``CachedFiles``: each read checks the file's size and mtime
-    against the listing, so a file changed since is read from storage, a file added since is not served."""
+    1.2 MiB more. Not listing again is safe for ``CachedFiles``: a file is served only while it has the
+    identity it was admitted with, so a file changed since is read from storage; a file added since is not
+    served."""
     path = os.path.abspath(os.fspath(root))
     kept = _listed.get(path)
     if kept is None:
@@ -102,7 +101,7 @@ def shared_listing(root: str | os.PathLike) -> FileTreeSource:
 
 
 def _scan(folders: Folders, rel_dir: str) -> Iterator[Batch]:
-    """The regular files under ``rel_dir`` as batches (relative paths, sizes, mtimes, label 0), sorted by
+    """The regular files under ``rel_dir`` as batches (relative paths, label 0), sorted by
     relative path; links are not followed. Only the entries of the folders on the way down are held, never
     the whole tree's: each folder's are sorted by name, a subfolder's name followed by the separator, which
     is where its files' paths sort among its siblings; a folder's run of files between two subfolders is
@@ -121,9 +120,7 @@ def _scan(folders: Folders, rel_dir: str) -> Iterator[Batch]:
 
 def _batch(prefix: str, files: list[os.DirEntry]) -> Iterator[Batch]:
     if files:
-        stats = [entry.stat(follow_symlinks=False) for entry in files]
-        paths = [prefix + entry.name for entry in files]
-        yield paths, [st.st_size for st in stats], [st.st_mtime_ns for st in stats], 0
+        yield [prefix + entry.name for entry in files], 0
 
 
 def _sort_key(entry: os.DirEntry) -> str:

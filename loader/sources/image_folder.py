@@ -21,23 +21,21 @@ class ImageFolderSource(FileRecords):
 
     Classes are the sorted names of the non-hidden folders in ``root`` (label ids 0..K-1); records are sorted
     by class, then by path. Extensions match case-insensitively. ``read`` returns the file's bytes. The
-    listing kept by an earlier run is used while the folders are unchanged (``_kept_listing``), so the
-    fingerprint does not see a file rewritten in place since (the cache checks each file as it serves it);
-    ``rescan=True`` lists every file again, for a fingerprint that does.
+    listing kept by an earlier run is used while the folders are unchanged (``_kept_listing``); the
+    fingerprint covers the paths and labels, and a file rewritten in place is told by its ``identity``, which
+    a cache keeps with the record.
     """
 
     thread_safe_reads = True  # each read opens, reads and closes its own file
 
-    def __init__(
-        self, root: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXTENSIONS, rescan: bool = False
-    ) -> None:
+    def __init__(self, root: str | os.PathLike, *, extensions: tuple[str, ...] = IMG_EXTENSIONS) -> None:
         self.root = os.fspath(root)
         if not os.path.isdir(self.root):
             raise SourceError(f"image folder {self.root!r} does not exist or is not a directory")
         self.extensions = tuple(e.lower() for e in extensions)
         top = os.path.abspath(self.root)
         scan = functools.partial(self._scan, top)
-        self._listing = kept_listing((KIND, top, *self.extensions), top, scan, rescan)
+        self._listing = kept_listing((KIND, top, *self.extensions), top, scan)
         self.classes: list[str] = self._listing.meta["classes"]
         if not self.classes:
             raise SourceError(
@@ -52,25 +50,21 @@ class ImageFolderSource(FileRecords):
         folders = Folders(top)
         classes = sorted(e.name for e in folders.entries("") if e.is_dir())
         batches = (self._images(folders, name, label) for label, name in enumerate(classes))
-        return scanned(KIND, batches, folders, {"classes": classes}, labelled=True)
+        return scanned(KIND, top, batches, folders, {"classes": classes}, labelled=True)
 
     def _images(self, folders: Folders, class_dir: str, label: int) -> Batch:
-        """The images under ``class_dir`` (subfolders too), sorted by relative path; one stat per file."""
-        found: list[tuple[str, os.stat_result]] = []
+        """The images under ``class_dir`` (subfolders too), sorted by relative path; no file is stat'ed."""
+        found: list[str] = []
         self._find(folders, class_dir, found)
-        found.sort(key=lambda item: item[0])
-        return (
-            [rel for rel, _ in found],
-            [st.st_size for _, st in found],
-            [st.st_mtime_ns for _, st in found],
-            label,
-        )
+        found.sort()
+        return found, label
 
-    def _find(self, folders: Folders, rel_dir: str, found: list[tuple[str, os.stat_result]]) -> None:
+    def _find(self, folders: Folders, rel_dir: str, found: list[str]) -> None:
         prefix = rel_dir + os.sep
         entries = folders.entries(rel_dir)
-        images = [e for e in entries if e.name.lower().endswith(self.extensions) and e.is_file()]
-        found.extend([(prefix + e.name, e.stat()) for e in images])
+        found.extend(
+            [prefix + e.name for e in entries if e.name.lower().endswith(self.extensions) and e.is_file()]
+        )
         for entry in entries:
             if entry.is_dir():
                 self._find(folders, prefix + entry.name, found)

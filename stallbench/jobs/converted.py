@@ -5,20 +5,23 @@ LitData and WebDataset (``stallbench.jobs.others``) read their own formats, writ
 beside the data, ``<data>.<kind>``, and must be on the data's filesystem, so the storage condition (the page
 cache evicted, the kernel's read throttle on that device) holds for it as for the data. A copy made from the
 same records is reused: ``stallbench-source.json`` in it holds the image folder's fingerprint (every image's
-relative path, size and mtime). Only a copy this user owns, a real folder that no one else may write, is
-trusted: a fingerprint is no secret, and a planted copy could hold anything. A copy is written under a
-temporary name and renamed when whole; a stale one is renamed aside before the new one takes its name, and
-removed after. A folder at that name that we did not write is an error naming it, never removed.
+relative path and label, and each one's identity: device, inode, size, mtime and ctime). Only a copy this
+user owns, a real folder that no one else may write, is trusted: a fingerprint is no secret, and a planted
+copy could hold anything. A copy is written under a temporary name and renamed when whole; a stale one is
+renamed aside before the new one takes its name, and removed after. A folder at that name that we did not
+write is an error naming it, never removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
 import stat
 import tempfile
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,9 +48,11 @@ def _fingerprint(data: str | os.PathLike) -> str:
     if not path.is_dir() or (path / "data.mdb").exists() or (path / "state.json").exists():
         raise ConversionError(f"{path}: other loaders are compared on an image folder (class/image.jpg)")
     try:
-        return loader.ImageFolderSource(path, rescan=True).fingerprint  # a file rewritten in place too
+        source = loader.ImageFolderSource(path)
     except (loader.SourceError, OSError) as err:
         raise ConversionError(f"{path}: {err}") from err
+    identities = array("Q", map(source.identity, range(len(source))))  # a file rewritten in place too
+    return hashlib.sha256(source.fingerprint.encode() + identities.tobytes()).hexdigest()
 
 
 def _copy_path(data: str | os.PathLike, kind: str) -> Path:
