@@ -18,9 +18,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils.data import DistributedSampler
 
 from loader._own_states import OwnStates, load, stateful_parts
-from loader._world_change import dealing, dealt_again, needs_dealing_again
+from loader._world_change import Orders, dealing, dealt_again, needs_dealing_again, order_of, resumed_orders
 
 __all__ = ["ReplayableSampler", "generator_states", "restore_generators"]
 
@@ -158,6 +159,15 @@ class ReplayableSampler:
     def pending(self) -> tuple[dict[str, Any], int] | None:
         """The restored epoch's draw states and position, where its order is not drawn yet."""
         return self._pending
+
+    def next_orders(self, sampler: DistributedSampler) -> Orders:
+        """Every rank's order of the next epoch, from the ``DistributedSampler`` this loader draws from, read
+        before the epoch is drawn: the sampler's own, or where a restored epoch is pending, what each rank
+        has left of it (``_world_change.resumed_orders``)."""
+        if self._pending is None:
+            return lambda rank: order_of(sampler, rank)
+        draw_states, start = self._pending
+        return resumed_orders(self.inner, sampler, draw_states.get(WORLD), start)
 
     def next_start(self) -> int:
         """Position at which the next epoch begins: 0, or where a resumed epoch left off."""

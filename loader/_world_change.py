@@ -10,18 +10,24 @@ or cut where ``drop_last``. What the epoch has dealt so far is kept with the loa
 job resumed twice, under 2, then 3, then 4 ranks, still counts from the first order.
 A sampler of another kind (a subclass, which may deal otherwise) is resumed as saved, by its own rank.
 Written by hand: torch's sampler deals a whole epoch only, and its StatefulDataLoader keeps no world size.
+
+A partitioned cache sends each rank its records ahead of need, so it asks here for every rank's order of an
+epoch: the sampler's own (``order_of``) in a fresh epoch, what each rank has left of it in a resumed one
+(``resumed_orders``).
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypedDict
 
 from torch.utils.data import BatchSampler, DistributedSampler
 
-__all__ = ["Dealt", "dealing", "dealt_again", "needs_dealing_again"]
+__all__ = ["Dealt", "Orders", "dealing", "dealt_again", "needs_dealing_again", "order_of", "resumed_orders"]
+
+Orders = Callable[[int], list[int]]  # rank -> the samples that rank's loader walks in an epoch, in order
 
 
 class Dealt(TypedDict):
@@ -71,15 +77,40 @@ def dealt_again(inner: Any, saved: Dealt, start: int) -> tuple[Iterator[Any], De
     as the loader's index sampler would yield it (batches where it batches); the new dealing; and how many
     items this rank's epoch has in all (``start`` and the new part)."""
     sampler, per_item = _distributed(inner)
-    reached = saved["reached"] + (start - saved["at"]) * per_item * saved["num_replicas"]
-    now = _dealt(sampler, reached, start)
-    _check_same_order(saved, now)
-    rest = _whole_order(sampler)[reached:]
+    rest, now = _rest(sampler, per_item, saved, start)
     mine = _deal(rest, sampler.num_replicas, sampler.rank, sampler.drop_last)
     if type(inner) is BatchSampler:
         batches = BatchSampler(mine, inner.batch_size, inner.drop_last)
         return iter(batches), now, start + len(batches)
     return iter(mine), now, start + len(mine)
+
+
+def _rest(sampler: DistributedSampler, per_item: int, saved: Dealt, start: int) -> tuple[list[int], Dealt]:
+    """What the saved epoch had not reached once each rank handed out ``start`` items of ``per_item``
+    samples, and the dealing of it among the sampler's ranks."""
+    reached = saved["reached"] + (start - saved["at"]) * per_item * saved["num_replicas"]
+    now = _dealt(sampler, reached, start)
+    _check_same_order(saved, now)
+    return _whole_order(sampler)[reached:], now
+
+
+def order_of(sampler: DistributedSampler, rank: int) -> list[int]:
+    """Rank ``rank``'s order of the sampler's current epoch, as that rank's sampler will draw it."""
+    theirs = copy.copy(sampler)
+    theirs.rank = rank
+    return list(theirs)
+
+
+def resumed_orders(inner: Any, sampler: DistributedSampler, saved: Dealt | None, start: int) -> Orders:
+    """Every rank's order of the epoch its loader resumes from ``saved`` after each rank handed out ``start``
+    items of the index sampler ``inner`` (which draws from ``sampler``): the rest of what the saved epoch had
+    not reached, dealt again among the ranks where ``dealt_again`` deals it (a sampler of another epoch, seed
+    or dataset length refused here, before anything is drawn), else the rest of each rank's own order."""
+    per_item = inner.batch_size if isinstance(inner, BatchSampler) else 1
+    if needs_dealing_again(inner, saved):
+        rest, _ = _rest(sampler, per_item, saved, start)
+        return lambda rank: _deal(rest, sampler.num_replicas, rank, sampler.drop_last)
+    return lambda rank: order_of(sampler, rank)[start * per_item :]
 
 
 def _check_same_order(saved: Dealt, now: Dealt) -> None:

@@ -173,13 +173,20 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         self._board.ensure_workers(self.num_workers)
         if self.num_workers == 0:
             self._board.start_storage_count()
-        if self._partition is not None:
-            self._partition.end_epoch(self._board.totals())
-        coordinated = self._coordinated
-        batches = coordinated.epoch(self._plain_iter) if coordinated is not None else self._plain_iter()
-        if self._partition is not None:  # only once the workers are forked: one forked while the exchange's
-            self._partition.start_epoch(self.sampler)  # threads ran inherited a lock and hung (seen in CI)
+        if self._partition is None:
+            return self._batches()
+        # every rank's order is read before the epoch is drawn (with workers, making the iterator draws it),
+        # where a restored epoch stands; the exchange starts only once the workers are forked: one forked
+        # while its threads ran inherited a lock and hung (seen in CI)
+        orders = self._replay.next_orders(self.sampler)
+        self._partition.end_epoch(self._board.totals())
+        batches = self._batches()
+        self._partition.start_epoch(orders)
         return batches
+
+    def _batches(self) -> Any:
+        coordinated = self._coordinated
+        return coordinated.epoch(self._plain_iter) if coordinated is not None else self._plain_iter()
 
     def _plain_iter(self) -> Any:
         if self._replay is None:

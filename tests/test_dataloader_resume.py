@@ -223,3 +223,38 @@ def test_a_world_size_change_under_another_epoch_is_refused_naming_it():
     other.load_state_dict(state)
     with pytest.raises(ValueError, match=r"epoch 1, seed 3, 50 records.*epoch 2.*set_epoch\(1\)"):
         next(iter(other))
+
+
+def test_every_rank_works_out_each_ranks_order_of_a_fresh_epoch_as_that_rank_draws_it():
+    from torch.utils.data import DistributedSampler
+
+    from loader._world_change import order_of
+
+    dataset = list(range(50))
+    mine = DistributedSampler(dataset, num_replicas=3, rank=0, shuffle=True, seed=7)
+    mine.set_epoch(4)
+    for rank in range(3):
+        theirs = DistributedSampler(dataset, num_replicas=3, rank=rank, shuffle=True, seed=7)
+        theirs.set_epoch(4)
+        assert order_of(mine, rank) == list(theirs)
+    assert mine.rank == 0  # its own sampler is left as it was
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_rank_works_out_each_ranks_order_of_a_restored_epoch_as_that_rank_walks_it(world):
+    """What a partitioned cache plans its exchange from: a state saved by 2 ranks after 4 batches each,
+    restored on each of ``world`` ranks (the rest of each rank's own order, or the rest dealt again)."""
+    from loader._world_change import resumed_orders
+
+    saved = _rank_loader(2, 0, 3, True, False)
+    batches = iter(saved)
+    for _ in range(4):
+        next(batches)
+    state = saved.state_dict()
+    planner = _rank_loader(world, 0, 3, True, False)  # any rank works out every rank's alike
+    saved_dealing, start = state["draw_states"]["distributed"], state["batches_delivered"]
+    orders = resumed_orders(planner.batch_sampler, planner.sampler, saved_dealing, start)
+    for rank in range(world):
+        restored = _rank_loader(world, rank, 3, True, False)
+        restored.load_state_dict(state)
+        assert orders(rank) == [i for batch in restored for i in batch[0].tolist()]

@@ -1,5 +1,6 @@
-"""The partitioned cache's parts in one process: who owns what, each rank's order, the inbox, the refusals.
-(Several ranks on loopback: test_partition_jobs.py.)"""
+"""The partitioned cache's parts in one process: who owns what, the chunks of each rank's order, the inbox,
+the refusals. (Several ranks on loopback: test_partition_jobs.py; each rank's order of an epoch, fresh or
+restored: test_dataloader_resume.py.)"""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from torch.utils.data import DistributedSampler
 
 import loader
 from loader.partition.inbox import Inbox
-from loader.partition.plan import CHUNK, Layout, chunks_for, order_of
+from loader.partition.plan import CHUNK, Layout, chunks_for
 from loader.partition.split import Split, SplitChooser, split_share
-from tests.helpers import make_jpeg_folder
+from tests.helpers import MemorySource, first_index, make_jpeg_folder
 
 
 def test_ranks_at_one_place_are_one_node_and_records_are_dealt_round_robin():
@@ -26,17 +27,6 @@ def test_ranks_at_one_place_are_one_node_and_records_are_dealt_round_robin():
     assert [layout.owner(i) for i in range(6)] == [0, 1, 2, 0, 1, 2]
     assert layout.leader(0) == 0 and not layout.leads and Layout.from_places(["x", "y"], 1).leads
     assert [layout.local(i) for i in range(4)] == [True, False, False, True]
-
-
-def test_every_rank_computes_each_ranks_order_as_that_rank_draws_it():
-    dataset = list(range(50))
-    mine = DistributedSampler(dataset, num_replicas=3, rank=0, shuffle=True, seed=7)
-    mine.set_epoch(4)
-    for rank in range(3):
-        theirs = DistributedSampler(dataset, num_replicas=3, rank=rank, shuffle=True, seed=7)
-        theirs.set_epoch(4)
-        assert order_of(mine, rank) == list(theirs)
-    assert mine.rank == 0  # its own sampler is left as it was
 
 
 def test_a_server_sends_a_rank_the_records_its_node_owns_in_steps_of_its_order():
@@ -266,3 +256,27 @@ def test_an_epochs_exchange_starts_only_once_its_workers_are_forked(tmp_path, sh
         sampler.set_epoch(epoch)
         assert len([r for raw, _ in dl for r in raw]) == len(dataset)
     assert events == ["end", "fork", "start"] * 2
+
+
+def test_a_restored_epoch_under_another_epoch_is_refused_before_the_exchange_plans_it(shm_dir, one_rank):
+    """A state saved by 2 ranks, restored on this one under epoch 2: refused naming both, as without
+    partition_cache, by ``iter()`` (every rank's order is worked out before the exchange starts); the state
+    stays restored, so after ``set_epoch(1)`` the rest of the saved epoch follows."""
+    dataset = loader.SourceDataset(MemorySource(40), transform=first_index)
+    saving = DistributedSampler(dataset, num_replicas=2, rank=0, shuffle=True, seed=3)
+    saving.set_epoch(1)
+    saved = loader.DataLoader(dataset, batch_size=3, sampler=saving)
+    batches = iter(saved)
+    handed_out = [i for _ in range(4) for i in next(batches)[0].tolist()]
+    sampler = DistributedSampler(dataset, shuffle=True, seed=3)
+    sampler.set_epoch(2)
+    dl = loader.DataLoader(
+        dataset, batch_size=3, sampler=sampler, cache_bytes=1 << 20, cache_dir=shm_dir, partition_cache=True
+    )
+    dl.load_state_dict(saved.state_dict())
+    with pytest.raises(ValueError, match=r"epoch 1, seed 3, 40 records.*epoch 2.*set_epoch\(1\)"):
+        iter(dl)
+    sampler.set_epoch(1)
+    order, reached = list(sampler), 2 * 4 * 3  # this one rank's order is the whole epoch's
+    assert [i for batch in dl for i in batch[0].tolist()] == order[reached:]
+    assert set(handed_out) <= set(order[:reached])

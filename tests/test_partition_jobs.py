@@ -1,5 +1,6 @@
 """The partitioned cache across processes on loopback, each with its own cache folder as a node has: ranks of
-one torchrun, two torchrun agents (``--nnodes 2``), and a node killed mid-epoch."""
+one torchrun, two torchrun agents (``--nnodes 2``), a node killed mid-epoch, and a job saved mid-epoch and
+restarted on as many nodes and on others."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import pytest
 from torch.utils.data import DistributedSampler
 
 import loader
+import tests._partition_resume_job as resume_job
 from loader.cache._layout import index_bytes
 from loader.partition.split import Split
 from tests.helpers import make_jpeg_folder
@@ -232,3 +234,86 @@ def test_the_multi_node_how_to_commands_train_with_shared_caches(tmp_path, data,
     assert sorted((r["rank"], r["epoch"]) for r in lines) == [(0, 1), (0, 2), (1, 1), (1, 2)]
     assert all(r["bytes_from_peers"] > 0 for r in lines)
     assert sum(r["bytes_from_cache"] for r in lines if r["epoch"] == 2) > 0
+
+
+RESUME_JOB = JOB.with_name("_partition_resume_job.py")
+
+
+def restart(folder: Path, name: str, state_in: str, world: int, take: int, workers: int) -> list[dict]:
+    """One phase of a job saved and restarted (``_partition_resume_job.py``): a new process that runs its
+    ``world`` ranks, the nodes' caches in ``folder``/caches; its state goes to ``folder``/``name``.pt, and
+    each rank's record comes back. The process and its ranks are killed whatever happens."""
+    out, state_out = folder / f"{name}.json", folder / f"{name}.pt"
+    argv = [str(a) for a in (RESUME_JOB, state_in, state_out, out, world, take, workers, folder / "caches")]
+    run = subprocess.Popen(
+        [sys.executable, *argv], env=env(), cwd=RESUME_JOB.parent, start_new_session=True, **PIPES
+    )
+    try:
+        ((_, err),) = finish_all([run], timeout=90)
+    finally:
+        if run.poll() is None:
+            kill_tree(run.pid)
+    assert run.returncode == 0, err[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def saved_mid_epoch(tmp_path_factory) -> tuple[Path, list[dict]]:
+    """Epoch 1 of a partitioned job on 2 nodes (a worker each), saved after 12 batches of each rank: the
+    folder of its state (``saved.pt``) and caches, and each rank's record."""
+    folder = tmp_path_factory.mktemp("partition-resume")
+    (folder / "caches").mkdir(mode=0o700)
+    return folder, restart(folder, "saved", "-", world=2, take=12, workers=1)
+
+
+def torch_order(world: int, rank: int, epoch: int) -> list[int]:
+    """Rank ``rank``'s samples of ``epoch`` as torch's sampler deals them (the job's seed and dataset)."""
+    sampler = DistributedSampler(
+        range(resume_job.RECORDS), num_replicas=world, rank=rank, shuffle=True, seed=3
+    )
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def samples(records: list[dict]) -> list[int]:
+    """What the ranks of a phase took of the epoch it resumed (or began)."""
+    return [i for record in records for i in record["resumed"]["samples"]]
+
+
+def assert_other_nodes_sent_theirs(records: list[dict], epoch: str) -> None:
+    """Each rank (a node of its own) took every record of ``epoch`` that another node owns from that node,
+    none from storage (a wait past the exchange's timeout is an error in the job)."""
+    for rank, record in enumerate(records):
+        theirs = [i for i in record[epoch]["samples"] if i % len(records) != rank]
+        counts = record[epoch]["stats"]
+        assert theirs and counts["peer_hits"] == len(theirs) <= counts["records_received"]
+
+
+def test_a_partitioned_epoch_saved_on_2_nodes_resumes_on_3_then_on_2_each_sample_once(saved_mid_epoch):
+    """Rank 0's state, loaded by 3 new ranks that take 3 batches each (no workers), then by 2 that take the
+    rest and the next epoch: each part is the next stretch of the epoch's one order, every sample once, each
+    rank's records of other nodes sent by them as it walks its part; the next epoch is torch's."""
+    folder, saved = saved_mid_epoch
+    on_three = restart(folder, "three", str(folder / "saved.pt"), world=3, take=3, workers=0)
+    on_two = restart(folder, "two", str(folder / "three.pt"), world=2, take=-1, workers=1)
+    order, batch = torch_order(1, 0, epoch=1), resume_job.BATCH
+    reached = [0, 2 * 12 * batch, 2 * 12 * batch + 3 * 3 * batch, resume_job.RECORDS]
+    for phase, start, end in zip((saved, on_three, on_two), reached[:-1], reached[1:], strict=True):
+        assert sorted(samples(phase)) == sorted(order[start:end])
+    assert sorted(samples(saved) + samples(on_three) + samples(on_two)) == list(range(resume_job.RECORDS))
+    assert_other_nodes_sent_theirs(on_three, "resumed")
+    assert_other_nodes_sent_theirs(on_two, "resumed")
+    assert [record["next"]["samples"] for record in on_two] == [torch_order(2, r, epoch=2) for r in (0, 1)]
+    assert_other_nodes_sent_theirs(on_two, "next")
+
+
+def test_a_partitioned_epoch_resumes_on_as_many_nodes_where_each_rank_left_off(saved_mid_epoch):
+    folder, saved = saved_mid_epoch
+    again = restart(folder, "again", str(folder / "saved.pt"), world=2, take=-1, workers=1)
+    for rank in (0, 1):  # what the job went on to take, had it not stopped
+        went_on = torch_order(2, rank, epoch=1)
+        assert saved[rank]["resumed"]["samples"] + again[rank]["resumed"]["samples"] == went_on
+        assert again[rank]["next"]["samples"] == torch_order(2, rank, epoch=2)
+    assert sorted(samples(saved) + samples(again)) == list(range(resume_job.RECORDS))
+    assert_other_nodes_sent_theirs(again, "resumed")
+    assert_other_nodes_sent_theirs(again, "next")

@@ -1,8 +1,9 @@
 """Who caches which record, and which records each rank will need from each other node, in what order.
 
 Every rank computes both from what it already knows: the nodes (ranks that share one cache: the same host and
-cache folder), and the epoch's order of every rank, which a ``DistributedSampler`` draws the same way on every
-rank from its seed and epoch. Nothing about records is exchanged.
+cache folder), and every rank's order of the epoch, which the loader works out alike on every rank (a
+``DistributedSampler`` draws it from its seed and epoch; in a restored epoch, it is what each rank has left:
+``loader._world_change``). Nothing about records is exchanged.
 
 Ownership: record ``i`` belongs to node ``i % nodes``; that node's cache admits it, and that node's first rank
 (its leader) serves it to the ranks of other nodes. Records are interleaved, so each node owns an equal share
@@ -11,15 +12,12 @@ of any contiguous or shuffled stretch of the dataset, and its cache of C bytes h
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from torch.utils.data import DistributedSampler
-
 from loader.partition.split import Split
 
-__all__ = ["CHUNK", "Layout", "chunks_for", "order_of"]
+__all__ = ["CHUNK", "Layout", "chunks_for"]
 
 CHUNK = 32  # records of a rank's order per message: the exchange's step, whatever the batch size
 
@@ -60,13 +58,6 @@ class Layout:
     @property
     def leads(self) -> bool:
         return self.leader(self.node) == self.rank
-
-
-def order_of(sampler: DistributedSampler, rank: int) -> list[int]:
-    """Rank ``rank``'s order of the sampler's current epoch, as that rank's sampler will draw it."""
-    theirs = copy.copy(sampler)
-    theirs.rank = rank
-    return list(theirs)
 
 
 def chunks_for(order: list[int], layout: Layout, server_node: int, split: Split) -> list[list[int]]:

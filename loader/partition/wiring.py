@@ -9,6 +9,7 @@ import threading
 import time
 import warnings
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from loader.partition.exchange import Exchange
 from loader.partition.inbox import Inbox
 from loader.partition.options import Partition
 from loader.partition.peers import PeerRecords
-from loader.partition.plan import Layout, order_of
+from loader.partition.plan import Layout
 from loader.partition.split import Split, SplitChooser
 from loader.stats import LoaderStats
 from loader.system.private import user_dir
@@ -90,10 +91,12 @@ class PartitionedCache:
         )
         self.inbox.set_split(self._split)
 
-    def start_epoch(self, sampler: DistributedSampler) -> None:
-        """The exchange threads start the epoch: call once its workers exist (see DataLoader.__iter__)."""
+    def start_epoch(self, orders: Callable[[int], list[int]]) -> None:
+        """The exchange threads start the epoch: call once its workers exist (see DataLoader.__iter__), with
+        ``orders(r)``, the samples rank r walks in it, the same on every rank (the sampler's whole epoch, or
+        what each rank has left of a restored one: ``loader._world_change``)."""
         self._say_gone()
-        self.exchange.start_epoch(lambda rank: order_of(sampler, rank), self._split)
+        self.exchange.start_epoch(orders, self._split)
 
     def serve_from(self, dataset: Any) -> None:
         """The loader's bound dataset: this node's records are read through it for the other nodes."""
