@@ -45,12 +45,12 @@ class Fetched(NamedTuple):
 
 
 def served(
-    cache: MinIOCache, index: int, evict: Callable[[], None], identity: Callable[[int], int]
+    cache: MinIOCache, index: int, evict: Callable[[], None], identity: Callable[[int], int] | None
 ) -> tuple[bytes | None, bool]:
     """(record ``index``'s bytes from ``cache`` or None, whether its copy there failed its check), served
-    only while ``identity(index)`` says what it said when the record was admitted. The first hit since a
-    read that left the record's pages in the page cache calls ``evict()``: advisory, a failure of it never
-    fails the hit."""
+    only while ``identity(index)`` says what it said when the record was admitted (None: the caller has
+    checked). The first hit since a read that left the record's pages in the page cache calls ``evict()``:
+    advisory, a failure of it never fails the hit."""
     try:
         raw = cache.get(index, identity)
     except CorruptRecordError:

@@ -85,9 +85,12 @@ class MinIOCache(GivesBack):
             verified = self._verified = bytearray(self._num_records)
         if verified[index]:
             return True
-        same = int(self._identity[index]) == identity(index)
-        verified[index] = same
+        verified[index] = same = self.held_as(index, identity(index))
         return same
+
+    def held_as(self, index: int, identity: int) -> bool:
+        """Whether record ``index`` was admitted with ``identity`` (held or not)."""
+        return int(self._identity[index]) == identity
 
     def accepting(self, index: int) -> bool:
         """Whether ``admit(index, ...)`` may store the record now: the store has room (or a dead writer's

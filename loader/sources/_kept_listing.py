@@ -35,7 +35,7 @@ from loader.system.private import open_private, private_dir, replace_private, us
 
 __all__ = ["kept_listing", "listing_name", "listings_folder"]
 
-MAGIC = b"stallbench-listing 2\n"
+MAGIC = b"stallbench-listing 2\n"  # 1: sizes and mtimes, BLAKE2 path hashes
 _SUM = 32  # bytes of the sha256 the file ends with
 _TYPECODES = dict(blob=None, ends="q", order="q", hashes="Q", labels="q")
 
