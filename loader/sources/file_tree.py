@@ -105,22 +105,26 @@ def _scan(folders: Folders, rel_dir: str) -> Iterator[Batch]:
     relative path; links are not followed. Only the entries of the folders on the way down are held, never
     the whole tree's: each folder's are sorted by name, a subfolder's name followed by the separator, which
     is where its files' paths sort among its siblings; a folder's run of files between two subfolders is
-    one batch."""
+    one batch. A folder of files alone (most of a dataset's) is sorted by name, no key per entry."""
     prefix = rel_dir + os.sep if rel_dir else ""
-    files: list[os.DirEntry] = []
-    for entry in sorted(folders.entries(rel_dir), key=_sort_key):
+    entries = folders.entries(rel_dir)
+    if not any(entry.is_dir(follow_symlinks=False) for entry in entries):
+        yield from _batch(prefix, sorted(e.name for e in entries if e.is_file(follow_symlinks=False)))
+        return
+    names: list[str] = []
+    for entry in sorted(entries, key=_sort_key):
         if entry.is_dir(follow_symlinks=False):
-            yield from _batch(prefix, files)
-            files = []
+            yield from _batch(prefix, names)
+            names = []
             yield from _scan(folders, prefix + entry.name)
         elif entry.is_file(follow_symlinks=False):
-            files.append(entry)
-    yield from _batch(prefix, files)
+            names.append(entry.name)
+    yield from _batch(prefix, names)
 
 
-def _batch(prefix: str, files: list[os.DirEntry]) -> Iterator[Batch]:
-    if files:
-        yield [prefix + entry.name for entry in files], 0
+def _batch(prefix: str, names: list[str]) -> Iterator[Batch]:
+    if names:
+        yield [prefix + name for name in names], 0
 
 
 def _sort_key(entry: os.DirEntry) -> str:
