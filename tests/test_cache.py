@@ -190,20 +190,21 @@ def test_give_back_cuts_at_a_record_boundary_and_keeps_a_record_being_written(sh
 
 
 def test_a_record_is_served_only_while_its_source_gives_the_identity_it_was_admitted_with(shm_dir):
-    cache = open_store(shm_dir, 1 << 20)
-    assert cache.admit(1, record(1), identity=7)
     asked: list[int] = []
 
     def seven(index: int) -> int:
         asked.append(index)
         return 7
 
+    admitter = open_store(shm_dir, 1 << 20)
+    assert admitter.admit(1, record(1), identity=7)
+    assert admitter.get(1, seven) == record(1) and asked == []  # it took the identity as it read the record
+    cache = open_store(shm_dir, 1 << 20)  # as another process finds the store
     assert [cache.get(1, seven), cache.get(1, seven)] == [record(1)] * 2 and asked == [1]  # once a process
-    other = open_store(shm_dir, 1 << 20)  # as another process finds it
+    other = open_store(shm_dir, 1 << 20)
     assert other.get(1, lambda index: 8) is None and other.get(1, lambda index: 8) is None
-    assert not other.admit(1, record(2), identity=8) and other.get(1, seven) == record(
-        1
-    )  # the first bytes kept
+    assert not other.admit(1, record(2), identity=8)
+    assert other.get(1, seven) == record(1)  # the first bytes kept
 
 
 def test_a_reader_of_a_slot_given_back_gets_no_wrong_bytes(shm_dir):

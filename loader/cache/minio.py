@@ -80,13 +80,17 @@ class MinIOCache(GivesBack):
     def _same_identity(self, index: int, identity: Callable[[int], int]) -> bool:
         """Whether the source says of record ``index`` what it said when the record was admitted; a record
         found the same is not asked about again in this process."""
-        verified = self._verified
-        if verified is None:
-            verified = self._verified = bytearray(self._num_records)
-        if verified[index]:
+        if self._verified is not None and self._verified[index]:
             return True
-        verified[index] = same = self.held_as(index, identity(index))
+        same = self.held_as(index, identity(index))
+        if same:
+            self._verified_now(index)
         return same
+
+    def _verified_now(self, index: int) -> None:
+        if self._verified is None:
+            self._verified = bytearray(self._num_records)
+        self._verified[index] = 1
 
     def held_as(self, index: int, identity: int) -> bool:
         """Whether record ``index`` was admitted with ``identity`` (held or not)."""
@@ -137,6 +141,7 @@ class MinIOCache(GivesBack):
             return False
         self._checksum[index] = checksum(index, payload)
         self._identity[index] = identity
+        self._verified_now(index)  # taken from the source before the read: this process need not ask
         self._state[index] = UNHIT if evict_on_hit else READY  # one aligned 4-byte store: visible whole
         return True
 

@@ -1,20 +1,20 @@
 """A folder's listing kept for the next run, with its fingerprint, so a tree that has not changed is not
 listed again.
 
-Listing a million small files took 1.6 s here, names alone (``_listing``: no file is stat'ed), and a job
-lists the same tree on every run. So a listing is
-kept in this user's private folder of the cache home (``$STALLBENCH_CACHE_DIR``, else ``/var/tmp``), named
-by its source's kind, root and options, and read back while every folder it entered has the inode and mtime
-it had (``Folders.unchanged``): a thousand stats, not a million. A listing whose folders changed within
+Listing a million small files took 1.1-1.3 s here, names alone (``_listing``: no file is stat'ed), and a
+job lists the same tree on every run. So a listing is kept in this user's private folder of the cache home
+(``$STALLBENCH_CACHE_DIR``, else ``/var/tmp``), named by its source's kind, root and options, and read back
+while every folder it entered has the device, inode, mtime and ctime it had (``Folders.unchanged``): a
+thousand stats, 0.07-0.1 s. A listing whose folders changed within
 ``SETTLED_NS`` of its scan is not kept: the folder clock's tick could hide a change made during the scan.
 
 The file is ours alone (made ``O_EXCL``, 0600, in a 0700 folder, opened without following links, moved into
 place whole: ``replace_private``) and ends with a sha256 of all it holds: a file cut short, damaged or of
 another layout is listed again and replaced, never believed, and never fails the job. Where the folder cannot
 be used (no such home, not ours, full), the tree is listed as before. Kept listings are not removed (a
-million files' takes 62 MB); ``$STALLBENCH_CACHE_DIR/stallbench-<uid>/listings`` may be emptied at any time.
-Written by hand: the arrays go to disk as they are held, and no library reads them back with a checksum
-and an owner check.
+million files' takes 38-46 MB); ``$STALLBENCH_CACHE_DIR/stallbench-<uid>/listings`` may be emptied at any
+time. Written by hand: the arrays go to disk as they are held, and no library reads them back with a
+checksum and an owner check.
 """
 
 from __future__ import annotations
