@@ -29,6 +29,8 @@ LONG = {
     "loader/coordinated/member.py",
     "loader/coordinated/area.py",  # the group table's operations, each under the one lock
     "loader/cache/_store.py",  # a store attached: its files checked, what it holds and gave back, pickled
+    "loader/cache/minio.py",  # the policy: get (bounds, identity, checksum), admit, reserve, first hit, limit
+    "loader/files.py",  # CachedFiles: roots listed, each read located, stat'ed, served or read and admitted
     "stallbench/cli/__init__.py",  # the parser, one option per call, and the checks across options
     "loader/dataloader.py",  # torch's signature and documented options, then each torch hook it takes over
 }
