@@ -45,6 +45,7 @@ from stallbench import _timeline
 from stallbench._files import write_atomic
 from stallbench._grid import grid
 from stallbench._timeline import EpochRecord, PhaseRecord, Timeline
+from stallbench._words import counted
 
 __all__ = ["PROFILE_SCHEMA_VERSION", "Profile", "Timeline", "profile"]
 
@@ -165,7 +166,8 @@ def _steady_lines(data: dict[str, Any]) -> list[str]:
         for k in ("wait", "step")
     ]
     return [
-        f"profile {data['name']!r}: {len(data['epochs'])} epochs, {batches} batches",
+        f"profile {data['name']!r}: {counted(len(data['epochs']), 'epoch')}, "
+        f"{counted(batches, 'batch', 'batches')}",
         f"steady state: {s['iterations']} batches, {rate} it/s, waiting for data {share} of the time",
         *grid("", ["total s", "mean ms", "p50 ms", "p95 ms"], rows),
     ]

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from stallbench._words import counted
 from stallbench.jobs.spec import JobSpec, target_path
 
 __all__ = ["TargetResult", "time_to_target"]
@@ -34,7 +35,8 @@ class TargetResult:
     history: tuple[tuple[float, float], ...]  # (seconds since the start, value) after each epoch
 
     def summary(self) -> str:
-        where = f"{self.epochs} epochs, {self.updates:,} updates, {self.seconds:.2f} s (evaluation included)"
+        where = f"{counted(self.epochs, 'epoch')}, {counted(self.updates, 'update')}, {self.seconds:.2f} s"
+        where += " (evaluation included)"
         if self.reached:
             return f"target {self.target:g} reached: {self.value:g} after {where}"
         return f"target {self.target:g} not reached: {self.value:g} after {where}"

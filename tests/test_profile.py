@@ -164,7 +164,7 @@ def test_torch_dataloader_and_summary_table() -> None:
     seen = [len(b[0]) for b in prof]
     assert seen == [8] * 5
     text = prof.summary()
-    assert "profile 'tensors': 1 epochs, 5 batches" in text
+    assert "profile 'tensors': 1 epoch, 5 batches" in text
     assert "first batch" in text and "epoch end wait" in text
 
 

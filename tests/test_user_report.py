@@ -57,6 +57,15 @@ def test_the_training_loader_is_the_one_with_most_batches_and_others_are_apart()
     validate_report_json(report_to_json([report]))
 
 
+def test_an_other_loader_of_one_batch_reads_as_one_batch():
+    def one_batch(e):
+        return replace(e, batches=1) if e.loader == "1:EvalSet" else e
+
+    one = {phase: replace(r, records=tuple(map(one_batch, r.records))) for phase, r in runs({0: 1.0}).items()}
+    text = format_report([user_report(JOB, one, storage_bytes_per_s=1e8, memory_bytes_per_s=1e10)])
+    assert "other loader 1:EvalSet (apart from training): 0.50 s per epoch, 1 batch, 3 epochs" in text
+
+
 def test_each_rank_gets_a_breakdown_and_the_slowest_is_reported():
     report = user_report(JOB, runs({0: 1.0, 1: 1.5}), storage_bytes_per_s=1e8, memory_bytes_per_s=1e10)
     assert [r.rank for r in report.ranks] == [0, 1]

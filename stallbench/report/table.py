@@ -10,6 +10,7 @@ import textwrap
 from collections.abc import Sequence
 
 from stallbench._grid import Row, grid
+from stallbench._words import counted
 from stallbench.analysis.request import local_files
 from stallbench.analysis.results import LoaderReport, Workload
 from stallbench.conditions.load import is_busy
@@ -100,7 +101,7 @@ def _whatif_rows(r: LoaderReport) -> tuple[list[str], list[Row]]:
         + f"{sec(p.epoch_seconds)} {p.bound}"
         for p in r.predictions
     }
-    header = [f"{w} worker" + ("s" if w != 1 else "") for w in workers]
+    header = [counted(w, "worker") for w in workers]
     return header, [(f"  {format_bytes(c)}", [cells.get((c, w), "-") for w in workers]) for c in caches]
 
 
@@ -165,7 +166,7 @@ def _workload_lines(w: Workload) -> list[str]:
         f"batch {w.batch_size}",
         f"{w.workers} workers",
         f"compute {w.compute}",
-        f"{w.epochs} epochs",
+        counted(w.epochs, "epoch"),
         "cache budget: the memory available"
         if w.cache_bytes is None
         else f"cache {format_bytes(w.cache_bytes)}",
@@ -198,7 +199,7 @@ def _rank_lines(r: LoaderReport, label: str) -> list[str]:
     for o in r.other_loaders:
         lines.append(
             f"other loader{label} {o.loader} (apart from training): {sec(o.seconds_per_epoch)} per epoch, "
-            f"{o.batches_per_epoch:.0f} batches, {o.epochs} epochs"
+            f"{counted(o.batches_per_epoch, 'batch', 'batches')}, {counted(o.epochs, 'epoch')}"
         )
     return ["", *lines] if lines else []
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from stallbench._words import counted
 from stallbench.analysis.results import LoaderReport
 from stallbench.analysis.work import UsefulWork
 from stallbench.energy import ESTIMATE
@@ -81,7 +82,7 @@ def _target(r: LoaderReport) -> str:
     t = r.useful.time_to_target if r.useful is not None else None
     if t is None:
         return "-"
-    when = f"{t.seconds:.1f} s, {t.epochs} epochs, {t.updates:,} updates"
+    when = f"{t.seconds:.1f} s, {counted(t.epochs, 'epoch')}, {counted(t.updates, 'update')}"
     return f"{when} ({t.value:g})" if t.reached else f"not reached ({t.value:g} after {when})"
 
 
