@@ -90,6 +90,8 @@ def fetch_raw(
         index, admitting(cache, index, evict, identity), lambda nbytes: cache.takes(index, nbytes)
     )
     paused = cache.memory_pauses != pauses
+    if admitted:  # the file asked again once read: unchanged, this process need not ask at its first hit
+        cache.same_identity(index, source.identity)
     return Fetched(raw, False, admitted, time.perf_counter() - start, memory_pause=paused, identity=identity)
 
 

@@ -3,9 +3,9 @@
 A user's Dataset names its records by path (``Image.open(path)``), so swapping in our DataLoader alone gives
 it no cache. ``CachedFiles`` lists the files under some roots (one ``FileTreeSource`` and one store each) and
 serves ``read(path)`` from the store, reading and admitting on a miss, just as ``SourceDataset`` does by
-index. Each read stats the file: it is served only while its identity (device, inode, size, mtime, ctime) is
-the one it had when it was admitted, so a file rewritten since, even while the job runs, is read from
-storage, never served stale. ``DataLoader(cache_files=...)`` serves a Dataset's own ``open``
+index. Each read stats the file: it is served only while its identity (size and mtime) is the one it had
+when it was admitted, so a file rewritten since, even while the job runs, is read from storage, never
+served stale. ``DataLoader(cache_files=...)`` serves a Dataset's own ``open``
 through one (``loader._serving``) and counts its reads in ``stats()``.
 """
 
@@ -97,7 +97,7 @@ class CachedFiles:
         corrupt = False
         if cache is not None and cache.held_as(i, identity):
             raw, corrupt = served(cache, i, evict, None)
-            if raw is not None:
+            if raw is not None and cache.held_as(i, identity):  # not given back and taken again meanwhile
                 return FileRead(raw, True, False)
         return self._fetch(cache, i, name, st, corrupt, evict)
 
@@ -139,7 +139,7 @@ class CachedFiles:
         evict: Callable[[], None],
     ) -> FileRead:
         """A file the store did not serve (``st``: its stat, taken before the read), read from storage and
-        admitted while there is room (a slot held under another identity keeps its first bytes)."""
+        admitted while there is room (a slot held under another identity is taken again, in new space)."""
         if cache is None or corrupt or not cache.accepting(i):
             if cache is not None and cache.crowded():  # its pages would push the store's out
                 return FileRead(read_admitting(name, kept_out(evict), lambda nbytes: True)[0], False, False)

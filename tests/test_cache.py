@@ -9,7 +9,9 @@ import stat
 import warnings
 
 import pytest
+from helpers import MemorySource
 
+from loader._fetched import fetch_raw
 from loader.cache import CorruptRecordError, MinIOCache, store_path
 from loader.cache._layout import HEADER_BYTES, RESERVED, SLOT_DTYPE, index_bytes
 
@@ -130,7 +132,7 @@ def test_processes_fill_one_store_together(shm_dir):
 
 def _die_mid_insert(path_dir, index: int) -> None:
     cache = open_store(path_dir, 1 << 20)
-    offset = cache._reserve(index, 5000)
+    offset = cache._reserve(index, 5000, 0)
     os.pwrite(cache._data_fd, b"\x01" * 100, offset)  # half the payload, then the writer dies
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -196,15 +198,40 @@ def test_a_record_is_served_only_while_its_source_gives_the_identity_it_was_admi
         asked.append(index)
         return 7
 
-    admitter = open_store(shm_dir, 1 << 20)
-    assert admitter.admit(1, record(1), identity=7)
-    assert admitter.get(1, seven) == record(1) and asked == []  # it took the identity as it read the record
+    assert open_store(shm_dir, 1 << 20).admit(1, record(1), identity=7)
     cache = open_store(shm_dir, 1 << 20)  # as another process finds the store
     assert [cache.get(1, seven), cache.get(1, seven)] == [record(1)] * 2 and asked == [1]  # once a process
-    other = open_store(shm_dir, 1 << 20)
-    assert other.get(1, lambda index: 8) is None and other.get(1, lambda index: 8) is None
-    assert not other.admit(1, record(2), identity=8)
-    assert other.get(1, seven) == record(1)  # the first bytes kept
+    rewritten = open_store(shm_dir, 1 << 20)
+    assert rewritten.get(1, lambda index: 8) is None and rewritten.get(1, lambda index: 8) is None
+    assert rewritten.admit(1, record(2), identity=8)  # its file rewritten: taken again, in new space
+    assert rewritten.get(1, lambda index: 8) == record(2)
+    assert open_store(shm_dir, 1 << 20).get(1, seven) is None  # the old bytes are no one's now
+
+
+class _Rewritten(MemorySource):
+    """Record 0's identity as a file's would read: ``identities`` in turn, the last one kept."""
+
+    def __init__(self, identities: list[int]) -> None:
+        super().__init__(4)
+        self.identities, self.asked = identities, 0
+
+    def identity(self, index: int) -> int:
+        self.asked += 1
+        return self.identities[min(self.asked, len(self.identities)) - 1]
+
+
+@pytest.mark.parametrize("changed_during_the_read", [False, True])
+def test_the_process_that_admits_a_record_asks_its_identity_again_once_read(shm_dir, changed_during_the_read):
+    source = _Rewritten([5, 6] if changed_during_the_read else [5])
+    cache = open_store(shm_dir, 1 << 20)
+    fetched = fetch_raw(cache, source, 0, 0.0, False, lambda index: False)
+    assert (fetched.admitted, fetched.identity, source.asked) == (True, 5, 2)  # before and after the read
+    again = fetch_raw(cache, source, 0, 0.0, False, lambda index: False)
+    if changed_during_the_read:  # held under the identity before the read: not served, read and taken again
+        assert (again.hit, again.admitted, again.identity, source.asked) == (False, True, 6, 5)
+        again = fetch_raw(cache, source, 0, 0.0, False, lambda index: False)
+    assert again.hit and again.raw == source.read(0)
+    assert source.asked == (5 if changed_during_the_read else 2)  # a hit found the same asks no more
 
 
 def test_a_reader_of_a_slot_given_back_gets_no_wrong_bytes(shm_dir):

@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import pickle
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,19 @@ def test_pickled_copies_share_the_store(tree, files):
     reads = [(copy.read(p), files.read(p)) for p in paths]
     assert all(theirs[0] == ours[0] == stored(p) for (theirs, ours), p in zip(reads, paths, strict=True))
     assert sum(ours[1] for _, ours in reads) == N // 2  # what the copy admitted, the original hits
+    copy.close()
+
+
+def test_a_copy_whose_store_is_gone_reads_from_storage(tree, files):
+    """A worker that cannot attach the store (removed, replaced) reads every file from storage."""
+    _, paths = tree
+    [files.read(p) for p in paths]
+    store = files.infos()[0].path
+    pickled = pickle.dumps(files)
+    shutil.rmtree(store)
+    with pytest.warns(RuntimeWarning, match="cannot be used in this process"):
+        copy = pickle.loads(pickled)
+        assert [copy.read(p) for p in paths] == [(stored(p), False, False) for p in paths]
     copy.close()
 
 

@@ -16,15 +16,15 @@ record. A writer killed mid-insert leaves a RESERVED slot that no reader uses, a
 record takes it over once the kernel says its writer is gone. ``data`` holds payloads back to back: the
 memory used is the bytes admitted, not pages per record. The checksum (xxh3-64 of the payload, seeded with
 the record's index) is checked on every read, so neither damaged bytes nor a slot moved to another record's
-place is ever served. ``identity`` is what the source said of the record before it was read to be admitted
-(a file's device, inode, size, mtime and ctime folded to 64 bits; 0 for a source whose records cannot
-change): a record is served only while its source says the same (``MinIOCache.get``), so a file rewritten
-since it was admitted is read from storage, never served stale. ``limit`` is how much of ``data_capacity``
-the store may fill now: a cache of two stores (raw and prepared records) moves room from one to the other
-by moving their limits (``MinIOCache.set_limit``), without touching their files. ``given_back`` and
-``records_given_back`` count what the store gave back because the job grew into the memory the cache keeps
-free (``_giveback.py``), and the two fields after them what the job's own memory and its limit were the
-last time, so that every process's ``stats()`` can say how much went and why.
+place is ever served. ``identity`` is what the source said of the record before it was read to be admitted (a
+file's size and mtime folded to 64 bits; 0 for a source whose records cannot change): a process serves a
+record only once its source said the same (``MinIOCache.get``: asked once per record in each process), so a
+file rewritten since it was admitted is read from storage, and admitted again in new space. ``limit`` is how
+much of ``data_capacity`` the store may fill now: a cache of two stores (raw and prepared records) moves room
+from one to the other by moving their limits (``MinIOCache.set_limit``), without touching their files.
+``given_back`` and ``records_given_back`` count what the store gave back because the job grew into the memory
+the cache keeps free (``_giveback.py``), and the two fields after them what the job's own memory and its limit
+were the last time, so that every process's ``stats()`` can say how much went and why.
 """
 
 from __future__ import annotations

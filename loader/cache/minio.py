@@ -66,7 +66,7 @@ class MinIOCache(GivesBack):
         offset, length, state, expected = _SLOT_HEAD.unpack_from(self._map, HEADER_BYTES + _SLOT_SIZE * index)
         if state != READY and state != UNHIT:
             return None
-        if identity is not None and not self._same_identity(index, identity):
+        if identity is not None and not self.same_identity(index, identity):
             return None
         if offset + length > self._data_bytes:
             raise CorruptRecordError(f"slot {index} of {self.path} points past the end of its data")
@@ -77,9 +77,10 @@ class MinIOCache(GivesBack):
             raise CorruptRecordError(f"record {index} in {self.path} fails its checksum")
         return raw
 
-    def _same_identity(self, index: int, identity: Callable[[int], int]) -> bool:
-        """Whether the source says of record ``index`` what it said when the record was admitted; a record
-        found the same is not asked about again in this process."""
+    def same_identity(self, index: int, identity: Callable[[int], int]) -> bool:
+        """Whether the source says of record ``index`` (``identity(index)``) what it said when the record was
+        admitted; a record found the same is not asked about again in this process (its reader, or its
+        admitter asking once the read is over, so that a file changed during the read is never marked)."""
         if self._verified is not None and self._verified[index]:
             return True
         same = self.held_as(index, identity(index))
@@ -93,8 +94,9 @@ class MinIOCache(GivesBack):
         self._verified[index] = 1
 
     def held_as(self, index: int, identity: int) -> bool:
-        """Whether record ``index`` was admitted with ``identity`` (held or not)."""
-        return int(self._identity[index]) == identity
+        """Whether record ``index`` was admitted with ``identity`` (held or not); False where the store is
+        turned off in this process (one that could not be attached holds nothing)."""
+        return not self._gate.off and int(self._identity[index]) == identity
 
     def accepting(self, index: int) -> bool:
         """Whether ``admit(index, ...)`` may store the record now: the store has room (or a dead writer's
@@ -130,7 +132,7 @@ class MinIOCache(GivesBack):
         if self._gate.memory_short(len(payload), self._used):
             return False
         try:
-            offset = self._reserve(index, len(payload))
+            offset = self._reserve(index, len(payload), identity)
         except LockTimeout as exc:
             self._gate.pause_after_timeout(exc, self._mutex.timeout)
             return False
@@ -141,7 +143,6 @@ class MinIOCache(GivesBack):
             return False
         self._checksum[index] = checksum(index, payload)
         self._identity[index] = identity
-        self._verified_now(index)  # taken from the source before the read: this process need not ask
         self._state[index] = UNHIT if evict_on_hit else READY  # one aligned 4-byte store: visible whole
         return True
 
@@ -171,15 +172,18 @@ class MinIOCache(GivesBack):
             self._full[0] = set_to <= used
         return set_to
 
-    def _reserve(self, index: int, length: int) -> int | None:
-        """Space for ``length`` bytes of record ``index``, marked as this process's; None if none is had."""
+    def _reserve(self, index: int, length: int, identity: int) -> int | None:
+        """Space for ``length`` bytes of record ``index`` of ``identity``, marked as this process's; None if
+        none is had. A record held under another identity (its file rewritten since) gets new space: the
+        old bytes stay where they are, unused, until the store is made anew."""
         me = writer_id(self.path)
         with self._mutex.held():
             state = self._state[index]
             if state == RESERVED and self._reclaimable(index, length):
                 self._writer[index], self._generation[index] = me  # a dead writer's: space reused
                 return int(self._offset[index])
-            if self._full[0] or state != EMPTY:
+            stale = state in (READY, UNHIT) and int(self._identity[index]) != identity
+            if self._full[0] or (state != EMPTY and not stale):
                 return None
             used = int(self._used[0])
             if used + length > self._limit[0]:

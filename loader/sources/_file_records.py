@@ -15,15 +15,14 @@ from loader.system.pagecache import evict_file, read_admitting
 
 __all__ = ["FileRecords", "file_identity"]
 
-_IDENTITY = struct.Struct("<5q")
+_IDENTITY = struct.Struct("<2q")
 
 
 def file_identity(st: os.stat_result) -> int:
-    """A file's device, inode, size, mtime and ctime folded to 64 bits, never 0 (what a source whose records
-    cannot change says): a file rewritten in place changes its size, mtime or ctime (no user can set a
-    ctime), one replaced by a rename its inode."""
-    fields = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    return xxhash.xxh3_64_intdigest(_IDENTITY.pack(*fields)) or 1
+    """A file's size and mtime folded to 64 bits, never 0 (what a source whose records cannot change says):
+    a file rewritten changes them. Not its inode, device or ctime: a ``chmod``, a restore or ``rsync -a`` of
+    the same bytes, a remount, change those alone, and would leave every record of the store unserved."""
+    return xxhash.xxh3_64_intdigest(_IDENTITY.pack(st.st_size, st.st_mtime_ns)) or 1
 
 
 class FileRecords(Source):

@@ -154,8 +154,9 @@ def scanned(
 
 def sampled_bytes(paths: PathIndex, base: str) -> int:
     """The bytes the files at ``paths`` under ``base`` hold: every file's summed where there are at most
-    ``SAMPLE``; else an upper estimate from ``SAMPLE`` of them spread evenly, their mean plus three standard
-    errors times the count (a cache sized to it holds every file; a file gone since counts as the others)."""
+    ``SAMPLE``; else an estimate from ``SAMPLE`` of them spread evenly that errs high, their mean plus three
+    standard errors times the count (a file gone since counts as the others; a few files far larger than
+    the rest, which the sample may miss, are not in it: what needs the exact sum stats every file)."""
     count = len(paths)
     taken = range(count) if count <= SAMPLE else [k * count // SAMPLE for k in range(SAMPLE)]
     sizes = []

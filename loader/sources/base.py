@@ -55,10 +55,11 @@ class Source(abc.ABC):
         return raw, admit(raw, False)
 
     def identity(self, index: int) -> int:
-        """What record ``index`` is now, as 64 bits: a cache keeps it with the record it admits and serves
-        the record only while this says the same (``MinIOCache.get``). Asked before the record is read, so
-        a record changed during the read is held under its old identity and never served. This default: 0
-        (a source whose records cannot change under it: its fingerprint covers them)."""
+        """What record ``index`` is now, as 64 bits: a cache keeps it with the record it admits, and a process
+        serves the record once this said the same (``MinIOCache.get``, asked once per record in each
+        process). Asked before the record is read and again once it is read: a record changed during the
+        read is held under its old identity, and served by no process that asks. This default: 0 (a source
+        whose records cannot change under it: its fingerprint covers them)."""
         return 0
 
     def evict(self, index: int) -> None:

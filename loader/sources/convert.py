@@ -24,8 +24,11 @@ _COMMIT_BYTES = 64 << 20  # bytes per write transaction, to bound LMDB's dirty p
 
 
 def _lmdb_map_size(source: ImageFolderSource) -> int:
-    """Room for every value in whole overflow pages, the tree, and headroom (only address space on Linux)."""
-    return 2 * (source.nbytes + len(source) * (PAGE + 64)) + (64 << 20)
+    """Room for every value in whole overflow pages, the tree, and headroom (only address space on Linux);
+    every file's size summed (a stat each: ``nbytes`` is an estimate for a big folder, and a few large files
+    it did not sample would fill the map)."""
+    nbytes = sum(os.stat(source.describe(i)).st_size for i in range(len(source)))
+    return 2 * (nbytes + len(source) * (PAGE + 64)) + (64 << 20)
 
 
 def image_folder_to_lmdb(

@@ -5,7 +5,7 @@ LitData and WebDataset (``stallbench.jobs.others``) read their own formats, writ
 beside the data, ``<data>.<kind>``, and must be on the data's filesystem, so the storage condition (the page
 cache evicted, the kernel's read throttle on that device) holds for it as for the data. A copy made from the
 same records is reused: ``stallbench-source.json`` in it holds the image folder's fingerprint (every image's
-relative path and label, and each one's identity: device, inode, size, mtime and ctime). Only a copy this
+relative path and label, and each one's identity: its size and mtime). Only a copy this
 user owns, a real folder that no one else may write, is trusted: a fingerprint is no secret, and a planted
 copy could hold anything. A copy is written under a temporary name and renamed when whole; a stale one is
 renamed aside before the new one takes its name, and removed after. A folder at that name that we did not
