@@ -1,13 +1,13 @@
 """The delaying proxy (``tests/delay_proxy.py``, latency where the kernel has no netem) adds the round trip
-it claims, within 10%; object storage read through it gives the folder's records, each GET at least a round
-trip slower, and a read after the proxy is killed names the object, not a hang (issue 49, requirement 1)."""
+it claims (at least it, and within 10% or 2 ms over); object storage read through it gives the folder's
+records, each GET at least a round trip slower, and a read after the proxy is killed names the object, not a
+hang (issue 49, requirement 1)."""
 
 from __future__ import annotations
 
 import os
 import socket
 import socketserver
-import statistics
 import threading
 import time
 
@@ -29,7 +29,8 @@ class _Echo(socketserver.BaseRequestHandler):
 
 
 def _round_trip(port: int, times: int = 25) -> float:
-    """The median seconds for one byte to go to ``port`` and come back, on one connection."""
+    """The least seconds one byte took to go to ``port`` and come back, on one connection: a busy machine
+    only adds to a round trip, so the least of 25 is the one the proxy's delay sets."""
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         s.sendall(b"w")  # the connection's first exchange, untimed
@@ -40,7 +41,7 @@ def _round_trip(port: int, times: int = 25) -> float:
             s.sendall(b"x")
             assert s.recv(1) == b"x"
             spent.append(time.perf_counter() - start)
-    return statistics.median(spent)
+    return min(spent)
 
 
 @pytest.mark.parametrize("rtt_ms", [10, 50])
@@ -57,7 +58,9 @@ def test_the_proxy_adds_the_round_trip_it_claims(rtt_ms):
         echo.shutdown()
         echo.server_close()
     added_ms = (through - direct) * 1000
-    assert abs(added_ms - rtt_ms) <= 0.1 * rtt_ms, f"added {added_ms:.2f} ms for {rtt_ms} ms"
+    assert 0.9 * rtt_ms <= added_ms <= rtt_ms + max(0.1 * rtt_ms, 2), (
+        f"added {added_ms:.2f} ms for {rtt_ms} ms"
+    )
 
 
 def test_object_storage_through_the_proxy_is_the_folder_and_the_proxy_killed_is_named(
