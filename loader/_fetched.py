@@ -73,7 +73,8 @@ def fetch_raw(
     in the page cache evicts them), else from ``source``, admitted where the cache accepts it and the record
     is not ``held_elsewhere`` (prepared); ``start``: when the fetch began; ``corrupt``: a copy failed its
     check."""
-    raw, damaged = served(cache, index, lambda: source.evict(index), source.identity)
+    asks = source.identity if source.changes else None  # a source whose records cannot change: nothing to ask
+    raw, damaged = served(cache, index, lambda: source.evict(index), asks)
     corrupt = corrupt or damaged
     if raw is not None:
         return Fetched(raw, True, False, time.perf_counter() - start)
@@ -90,8 +91,10 @@ def fetch_raw(
         index, admitting(cache, index, evict, identity), lambda nbytes: cache.takes(index, nbytes)
     )
     paused = cache.memory_pauses != pauses
-    if admitted:  # the file asked again once read: unchanged, this process need not ask at its first hit
-        cache.same_identity(index, source.identity)
+    if (
+        admitted and asks is not None
+    ):  # asked again once read: unchanged, this process need not ask at its hit
+        cache.same_identity(index, asks)
     return Fetched(raw, False, admitted, time.perf_counter() - start, memory_pause=paused, identity=identity)
 
 

@@ -32,7 +32,7 @@ class PreparedRecords:
         self.store, self.transform = store, transform
         self.raw = raw  # a mix of forms: the raw store takes what the prepared store has no room for
 
-    def fetch(self, index: int, identity: Callable[[int], int]) -> Fetched | None:
+    def fetch(self, index: int, identity: Callable[[int], int] | None) -> Fetched | None:
         """The record prepared, as stored (a hit, while ``identity(index)`` says what it said when it was
         prepared), or None: a miss, or a stored copy that failed its check (``corrupt``: the caller reads the
         raw record and prepares it again)."""

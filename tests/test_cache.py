@@ -211,6 +211,8 @@ def test_a_record_is_served_only_while_its_source_gives_the_identity_it_was_admi
 class _Rewritten(MemorySource):
     """Record 0's identity as a file's would read: ``identities`` in turn, the last one kept."""
 
+    changes = True
+
     def __init__(self, identities: list[int]) -> None:
         super().__init__(4)
         self.identities, self.asked = identities, 0

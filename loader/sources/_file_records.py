@@ -30,6 +30,7 @@ class FileRecords(Source):
     and fingerprint); subclasses give ``describe``."""
 
     _listing: Listing
+    changes = True  # a file rewritten in place keeps the listing's fingerprint
 
     @property
     def fingerprint(self) -> str:

@@ -18,6 +18,7 @@ class Source(abc.ABC):
 
     nbytes: int | None = None  # bytes the records take, or an estimate from the file sizes; None if unknown
     thread_safe_reads: bool = False  # read() may run on several threads at once (the loader then reads ahead)
+    changes: bool = False  # a record may change under the same fingerprint: a cache asks its ``identity``
     _per_process: tuple[str, ...] = ()  # open handles: not pickled; each process opens its own (see _pid)
 
     def __getstate__(self) -> dict[str, Any]:
