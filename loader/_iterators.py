@@ -1,17 +1,20 @@
 """Torch's own iterator classes, as ``loader.DataLoader`` runs them: each batch handed to the training loop is
 told to the loader (it counts them for ``state_dict``, and keeps the random states its worker stamped on it,
 ``_worker_random``), a batch that is only ``skip`` (all its records bad and skipped) is dropped, a Dataset's
-own file reads are served (``cache_files``), and a restored loader's workers start where the saved ones were.
+own file reads are served (``cache_files``), a restored loader's workers start where the saved ones were, and
+what a killed worker left of torch's shared memory in /dev/shm is removed.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import torch.multiprocessing
 from torch.utils.data import _utils
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
@@ -25,6 +28,7 @@ from loader.system.forkgrowth import measure_growth
 __all__ = ["Tracking", "counting_iterator"]
 
 REAP_WAIT_S = 1.0  # how long a broken connection to the workers waits for a dying one to be reaped
+SHM = "/dev/shm"
 
 
 class Tracked(Protocol):
@@ -125,15 +129,47 @@ class _CountingMultiProcessingIter(_Counting, _MultiProcessingDataLoaderIter):
                 return dead
             time.sleep(0.01)
 
+    def _mark_worker_as_unavailable(self, worker_id: int, shutdown: bool = False) -> None:
+        super()._mark_worker_as_unavailable(worker_id, shutdown)
+        if not shutdown:  # a worker found dead
+            _forget_segments_of_failed([self._workers[worker_id]])
+
     def _shutdown_workers(self) -> None:
         """Torch's, after noting what the workers took (``forkgrowth``): the next workers may fork after
         these have gone, as those of a loader without persistent workers do each epoch."""
+        exiting = getattr(_utils, "python_exit_status", None) is not False  # (None: torch's module gone)
         try:
-            exiting = getattr(_utils, "python_exit_status", None) is not False  # (None: torch's module gone)
             if not getattr(self, "_shutdown", True) and not exiting:
                 measure_growth()
         finally:  # an interrupt while measuring still shuts the workers down
             super()._shutdown_workers()
+        if not exiting:  # (at the interpreter's exit torch leaves its workers be, and modules are going)
+            _forget_segments_of_failed(getattr(self, "_workers", ()))
+
+
+def _forget_segments_of_failed(workers: Any) -> None:
+    """Remove what each of ``workers`` that failed (exited, reaped, not with 0) left in /dev/shm of torch's
+    shared memory. With torch's ``file_descriptor`` strategy (Linux's default) a worker names a segment
+    ``torch_<its pid>_...`` and unlinks it as soon as it is mapped, passing on only its descriptor; a worker
+    killed in between leaves the name for good, which torch's loader leaves too. Only names of this user's,
+    and only under that strategy: under ``file_system`` a name outlives its maker while others map it."""
+    if torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
+        return
+    failed = [w.pid for w in workers if w.exitcode not in (None, 0)]
+    if not failed:
+        return
+    prefixes = tuple(f"torch_{pid}_" for pid in failed)
+    try:
+        entries = [e for e in os.scandir(SHM) if e.name.startswith(prefixes)]
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            ours = entry.stat(follow_symlinks=False).st_uid == os.geteuid()
+            if ours and entry.is_file(follow_symlinks=False):
+                os.unlink(entry.path)
+        except OSError:  # gone already, or not ours to remove
+            pass
 
     @property
     def _worker_queue_idx_cycle(self) -> Any:

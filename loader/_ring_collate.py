@@ -1,6 +1,12 @@
 """Torch's ``default_collate`` in a forked worker, stacking each large tensor into a slot of the loader's
 ``BatchRing`` (``_batch_ring.py`` says why) rather than into fresh shared memory; the tensor pickles as its
 place in the slot. Where no slot is free or a tensor does not fit, it stacks as ``default_collate`` does.
+
+A small tensor (labels, a few floats a sample) goes by value, its bytes in the message that carries the batch:
+torch's path makes a segment in /dev/shm for it and hands its descriptor over a socket of its own, which costs
+more than copying a few kilobytes, and a worker killed between the segment's creation and its unlink (torch
+unlinks it at once) leaves the name in /dev/shm for good. With both, a batch of ``default_collate`` from a
+forked worker makes nothing in /dev/shm unless the ring is full.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ import multiprocessing
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
@@ -17,7 +24,7 @@ from loader._batch_ring import SLOT_BYTES, BatchRing, handed
 
 __all__ = ["MIN_TENSOR_BYTES", "RingCollate", "ring_collate"]
 
-MIN_TENSOR_BYTES = 4 << 20  # smaller tensors: a saving under ~2 ms a batch, while the slots' pages stay held
+MIN_TENSOR_BYTES = 256 << 10  # smaller tensors go by value: a copy through the pipe costs less than a segment
 SLOTS_BEYOND_PREFETCH = 2  # the batch the loop holds, and the one before it that autograd may still hold
 _ALIGN = 64
 
@@ -32,16 +39,12 @@ class _Stacking:
 
     def stack(self, batch: list[torch.Tensor]) -> torch.Tensor:
         elem = batch[0]
+        if not _plain(elem):
+            return collate_tensor_fn(batch)
         shape = (len(batch), *elem.shape)
         nbytes = elem.element_size() * elem.numel() * len(batch)
-        if (
-            nbytes < MIN_TENSOR_BYTES
-            or type(elem) is not torch.Tensor  # a subclass: torch's stack keeps it, so does its path
-            or elem.layout != torch.strided
-            or elem.is_nested
-            or elem.device.type != "cpu"
-        ):
-            return collate_tensor_fn(batch)
+        if nbytes < MIN_TENSOR_BYTES:
+            return by_value(torch.stack(batch, 0))
         if self.slot is None:
             self.slot = self.ring.take(self.worker)
         if self.slot is None or self.used + nbytes > SLOT_BYTES:
@@ -57,6 +60,42 @@ class _Stacking:
         of, or holds for a batch that is not sent, is free again."""
         if self.slot is not None and not (sent and self.used):
             self.ring.release(self.slot)
+
+
+def _plain(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is one the ring or a copy by value can carry: a strided CPU tensor of torch's own
+    class (a subclass keeps torch's path, as torch's stack keeps the subclass)."""
+    return (
+        type(tensor) is torch.Tensor
+        and tensor.layout == torch.strided
+        and not tensor.is_nested
+        and not tensor.is_quantized
+        and tensor.device.type == "cpu"
+    )
+
+
+def by_value(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``, pickled as its bytes where it is small and plain; as it is otherwise."""
+    if not _plain(tensor) or tensor.element_size() * tensor.numel() >= MIN_TENSOR_BYTES:
+        return tensor
+    return tensor.contiguous().as_subclass(_ValueTensor)
+
+
+class _ValueTensor(torch.Tensor):
+    """A small batch tensor: pickled as its bytes."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __reduce_ex__(self, protocol: int) -> tuple[Any, ...]:
+        data = self.as_subclass(torch.Tensor).reshape(-1).view(torch.uint8).numpy().tobytes()
+        return _from_bytes, (data, self.dtype, tuple(self.shape))
+
+
+def _from_bytes(data: bytes, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """A tensor sent by value, as the main process unpickles it."""
+    if not data:
+        return torch.empty(shape, dtype=dtype)
+    return torch.from_numpy(np.frombuffer(data, np.uint8).copy()).view(dtype).view(shape)
 
 
 class _RingTensor(torch.Tensor):
@@ -83,7 +122,7 @@ class RingCollate:
         if info is None or default_collate_fn_map.get(torch.Tensor) is not collate_tensor_fn:
             return default_collate(samples)  # not in a worker, or the user set torch's map's tensor entry
         stacking = _Stacking(self.ring, info.id)
-        fns: dict[Any, Callable] = {**default_collate_fn_map}
+        fns: dict[Any, Callable] = {kind: _sent_by_value(fn) for kind, fn in default_collate_fn_map.items()}
         fns[torch.Tensor] = lambda batch, *, collate_fn_map: stacking.stack(batch)
         try:
             batch = collate(samples, collate_fn_map=fns)
@@ -92,6 +131,16 @@ class RingCollate:
             raise
         stacking.done(sent=True)
         return batch
+
+
+def _sent_by_value(fn: Callable) -> Callable:
+    """``fn`` of torch's map (numbers into a tensor, say), its tensor sent by value where small."""
+
+    def collate_and_mark(batch: Any, *, collate_fn_map: dict) -> Any:
+        made = fn(batch, collate_fn_map=collate_fn_map)
+        return by_value(made) if type(made) is torch.Tensor else made
+
+    return collate_and_mark
 
 
 def ring_collate(loader: Any) -> tuple[BatchRing, Any] | None:

@@ -62,7 +62,9 @@ def test_batches_equal_torchs_and_the_large_tensors_come_through_the_ring(persis
     assert_same(ours, theirs)
     # torch's workers stack into shared memory; ours into a slot, which the main process's tensor views
     assert all(b["image"].is_shared() for b in theirs) and not any(b["image"].is_shared() for b in ours)
-    assert all(b["small"].is_shared() for b in ours)  # a small one takes torch's own path
+    # the small ones come by value: none of a batch's tensors took torch's path, which makes a segment
+    assert all(b["small"].is_shared() and b["label"].is_shared() for b in theirs)
+    assert not any(t.is_shared() for b in ours for t in b.values())
 
 
 @pytest.mark.multiproc
@@ -126,6 +128,10 @@ first = next(it)
 expected = first["image"].clone()
 start = time.monotonic()
 errors = []
+# what torch's path leaves of a worker killed between a segment's creation and its unlink, for each worker
+planted = ["/dev/shm/torch_%d_%d_0" % (w.pid, os.getpid()) for w in it._workers]
+for name in planted:
+    os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
 try:
     try:
         os.kill(it._workers[1].pid, signal.SIGKILL)
@@ -138,17 +144,27 @@ except RuntimeError as exc:  # torch's SIGCHLD handler, run late: after the firs
     errors.append(exc)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 told = ["killed by signal" in str(e) or "exited unexpectedly" in str(e) for e in errors]
+left = [os.path.exists(name) for name in planted]
+for name in planted:
+    if os.path.exists(name):
+        os.unlink(name)
 print("raised", bool(told) and all(told), flush=True)
 print("seconds", time.monotonic() - start < 60, "whole", torch.equal(first["image"], expected))
+print("left", *left)
 """
 
 
 @pytest.mark.multiproc
-def test_a_killed_worker_is_reported_as_torchs_is():
-    """In its own process: torch's SIGCHLD handler raises wherever the main process is when a worker dies."""
+def test_a_killed_worker_is_reported_as_torchs_is_and_what_it_left_in_dev_shm_removed():
+    """In its own process: torch's SIGCHLD handler raises wherever the main process is when a worker dies.
+    The name torch's path leaves of a worker killed while making a segment is gone with it; the live worker's
+    is kept."""
     script = KILLED.format(tests=os.path.dirname(__file__))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert done.stdout.split() == ["raised", "True", "seconds", "True", "whole", "True"], done.stderr[-2000:]
+    assert done.stdout.split() == [
+        *("raised", "True", "seconds", "True", "whole", "True"),
+        *("left", "True", "False"),
+    ], done.stderr[-2000:]
 
 
 BROKEN = """
