@@ -291,9 +291,11 @@ class Views:
         monkeypatch.setattr(_memory, "memory_view", self.view)
         monkeypatch.setattr(_headroom, "monotonic", lambda: self.now)
 
+    kernel = 0
+
     def view(self) -> MemoryView:
         self.reads += 1
-        return MemoryView(self.headroom, self.limit, "SRC")
+        return MemoryView(self.headroom, self.limit, "SRC", self.kernel)
 
 
 def test_gauge_rereads_once_the_interval_passed(monkeypatch):
@@ -419,6 +421,37 @@ def test_gauge_of_a_store_on_disk_takes_its_page_cache_from_the_headroom(monkeyp
     assert gauge.spare == 300 * MIB and gauge.own_peak == LIMIT - 500 * MIB  # its own: not the store's
     in_memory = PressureGauge(interval=0)  # the same reading, a store in a tmpfs: usage counts its 200 MiB
     assert not in_memory.short(372 * MIB, lambda: held) and in_memory.own_peak == LIMIT - 700 * MIB
+
+
+@pytest.mark.parametrize(
+    ("kernel", "not_the_job_s"), [(40 * MIB, 200 * MIB * 104 // 4096), (3 * MIB, 3 * MIB), (0, 0)]
+)
+def test_gauge_of_a_store_on_disk_takes_its_pages_buffer_heads_off_the_job_s_own(
+    monkeypatch, kernel, not_the_job_s
+):
+    """ext4's buffer heads of the store's written pages (104 bytes a 4 KiB page: 5.1 MiB for 200 MiB held) are
+    the kernel's, freed with the pages: not the job's own, up to the kernel memory the cgroup reports."""
+    views = Views(monkeypatch, 500 * MIB)
+    views.kernel = kernel
+    gauge = PressureGauge(interval=0, held_in_memory=False)
+    gauge.short(0, lambda: 200 * MIB)
+    assert gauge.own_peak == LIMIT - 500 * MIB - not_the_job_s
+    in_memory = PressureGauge(interval=0)  # a store in a tmpfs: no buffer heads; its pages are the usage's
+    in_memory.short(0, lambda: 200 * MIB)
+    assert in_memory.own_peak == LIMIT - 700 * MIB
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_the_view_reports_the_kernel_memory_the_cgroup_is_charged_for(fake, version):
+    fake.join(version, "/job")
+    getattr(fake, version)("job", limit=2 * GIB, anon=GIB)
+    directory = fake.mount / "job"
+    if version == "v1":
+        (directory / "memory.kmem.usage_in_bytes").write_text(f"{30 * MIB}\n")
+    else:
+        with (directory / "memory.stat").open("a") as stat:
+            stat.write(f"slab_unreclaimable {MIB}\nslab_reclaimable {30 * MIB}\n")
+    assert memory_view().kernel == 30 * MIB
 
 
 def test_gauge_of_a_store_on_disk_gives_back_once_the_job_s_own_memory_leaves_too_little(monkeypatch):

@@ -35,11 +35,15 @@ _MEMINFO_KB = re.compile(rb"^(MemTotal|MemAvailable):\s+(\d+) kB$", re.M)
 
 @dataclass(frozen=True)
 class MemoryView:
-    """Memory the job can still take (``headroom``) under the ``limit`` that binds, named by ``source``."""
+    """Memory the job can still take (``headroom``) under the ``limit`` that binds, named by ``source``;
+    ``kernel``: of the usage counted against the headroom, the kernel's own memory the cgroup is charged for
+    (v1: ``memory.kmem.usage_in_bytes``; v2: ``slab_reclaimable``; 0 where unknown): the buffer heads of a
+    store's written pages among it (``headroom.py``)."""
 
     headroom: int
     limit: int
     source: str
+    kernel: int = 0
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class _Version:
     limits: tuple[str, ...]
     usage: str
     file_cache: re.Pattern[bytes]
+    kernel: str | re.Pattern[bytes]  # a file of its own (v1) or a line of memory.stat (v2)
 
 
 # usage_in_bytes counts the cgroup's descendants (v1), so does its file cache under the total_ keys
@@ -58,9 +63,14 @@ _V1 = _Version(
     ("memory.limit_in_bytes",),
     "memory.usage_in_bytes",
     re.compile(rb"^total_(?:in)?active_file (\d+)$", re.M),
+    "memory.kmem.usage_in_bytes",
 )
 _V2 = _Version(
-    "v2", ("memory.max", "memory.high"), "memory.current", re.compile(rb"^(?:in)?active_file (\d+)$", re.M)
+    "v2",
+    ("memory.max", "memory.high"),
+    "memory.current",
+    re.compile(rb"^(?:in)?active_file (\d+)$", re.M),
+    re.compile(rb"^slab_reclaimable (\d+)$", re.M),
 )
 
 
@@ -164,7 +174,17 @@ def _level_view(level: _Level) -> MemoryView | None:
         return None
     unreclaimable = usage - sum(int(n) for n in version.file_cache.findall(stat))
     source = f"the cgroup {version.name} memory limit of {level.name} ({format_bytes(limit)})"
-    return MemoryView(max(0, limit - unreclaimable), limit, source)
+    return MemoryView(max(0, limit - unreclaimable), limit, source, _kernel(version, level.directory, stat))
+
+
+def _kernel(version: _Version, directory: str, stat: bytes) -> int:
+    if isinstance(version.kernel, re.Pattern):
+        found = version.kernel.search(stat)
+        return int(found[1]) if found else 0
+    try:
+        return int(_read(posixpath.join(directory, version.kernel)))
+    except (OSError, ValueError):  # a kernel built without kmem accounting
+        return 0
 
 
 def _machine() -> MemoryView:
