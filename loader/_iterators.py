@@ -7,17 +7,16 @@ what a killed worker left of torch's shared memory in /dev/shm is removed.
 
 from __future__ import annotations
 
-import os
 import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import torch.multiprocessing
 from torch.utils.data import _utils
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
+from loader._dead_workers import forget_segments_of_failed
 from loader._ring_collate import ring_collate
 from loader._serving import FileReads, ServingWorkerInit, serving
 from loader._shared_heap import heap_ready_for_fork
@@ -28,7 +27,6 @@ from loader.system.forkgrowth import measure_growth
 __all__ = ["Tracking", "counting_iterator"]
 
 REAP_WAIT_S = 1.0  # how long a broken connection to the workers waits for a dying one to be reaped
-SHM = "/dev/shm"
 
 
 class Tracked(Protocol):
@@ -132,7 +130,7 @@ class _CountingMultiProcessingIter(_Counting, _MultiProcessingDataLoaderIter):
     def _mark_worker_as_unavailable(self, worker_id: int, shutdown: bool = False) -> None:
         super()._mark_worker_as_unavailable(worker_id, shutdown)
         if not shutdown:  # a worker found dead
-            _forget_segments_of_failed([self._workers[worker_id]])
+            forget_segments_of_failed([self._workers[worker_id]])
 
     def _shutdown_workers(self) -> None:
         """Torch's, after noting what the workers took (``forkgrowth``): the next workers may fork after
@@ -144,32 +142,7 @@ class _CountingMultiProcessingIter(_Counting, _MultiProcessingDataLoaderIter):
         finally:  # an interrupt while measuring still shuts the workers down
             super()._shutdown_workers()
         if not exiting:  # (at the interpreter's exit torch leaves its workers be, and modules are going)
-            _forget_segments_of_failed(getattr(self, "_workers", ()))
-
-
-def _forget_segments_of_failed(workers: Any) -> None:
-    """Remove what each of ``workers`` that failed (exited, reaped, not with 0) left in /dev/shm of torch's
-    shared memory. With torch's ``file_descriptor`` strategy (Linux's default) a worker names a segment
-    ``torch_<its pid>_...`` and unlinks it as soon as it is mapped, passing on only its descriptor; a worker
-    killed in between leaves the name for good, which torch's loader leaves too. Only names of this user's,
-    and only under that strategy: under ``file_system`` a name outlives its maker while others map it."""
-    if torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
-        return
-    failed = [w.pid for w in workers if w.exitcode not in (None, 0)]
-    if not failed:
-        return
-    prefixes = tuple(f"torch_{pid}_" for pid in failed)
-    try:
-        entries = [e for e in os.scandir(SHM) if e.name.startswith(prefixes)]
-    except OSError:
-        return
-    for entry in entries:
-        try:
-            ours = entry.stat(follow_symlinks=False).st_uid == os.geteuid()
-            if ours and entry.is_file(follow_symlinks=False):
-                os.unlink(entry.path)
-        except OSError:  # gone already, or not ours to remove
-            pass
+            forget_segments_of_failed(getattr(self, "_workers", ()))
 
     @property
     def _worker_queue_idx_cycle(self) -> Any:

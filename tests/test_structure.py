@@ -33,6 +33,7 @@ LONG = {
     "loader/files.py",  # CachedFiles: roots listed, each read located, stat'ed, served or read and admitted
     "stallbench/cli/__init__.py",  # the parser, one option per call, and the checks across options
     "loader/dataloader.py",  # torch's signature and documented options, then each torch hook it takes over
+    "loader/system/memory.py",  # the view: each cgroup level of v1 or v2 (limit, usage, file cache, kernel)
 }
 
 
