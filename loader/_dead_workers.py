@@ -23,10 +23,12 @@ def forget_segments_of_failed(workers: Any) -> None:
     maker while other processes map it)."""
     if torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
         return
-    failed = [w.pid for w in workers if w.exitcode not in (None, 0)]
+    failed = [w for w in workers if w.exitcode not in (None, 0) and not hasattr(w, "_segments_forgotten")]
     if not failed:
         return
-    prefixes = tuple(f"torch_{pid}_" for pid in failed)
+    for worker in failed:  # once: torch shuts its workers down more than once, and a reaped pid is reused
+        worker._segments_forgotten = True
+    prefixes = tuple(f"torch_{w.pid}_" for w in failed)
     try:
         entries = [e for e in os.scandir(SHM) if e.name.startswith(prefixes)]
     except OSError:

@@ -43,8 +43,8 @@ class _Stacking:
             return collate_tensor_fn(batch)
         shape = (len(batch), *elem.shape)
         nbytes = elem.element_size() * elem.numel() * len(batch)
-        if nbytes < MIN_TENSOR_BYTES:
-            return by_value(torch.stack(batch, 0))
+        if nbytes < MIN_TENSOR_BYTES:  # stacked into the first sample's dtype, as torch's collate does
+            return by_value(torch.stack(batch, 0, out=torch.empty(shape, dtype=elem.dtype)))
         if self.slot is None:
             self.slot = self.ring.take(self.worker)
         if self.slot is None or self.used + nbytes > SLOT_BYTES:
@@ -64,12 +64,15 @@ class _Stacking:
 
 def _plain(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` is one the ring or a copy by value can carry: a strided CPU tensor of torch's own
-    class (a subclass keeps torch's path, as torch's stack keeps the subclass)."""
+    class (a subclass keeps torch's path, as torch's stack keeps the subclass) that needs no gradient (torch's
+    stack into shared memory raises for one in the worker, where the error reaches the loop; pickling it by
+    value would fail later, in the queue's thread, and the batch would be lost)."""
     return (
         type(tensor) is torch.Tensor
         and tensor.layout == torch.strided
         and not tensor.is_nested
         and not tensor.is_quantized
+        and not tensor.requires_grad
         and tensor.device.type == "cpu"
     )
 
@@ -87,7 +90,8 @@ class _ValueTensor(torch.Tensor):
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     def __reduce_ex__(self, protocol: int) -> tuple[Any, ...]:
-        data = self.as_subclass(torch.Tensor).reshape(-1).view(torch.uint8).numpy().tobytes()
+        plain = self.as_subclass(torch.Tensor).resolve_conj().resolve_neg()
+        data = plain.reshape(-1).view(torch.uint8).numpy().tobytes()
         return _from_bytes, (data, self.dtype, tuple(self.shape))
 
 

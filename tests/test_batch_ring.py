@@ -17,6 +17,7 @@ from torch.utils.data import Dataset
 
 import loader
 from loader import _batch_ring
+from loader._dead_workers import forget_segments_of_failed
 from loader._ring_collate import MIN_TENSOR_BYTES
 
 N, BATCH = 96, 32
@@ -282,3 +283,65 @@ def test_a_tensor_subclass_and_a_users_tensor_collate_take_torchs_path(monkeypat
     ours, theirs = batches(loader.DataLoader), batches(torch.utils.data.DataLoader)
     assert_same(ours, theirs)
     assert torch.equal(theirs[0]["image"][0], Images()[int(theirs[0]["label"][0])]["image"] + 1)
+
+
+class Mixed(Dataset):
+    """Samples whose dtypes differ (float32, then float64) or that need a gradient, as a careless dataset
+    gives them."""
+
+    def __init__(self, grad: bool = False) -> None:
+        self.grad = grad
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full(
+            (4,), float(i), dtype=torch.float64 if i % 2 else torch.float32, requires_grad=self.grad
+        )
+
+
+def outcome(make, dataset) -> list | str:
+    try:
+        return [b for b in make(dataset, batch_size=4, num_workers=2, timeout=60)]
+    except RuntimeError as exc:
+        return type(exc).__name__ + ": " + str(exc).splitlines()[-1]
+
+
+@pytest.mark.multiproc
+def test_a_small_batch_of_mixed_dtypes_takes_the_first_sample_s_as_torch_s_does():
+    ours, theirs = outcome(loader.DataLoader, Mixed()), outcome(torch.utils.data.DataLoader, Mixed())
+    if isinstance(theirs, str):
+        assert ours == theirs
+    else:
+        assert [(b.dtype, b.tolist()) for b in ours] == [(b.dtype, b.tolist()) for b in theirs]
+
+
+@pytest.mark.multiproc
+def test_a_sample_that_needs_a_gradient_fails_in_the_loop_as_with_torch_and_nothing_hangs():
+    ours, theirs = (
+        outcome(loader.DataLoader, Mixed(grad=True)),
+        outcome(torch.utils.data.DataLoader, Mixed(grad=True)),
+    )
+    assert isinstance(theirs, str) and ours == theirs
+
+
+class DeadWorker:
+    def __init__(self, pid: int) -> None:
+        self.pid, self.exitcode = pid, -9
+
+
+def test_a_dead_worker_s_names_are_removed_once_never_again_under_a_reused_pid():
+    """Torch shuts workers down more than once; by the second time the pid may be another process's."""
+    worker = DeadWorker(2**22 + os.getpid() % 1000)  # above this machine's pid_max: no live process's
+    name = f"/dev/shm/torch_{worker.pid}_{os.getpid()}_0"
+    try:
+        os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        forget_segments_of_failed([worker])
+        assert not os.path.exists(name)
+        os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))  # the pid's next process
+        forget_segments_of_failed([worker])
+        assert os.path.exists(name)
+    finally:
+        if os.path.exists(name):
+            os.unlink(name)

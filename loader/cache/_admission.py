@@ -127,7 +127,7 @@ class AdmissionGate:
         free = f"{format_bytes(view.headroom)} free per {view.source}"
         if not gauge.held_in_memory:
             free += f", {format_bytes(gauge.held)} of it the cache's page cache"
-        peak = view.headroom - gauge.spare - (0 if gauge.held_in_memory else gauge.held)
+        peak = gauge.own_peak - gauge.own
         if peak > 0:
             free += f", {format_bytes(peak)} of it for the job's own peak"
         return f"{free}, {format_bytes(self._gauge.reserve)} kept free"

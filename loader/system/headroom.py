@@ -64,6 +64,7 @@ class PressureGauge:
         self.read_at = 0.0
         self._noted = 0
         self.reserve = 0  # what to keep free, as of the last read
+        self.own = 0  # the job's own memory at the last read
         self.own_peak = 0
         self._peak_source = ""
 
@@ -127,7 +128,7 @@ class PressureGauge:
         if view.source != self._peak_source:
             self.own_peak, self._peak_source = 0, view.source  # another limit binds: another usage
         own = view.limit - view.headroom - (held if self.held_in_memory else _buffer_heads(held, view))
-        self.own_peak = max(self.own_peak, own)
+        self.own, self.own_peak = own, max(self.own_peak, own)
         self.last, self.held, self.spare = view, held, view.limit - self.own_peak - held
         self.beside = view.limit - own - held  # free now: what a page cache beside the cache may use
         self.read_at, self._noted = monotonic(), 0
