@@ -143,9 +143,15 @@ def test_the_cpu_counter_keeps_a_child_that_has_exited():
 
 @pytest.fixture
 def stops_as_stallbench():
-    """SIGTERM and SIGHUP in this process as in stallbench's (``stops``), put back after."""
-    with stops_as_ctrl_c():
-        yield
+    """SIGTERM and SIGHUP in this process as in stallbench's (``stops``), and SIGINT as Python sets it where
+    it is not ignored, whatever the shell running the tests ignores (a background shell ignores SIGINT: each
+    of the 20 jobs then ran to its timeout, 100 s); put back after."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with stops_as_ctrl_c():
+            yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 @pytest.mark.multiproc
