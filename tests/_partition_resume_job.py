@@ -39,9 +39,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def epoch(dl: DataLoader, batches: Iterable[Any]) -> dict:
-    """The samples of ``batches`` and what the epoch changed in the loader's counts."""
-    before = dl.stats()
+def epoch(dl: DataLoader, batches: Iterable[Any], before: Any = None) -> dict:
+    """The samples of ``batches`` and what the epoch changed in the loader's counts since ``before`` (the
+    loader's stats; None: taken now)."""
+    before = dl.stats() if before is None else before
     samples = [i for batch in batches for i in batch[0].tolist()]
     after = dl.stats()
     delta = {key: getattr(after, key) - getattr(before, key) for key in COUNTS}
@@ -70,8 +71,9 @@ def run_rank(args: list[str], world: int, me: int, port: int, results: Connectio
     )
     if state_in != "-":
         dl.load_state_dict(torch.load(state_in, weights_only=False))
+    before = dl.stats()  # before iter(): it starts the exchange, which may receive every record ahead at once
     it = iter(dl)
-    record = {"resumed": epoch(dl, it if take < 0 else (next(it) for _ in range(take)))}
+    record = {"resumed": epoch(dl, it if take < 0 else (next(it) for _ in range(take)), before)}
     if me == 0:
         torch.save(dl.state_dict(), state_out)
     del it  # its workers stop
