@@ -73,7 +73,7 @@ def fetch_raw(
     in the page cache evicts them), else from ``source``, admitted where the cache accepts it and the record
     is not ``held_elsewhere`` (prepared); ``start``: when the fetch began; ``corrupt``: a copy failed its
     check."""
-    asks = source.identity if source.changes else None  # a source whose records cannot change: nothing to ask
+    asks = source.asked_identity
     raw, damaged = served(cache, index, lambda: source.evict(index), asks)
     corrupt = corrupt or damaged
     if raw is not None:
@@ -91,9 +91,7 @@ def fetch_raw(
         index, admitting(cache, index, evict, identity), lambda nbytes: cache.takes(index, nbytes)
     )
     paused = cache.memory_pauses != pauses
-    if (
-        admitted and asks is not None
-    ):  # asked again once read: unchanged, this process need not ask at its hit
+    if admitted and asks is not None:  # asked again once read, unchanged: no need to ask at its hit
         cache.same_identity(index, asks)
     return Fetched(raw, False, admitted, time.perf_counter() - start, memory_pause=paused, identity=identity)
 

@@ -112,8 +112,7 @@ class SourceDataset(Dataset):
             if raw is not None:
                 return Fetched(raw, False, False, time.perf_counter() - start, peer=True)
             return Fetched(self.source.read(index), False, False, time.perf_counter() - start)
-        asks = self.source.identity if self.source.changes else None
-        got = self._prepared.fetch(index, asks) if self._prepared is not None else None
+        got = self._prepared.fetch(index, self.source.asked_identity) if self._prepared is not None else None
         if got is not None and got.hit:
             return got
         corrupt = got is not None  # a prepared copy that failed its check

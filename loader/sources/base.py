@@ -63,6 +63,12 @@ class Source(abc.ABC):
         whose records cannot change under it: its fingerprint covers them)."""
         return 0
 
+    @property
+    def asked_identity(self) -> Callable[[int], int] | None:
+        """What a cache asks of a record before serving it: ``identity`` where records may change
+        (``changes``); None where they cannot, and a cache asks nothing (nor keeps what it asked)."""
+        return self.identity if self.changes else None
+
     def evict(self, index: int) -> None:
         """Evict from the page cache the pages of record ``index`` that the read which admitted it brought
         in (it said ``ours``); called once the cache has served the record. This default evicts nothing."""
