@@ -15,6 +15,7 @@ view never raises.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import posixpath
@@ -161,8 +162,9 @@ def _limit(version: _Version, directory: str) -> int | None:
     return min(values, default=None)
 
 
-def _level_view(level: _Level) -> MemoryView | None:
-    """Headroom under this cgroup's limit; None when it has none or its files cannot be read."""
+def _level_view(level: _Level) -> tuple[MemoryView, bytes] | None:
+    """Headroom under this cgroup's limit (its ``kernel`` left 0) and the ``memory.stat`` it was read from;
+    None when it has no limit or its files cannot be read."""
     version = level.version
     try:
         limit = _limit(version, level.directory)
@@ -174,15 +176,16 @@ def _level_view(level: _Level) -> MemoryView | None:
         return None
     unreclaimable = usage - sum(int(n) for n in version.file_cache.findall(stat))
     source = f"the cgroup {version.name} memory limit of {level.name} ({format_bytes(limit)})"
-    return MemoryView(max(0, limit - unreclaimable), limit, source, _kernel(version, level.directory, stat))
+    return MemoryView(max(0, limit - unreclaimable), limit, source), stat
 
 
-def _kernel(version: _Version, directory: str, stat: bytes) -> int:
-    if isinstance(version.kernel, re.Pattern):
-        found = version.kernel.search(stat)
+def _kernel(level: _Level, stat: bytes) -> int:
+    kernel = level.version.kernel
+    if isinstance(kernel, re.Pattern):
+        found = kernel.search(stat)
         return int(found[1]) if found else 0
     try:
-        return int(_read(posixpath.join(directory, version.kernel)))
+        return int(_read(posixpath.join(level.directory, kernel)))
     except (OSError, ValueError):  # a kernel built without kmem accounting
         return 0
 
@@ -201,12 +204,14 @@ def _machine() -> MemoryView:
 
 def memory_view() -> MemoryView:
     """The tightest of the job's memory cgroups (v1 or v2) and the machine's MemAvailable, read now."""
-    tightest = _machine()
+    tightest, binding = _machine(), None
     for level in _hierarchy():
-        view = _level_view(level)
-        if view is not None and view.headroom < tightest.headroom:
-            tightest = view
-    return tightest
+        found = _level_view(level)
+        if found is not None and found[0].headroom < tightest.headroom:
+            tightest, binding = found[0], (level, found[1])
+    if binding is None:
+        return tightest
+    return dataclasses.replace(tightest, kernel=_kernel(*binding))  # read for the limit that binds alone
 
 
 def format_bytes(n: int) -> str:
