@@ -139,24 +139,36 @@ class BatchCost:
         self.nbytes = self.misses = self.miss_bytes = 0
 
 
-def note_fetch(count: Callable[[str, float], None] | None, spent: BatchCost, got: Fetched) -> None:
+def note_fetch(count: Callable[[str, float], None] | None, spent: BatchCost | None, got: Fetched) -> None:
     """Count ``got`` into the loader's stats (``count``: its board's ``add``; None: not counted) and into the
-    batch's ``spent``."""
+    batch's ``spent`` (None: no batch weighs it). Runs once per record: a hit takes three counts and no
+    more."""
     size = len(got.raw)
-    counts: list[tuple[str, float]] = [("fetch_seconds", got.seconds)]
+    if spent is not None:
+        spent.fetch_seconds += got.seconds
+        spent.nbytes += size
+        if not (got.hit or got.peer):
+            spent.misses += 1
+            spent.miss_seconds += got.seconds
+            spent.miss_bytes += size
+    if count is None:
+        return
+    count("fetch_seconds", got.seconds)
     if got.hit:
-        counts += [("hits", 1), ("bytes_from_cache", size)]
-    elif got.peer:
-        counts += [("peer_hits", 1), ("bytes_from_peers", size)]
+        count("hits", 1)
+        count("bytes_from_cache", size)
+        return
+    if got.peer:
+        count("peer_hits", 1)
+        count("bytes_from_peers", size)
     else:
-        counts += [("misses", 1), ("bytes_from_source", size), ("miss_seconds", got.seconds)]
-        spent.misses += 1
-        spent.miss_seconds += got.seconds
-        spent.miss_bytes += size
-    flags = (("records_admitted", got.admitted), ("records_corrupt", got.corrupt))
-    counts += [(field, 1) for field, flag in (*flags, ("memory_pauses", got.memory_pause)) if flag]
-    spent.fetch_seconds += got.seconds
-    spent.nbytes += size
-    if count is not None:
-        for field, amount in counts:
-            count(field, amount)
+        count("misses", 1)
+        count("bytes_from_source", size)
+        count("miss_seconds", got.seconds)
+    for field, flag in (
+        ("records_admitted", got.admitted),
+        ("records_corrupt", got.corrupt),
+        ("memory_pauses", got.memory_pause),
+    ):
+        if flag:
+            count(field, 1)

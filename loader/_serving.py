@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from loader._fetched import BatchCost, Fetched, note_fetch
-from loader._served_file import ServedFile, served_text
+from loader._fetched import Fetched, note_fetch
+from loader._served_file import served_file, served_text
 from loader.board import StatsBoard
 from loader.files import CachedFiles
 
@@ -51,7 +51,7 @@ class FileReads:
         if got is None:
             return None
         fetched = Fetched(got.raw, got.hit, got.admitted, time.perf_counter() - start)
-        note_fetch(self.board.add, BatchCost(), fetched)
+        note_fetch(self.board.add, None, fetched)
         return got.raw
 
 
@@ -101,23 +101,22 @@ def _open(
     closefd: bool = True,
     opener: Any = None,
 ) -> Any:
-    """``open``, serving a plain read of a listed file, binary or text; anything else goes to the real one."""
-    binary = mode in ("rb", "br")
+    """``open``, serving a plain read of a listed file, binary or text; anything else goes to the real one.
+    Its checks run on every open of the process, cheapest first."""
     reads = _reads
     if (
         reads is not None
-        and (binary or mode in ("r", "rt", "tr"))
-        and (buffering == -1 or buffering > 1)
         and opener is None
         and closefd is True
+        and (buffering == -1 or buffering > 1)
         and isinstance(file, (str, bytes, os.PathLike))
         and not getattr(_busy, "reading", False)
-        and (not binary or encoding is errors is newline is None)
     ):
-        raw = _read(reads, file)
-        if raw is not None:
-            served = ServedFile(raw, os.fspath(file), "rb")
-            return served if binary else served_text(served, mode, encoding, errors, newline)
+        if mode == "rb" or mode == "br":
+            if encoding is errors is newline is None and (raw := _read(reads, file)) is not None:
+                return served_file(raw, os.fspath(file))
+        elif mode in ("r", "rt", "tr") and (raw := _read(reads, file)) is not None:
+            return served_text(served_file(raw, os.fspath(file)), mode, encoding, errors, newline)
     return _real_open(file, mode, buffering, encoding, errors, newline, closefd, opener)
 
 

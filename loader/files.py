@@ -112,11 +112,14 @@ class CachedFiles:
                 cache.close()
 
     def _locate(self, path: PathArg) -> tuple[int, int, str] | None:
-        """(root number, index, the path found): the path as written first (cheap), then its real path (a
-        stat per part). The path found is the one read: the listing's (``describe``) would be decoded and
-        joined again for each read."""
-        name = os.fsdecode(path)
-        full = os.path.realpath(name) if ".." in name.split(os.sep) else os.path.abspath(name)
+        """(root number, index, the path found): the path as written first (cheap; one absolute and
+        normal already is taken as it is), then its real path (a stat per part). The path found is the
+        one read: the listing's (``describe``) would be decoded and joined again for each read."""
+        name = path if type(path) is str else os.fsdecode(path)
+        if _normal_absolute(name):
+            full = name
+        else:
+            full = os.path.realpath(name) if ".." in name.split(os.sep) else os.path.abspath(name)
         found = self._find(full)
         if found is None and (real := os.path.realpath(full)) != full:
             found = self._find(real)
@@ -153,6 +156,13 @@ class CachedFiles:
             lambda nbytes: nbytes == st.st_size and cache.takes(i, nbytes),
         )
         return FileRead(raw, False, admitted)
+
+
+def _normal_absolute(name: str) -> bool:
+    """Whether ``os.path.abspath(name)`` is ``name`` itself, told without its call (most paths a Dataset
+    opens: a root joined with listed names); False may be wrong, never True."""
+    sep = os.sep
+    return name[:1] == sep and sep + "." not in name and sep + sep not in name and name[-1:] != sep
 
 
 def _check_disjoint(roots: list[str]) -> None:

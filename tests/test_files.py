@@ -93,6 +93,8 @@ def test_paths_not_listed_are_not_served(tree, files, tmp_path, monkeypatch):
     monkeypatch.chdir(root)
     assert files.read(os.path.join("part1", "001.bin"))[:2] == (stored(root / "part1" / "001.bin"), False)
     assert data(files, b"part1/../part1/001.bin") == stored(root / "part1" / "001.bin")
+    for unusual in ("part1//001.bin", "./part1/./001.bin", f"{os.sep}{root}/part1/001.bin"):
+        assert data(files, os.path.join(root, unusual)) == stored(root / "part1" / "001.bin"), unusual
 
 
 def test_links_inside_the_tree_resolve_to_the_listed_file(tree, files, tmp_path):

@@ -16,16 +16,20 @@ from loader.cache.minio import TAKES_AHEAD
 from loader.files import CachedFiles
 from loader.sources import ArrowSource, ImageFolderSource, LMDBSource, image_folder_to_lmdb
 from loader.system import pagecache as _pagecache
+from loader.system.libc import cached_pages
 from loader.system.pagecache import PAGE
 from stallbench.conditions.storage import evict_page_cache, resident_bytes
 
 RECORDS, RECORD_BYTES = 8, 1 << 20  # 8 MB in all
 
 
-@pytest.fixture(params=["mincore", "nowait"])
+@pytest.fixture(params=["cachestat", "mincore", "nowait"])
 def residency(request, monkeypatch) -> str:
-    """How what was resident before a read is learned: ``mincore`` (this user owns the file), or where the
-    kernel would not tell the truth to ``mincore``, the ``RWF_NOWAIT`` probe."""
+    """How what was resident before a read is learned: ``cachestat`` (this kernel has it), ``mincore`` (a
+    kernel without it; this user owns the file), or where the kernel would tell neither truthfully, the
+    ``RWF_NOWAIT`` probe."""
+    if request.param != "cachestat":
+        monkeypatch.setattr(_pagecache, "cached_pages", lambda fd, offset, length: None)
     if request.param == "nowait":
         monkeypatch.setattr(_pagecache, "can_tell", lambda fd: False)
     return request.param
@@ -99,7 +103,7 @@ def test_a_cold_file_the_cache_takes_is_read_around_the_page_cache_and_a_warm_on
     files = image_files(disk / "imgs")
     make = partial(ImageFolderSource, disk / "imgs")
     # where only the RWF_NOWAIT probe can tell, it started readahead: read through the page cache
-    around = ([False] * RECORDS, 0.0, 0.0) if residency == "mincore" else ([True] * RECORDS, 1.0, 0.0)
+    around = ([True] * RECORDS, 1.0, 0.0) if residency == "nowait" else ([False] * RECORDS, 0.0, 0.0)
     assert residency_after_reads(make, files, admit=True, takes=True) == around
     # the cache would not keep them: read through the page cache, which keeps them as for torch's loader
     assert residency_after_reads(make, files, admit=False, takes=False) == ([True] * RECORDS, 1.0, 1.0)
@@ -145,13 +149,16 @@ def test_a_read_that_found_pages_resident_is_not_ours(disk, residency):
 
 
 def test_pages_resident_anywhere_in_the_file_make_the_read_not_ours(disk):
-    """mincore tells each page apart: pages resident mid-file before the read make it not ours. (The
-    RWF_NOWAIT probe sees only a resident prefix: with it, such a read would be ours.)"""
+    """mincore and cachestat count each page: pages resident mid-file before the read make it not ours.
+    (The RWF_NOWAIT probe sees only a resident prefix: with it, such a read would be ours.)"""
     path = image_files(disk / "imgs")[0]
     read_pages(path, [5, 6, 100])
     fd = os.open(path, os.O_RDONLY)
     try:
         assert _pagecache.resident_pages(fd, RECORD_BYTES).nonzero()[0].tolist() == [5, 6, 100]
+        assert _pagecache.resident_count(fd, RECORD_BYTES) == 3
+        assert cached_pages(fd, 6 * PAGE, 95 * PAGE) == 2  # pages 6 to 100: a range is counted alone
+        assert cached_pages(fd, 0, 0) is None
     finally:
         os.close(fd)
     offered = []

@@ -3,7 +3,7 @@
 * ``private``: folders and files only this user can reach, created with ``O_EXCL``/``O_NOFOLLOW`` and
   checked when reused (``/dev/shm`` and ``/tmp`` are shared with other users);
 * ``locks``: the cache's writer ids and mutex (POSIX record locks);
-* ``libc``: the C calls ``os`` and ``mmap`` lack (a raw ``mmap``, ``madvise``, ``mincore``);
+* ``libc``: the C calls ``os`` and ``mmap`` lack (a raw ``mmap``, ``madvise``, ``mincore``, ``cachestat``);
 * ``pagecache``: which pages of a file the page cache holds, reads that evict only what they brought in;
 * ``memory``, ``sizing``, ``headroom``: the memory the job may still take (cgroup v1 and v2, the machine),
   how big a cache may be (the reserve it leaves for the job's own growth), and the gauge of whether memory
@@ -15,7 +15,7 @@
 
 from loader.system.counters import cpu_seconds, read_bytes, storage_read_bytes
 from loader.system.memory import MemoryView, memory_view
-from loader.system.pagecache import PAGE, can_tell, file_residency, resident_pages
+from loader.system.pagecache import PAGE, can_tell, resident_pages
 from loader.system.private import UntrustedCacheError, open_private, private_dir
 from loader.system.sizing import reserve_for_limit
 
@@ -25,7 +25,6 @@ __all__ = [
     "UntrustedCacheError",
     "can_tell",
     "cpu_seconds",
-    "file_residency",
     "memory_view",
     "open_private",
     "private_dir",

@@ -68,16 +68,19 @@ def data_size(paths: PathArg | Iterable[PathArg]) -> DataSize:
 
 
 def _resident_fd(fd: int, size: int, whole_pages: bool = False) -> int:
-    """Bytes of open file ``fd`` in the page cache (``loader.system.file_residency``: mincore on a mapping
-    that touches no page), 0 where it cannot be mapped; with ``whole_pages`` the pages' whole size, a partial
-    last page counted whole. The kernel tells the truth only to the file's owner or a writer: the callers
-    check."""
-    from loader.system import file_residency  # here: the command line starts without torch
+    """Bytes of open file ``fd`` in the page cache (``cachestat``, else ``mincore`` on a mapping that touches
+    no page), 0 where it cannot be told; with ``whole_pages`` the pages' whole size, a partial last page
+    counted whole. The kernel tells the truth only to the file's owner or a writer: the callers check, so
+    this asks the kernel itself, never through the loader's own choice of what to trust
+    (``loader.system.pagecache.resident_count``), which it witnesses."""
+    from loader.system.libc import cached_pages  # here: the command line starts without torch
+    from loader.system.pagecache import file_residency
 
-    pages = file_residency(fd, size)
+    pages = cached_pages(fd, 0, size)
     if pages is None:
-        return 0
-    resident = int(pages.sum()) * mmap.PAGESIZE
+        mapped = file_residency(fd, size)
+        pages = 0 if mapped is None else int(mapped.sum())
+    resident = pages * mmap.PAGESIZE
     return resident if whole_pages else min(resident, size)
 
 
