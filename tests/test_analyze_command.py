@@ -206,7 +206,7 @@ def test_the_how_to_example_runs_as_written(tmp_path):
         done = subprocess.run(argv, cwd=tmp_path, env=env, text=True, capture_output=True, timeout=300)
         assert done.returncode == 0, f"{line}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
         outputs.append(done.stdout)
-    assert "prep stall" in outputs[-1] and "other loader 1:ImageFolderDataset" in outputs[-1]
+    assert "prep stall" in outputs[-1] and "evaluation loader 1:ImageFolderDataset" in outputs[-1]
     assert "epoch 1: train loss" in outputs[-1]
 
 

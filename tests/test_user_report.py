@@ -63,7 +63,7 @@ def test_an_other_loader_of_one_batch_reads_as_one_batch():
 
     one = {phase: replace(r, records=tuple(map(one_batch, r.records))) for phase, r in runs({0: 1.0}).items()}
     text = format_report([user_report(JOB, one, storage_bytes_per_s=1e8, memory_bytes_per_s=1e10)])
-    assert "other loader 1:EvalSet (apart from training): 0.50 s per epoch, 1 batch, 3 epochs" in text
+    assert "evaluation loader 1:EvalSet: 0.50 s a pass, 1 batch, 3 passes" in text
 
 
 def test_each_rank_gets_a_breakdown_and_the_slowest_is_reported():

@@ -4,16 +4,20 @@ The real (cold) run measures its own epoch directly: the time the loop waited in
 ``__next__`` and the rest, the loop's own time. So the split starts from what that run measured, not from
 differences of separate runs:
 
-* compute = the cold epoch less its wait: the steps as they ran beside the loader. Where they ran slower
-  than alone (the ingestion run's steps, ``T1``), the excess is contention: workers sharing the step's
-  cores. It is shown, inside compute: a slower step is not a stall.
+* transitions = what the job did inside the epoch that is neither a step nor a wait: evaluations
+  (another loader's epochs) and checkpoint writes, each timed where the job made it
+  (``stallbench.jobs._transitions``); those made between epochs are kept apart, as the warm-up is;
+* compute = the cold epoch less its wait and transitions: the steps as they ran beside the loader. Where
+  they ran slower than alone (the ingestion run's steps, ``T1``), the excess is contention: workers sharing
+  the step's cores. It is shown, inside compute: a slower step is not a stall.
 * the wait is split in two by the warm (prep) run, which waited with every record in memory: what the cold
   epoch waited beyond it is the fetch stall (storage), the rest the prep stall. A cold epoch that read
   (next to) nothing from storage has no fetch stall: its extra wait cannot be storage's.
 
-So compute + prep stall + fetch stall = the epoch, by construction. Each part carries its spread: half the
-range of its per-epoch values over the steady cold epochs (the split also counts the warm run's spread); NaN,
-unknown, with a single steady epoch. A difference smaller than the spreads is noise (:func:`within_noise`).
+So compute + prep stall + fetch stall + transitions = the epoch, by construction. Each part carries its
+spread: half the range of its per-epoch values over the steady cold epochs (the split also counts the warm
+run's spread); NaN, unknown, with a single steady epoch. A difference smaller than the spreads is noise
+(:func:`within_noise`).
 
 ``T1`` and the warm epoch ``T3`` (with its wait for the first batch) are kept beside the parts, and so are
 the CPU the step took alone (the ingestion run's) and the CPU prep took (the warm run's beyond it), each per
@@ -45,7 +49,10 @@ def breakdown(runs: Mapping[str, RunRecord], data_bytes: int | None = None) -> B
     warm_wait = [_wait(e) / max(e.batches, 1) for e in warm]  # per batch: the runs' epochs may differ
     fetch = [_fetch(e, fmean(warm_wait), data_bytes) for e in cold]
     wait = [_wait(e) for e in cold]
-    compute = [e.seconds - w for e, w in zip(cold, wait, strict=True)]
+    inside = [_transitions(e.transitions) for e in cold]
+    compute = [
+        e.seconds - w - sum(s for s, _ in t.values()) for e, w, t in zip(cold, wait, inside, strict=True)
+    ]
     batches = fmean(e.batches for e in cold)
     step_alone = fmean(e.step_seconds / max(e.batches, 1) for e in alone) * batches
     step_cpu = _per_batch(alone, "cpu_seconds") * batches
@@ -70,6 +77,8 @@ def breakdown(runs: Mapping[str, RunRecord], data_bytes: int | None = None) -> B
         + _half_range(warm_wait) * fmean(e.batches for e in cold),
         fetch_stall_spread_seconds=_half_range(fetch)
         + _half_range(warm_wait) * fmean(e.batches for e in cold),
+        transitions=_per_epoch(inside),
+        transitions_between=_per_epoch([_transitions(e.transitions_before) for e in cold]),
     )
 
 
@@ -97,6 +106,22 @@ def _fetch(e: EpochRecord, warm_wait_per_batch: float, data_bytes: int | None) -
 def _read_nothing(storage_bytes: int, data_bytes: int | None) -> bool:
     floor = READ_NOTHING_BYTES if data_bytes is None else min(READ_NOTHING_BYTES, data_bytes // 100)
     return storage_bytes < max(floor, 1)
+
+
+def _transitions(made: Mapping[str, Sequence[float]]) -> dict[str, tuple[float, float]]:
+    return {kind: (float(seconds), float(count)) for kind, (seconds, count) in made.items()}
+
+
+def _per_epoch(epochs: Sequence[Mapping[str, tuple[float, float]]]) -> dict[str, tuple[float, float]]:
+    """Per kind, the mean seconds and count over ``epochs`` (an epoch without it counting 0)."""
+    kinds = sorted({kind for made in epochs for kind in made})
+    return {
+        kind: (
+            fmean(made.get(kind, (0.0, 0.0))[0] for made in epochs),
+            fmean(made.get(kind, (0.0, 0.0))[1] for made in epochs),
+        )
+        for kind in kinds
+    }
 
 
 def _half_range(values: Sequence[float]) -> float:

@@ -29,7 +29,7 @@ __all__ = [
     "Workload",
 ]
 
-SCHEMA = "stallbench.report/4"
+SCHEMA = "stallbench.report/5"
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,10 @@ class EpochRecord:
     energy_joules: float | None = None  # read from a counter (RAPL, NVML); None where none was readable
     energy_source: str | None = None  # which: "rapl", "nvml", "rapl+nvml"
     optimizer_steps: int | None = None  # your own command: optimizer.step() calls; None where it made none
+    # per kind of transition (evaluation, checkpoint), [seconds, count]: inside the epoch's steps (not in
+    # step_seconds), and between the loader's previous epoch and this one
+    transitions: dict[str, list[float]] = field(default_factory=dict)
+    transitions_before: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,8 @@ class RunRecord:
 @dataclass(frozen=True)
 class Breakdown:
     """A steady cold epoch in parts that add up to it (``stallbench.analysis.breakdown``), in seconds
-    (percentages derived): compute + prep stall + fetch stall = epoch; each with its spread (noise)."""
+    (percentages derived): compute + prep stall + fetch stall + transitions = epoch; each with its spread
+    (noise)."""
 
     epoch_seconds: float
     compute_seconds: float  # the loop's own time in the cold run: the epoch less its wait for batches
@@ -116,6 +121,15 @@ class Breakdown:
     compute_spread_seconds: float = 0.0
     prep_stall_spread_seconds: float = 0.0
     fetch_stall_spread_seconds: float = 0.0
+    # per kind (evaluation, checkpoint), per steady epoch: [seconds, count] inside the epoch, and made
+    # between epochs (apart, as warm-up is)
+    transitions: dict[str, tuple[float, float]] = field(default_factory=dict)
+    transitions_between: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    @property
+    def transition_seconds(self) -> float:
+        """The epoch's time in transitions, all kinds: no loader setting changes it."""
+        return sum(seconds for seconds, _ in self.transitions.values())
 
     def percent(self, seconds: float) -> float:
         return 100.0 * seconds / self.epoch_seconds if self.epoch_seconds > 0 else 0.0

@@ -123,7 +123,8 @@ def _bound(terms: dict[str, float]) -> str:
 
 
 def roofline(m: Measured) -> Roofline:
-    """The data roofline of the measured configuration; efficiency = bound / measured epoch, at most 1.
+    """The data roofline of the measured configuration; efficiency = bound / measured epoch (less its
+    transitions, which no term of the roofline covers), at most 1.
 
     Each term is a part of the measured epoch's work timed alone, in the same units (the steps, the prep
     run or the one-core prep rate, the device bytes the cold run read at the device bytes per second the
@@ -131,7 +132,7 @@ def roofline(m: Measured) -> Roofline:
     of those measurements: then efficiency is 1 and ``bound_ratio`` keeps the ratio as measured."""
     terms = epoch_terms(m, cache_bytes=m.workload.cache_bytes, workers=m.workload.workers)
     bound = _bound(terms)
-    ratio = terms[bound] / m.breakdown.epoch_seconds
+    ratio = terms[bound] / _loading_part(m.breakdown)
     return Roofline(
         compute_seconds=terms["compute"],
         prep_seconds=terms["prep"],
@@ -148,10 +149,17 @@ def predict(
     """Steady epoch of ``loader`` (default: the measured one) with ``cache_bytes`` and ``workers``."""
     here = epoch_terms(m, cache_bytes=m.workload.cache_bytes, workers=m.workload.workers)
     there = epoch_terms(m, cache_bytes=cache_bytes, workers=workers, loader=loader)
-    seconds = m.breakdown.epoch_seconds * (max(there.values()) / max(here.values()))
-    compute = m.breakdown.step_alone_seconds
-    bound = "compute" if seconds <= compute else _bound(there)
-    return Prediction(cache_budget(cache_bytes), workers, max(compute, seconds), bound)
+    b = m.breakdown
+    seconds = b.transition_seconds + _loading_part(b) * (max(there.values()) / max(here.values()))
+    floor = b.step_alone_seconds + b.transition_seconds
+    bound = "compute" if seconds <= floor else _bound(there)
+    return Prediction(cache_budget(cache_bytes), workers, max(floor, seconds), bound)
+
+
+def _loading_part(b: Breakdown) -> float:
+    """The part of the epoch a loader setting can move: all of it but its transitions (an evaluation, a
+    checkpoint write take what they take)."""
+    return max(b.epoch_seconds - b.transition_seconds, 1e-9)
 
 
 def what_if(m: Measured) -> tuple[Prediction, ...]:
@@ -190,7 +198,9 @@ def form_what_if(m: Measured, cold: RunRecord) -> tuple[FormPrediction, ...]:
     b = m.breakdown
     return tuple(
         FormPrediction(
-            form, max(b.step_alone_seconds, b.epoch_seconds - (weighed[held] - seconds)), form == held
+            form,
+            max(b.step_alone_seconds + b.transition_seconds, b.epoch_seconds - (weighed[held] - seconds)),
+            form == held,
         )
         for form, seconds in weighed.items()
     )

@@ -1,8 +1,9 @@
 """What a run changes in the script's loading, each change made right after the module it changes is
 imported (a ``sys.meta_path`` hook), so a process that never imports torch pays nothing and a swapped class
 is in place before the script's own ``from torch.utils.data import DataLoader``: ``DataLoader.__iter__``
-(and every subclass's own) calls the measuring side, ``__len__`` says at most ``steps``, and the classes are
-swapped as the spec asks (``stallbench.jobs._swap``).
+(and every subclass's own) calls the measuring side, ``__len__`` says at most ``steps``, the classes are
+swapped as the spec asks (``stallbench.jobs._swap``), and checkpoint writers are timed
+(``stallbench.jobs._transitions``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from stallbench.jobs._overrides import override_arguments
 from stallbench.jobs._swap import cached_class, cached_maker, stand_in, torch_taking_ours
 from stallbench.jobs._timed import say
+from stallbench.jobs._transitions import checkpoint_modules
 from stallbench.jobs.spec import JobSpec
 
 __all__ = ["WRAPPERS", "Iterate", "install_hooks"]
@@ -71,6 +73,7 @@ def install_hooks(spec: JobSpec, iterate: Iterate) -> None:
 
     hooks: dict[str, _Hook] = {_TORCH: (None, torch_imported)}
     hooks |= dict.fromkeys(WRAPPERS, (None, wrappers_imported))
+    hooks |= {name: (None, hook) for name, hook in checkpoint_modules().items()}
     if spec.loader != "as-is" or spec.overrides:
         hooks[_OURS] = (ours_importing, ours_imported)
     sys.meta_path.insert(0, _PostImport(hooks))

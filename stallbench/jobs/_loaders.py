@@ -47,6 +47,7 @@ class LoaderState:
     dataset_id: int = 0  # id() of its latest loader's Dataset, alive while that loader is held
     open: EpochMeter | None = None
     replay: list[Any] | None = None
+    ended: Any = None  # the transitions' reading when its latest epoch ended (``_transitions.reading``)
 
     @property
     def total(self) -> int:
@@ -96,6 +97,8 @@ def epoch_record(
         energy_source=after.energy_source if joules is not None else None,
         optimizer_steps=updates,
         timeline=meter.timeline(),
+        transitions={kind: spent for kind, spent in meter.transitions.items()},
+        transitions_before=meter.before_start,
     )
 
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from stallbench.jobs import _transitions as transitions
 from stallbench.jobs._updates import optimizer_steps
 from stallbench.jobs.counters import cpu_seconds, storage_read_bytes
 
@@ -123,7 +124,8 @@ def _process_tree() -> tuple[int, float]:
 class EpochMeter:
     """One epoch's running totals, from ``iter()`` (``start``) to its end. ``counts_tokens``: the batches are
     token batches whose padding is known, ``room`` the tokens a pack was packed into
-    (``stallbench.batches``)."""
+    (``stallbench.batches``). A step's transitions (another loader's epoch, a checkpoint write:
+    ``stallbench.jobs._transitions``) are taken out of it and kept apart, by kind."""
 
     def __init__(
         self,
@@ -133,8 +135,14 @@ class EpochMeter:
         expected: int | None = None,
         counts_tokens: bool = False,
         room: int | None = None,
+        loader: str | None = None,
     ) -> None:
         self.start, self.before, self.cuda = start, before, cuda
+        self.called = start  # when the script called iter(), before the measuring began
+        self.loader = loader  # the loader's id: its own epochs are no transition of its own
+        self.transitions: dict[str, list[float]] = {}  # per kind, [seconds, count] taken out of the steps
+        self.started = self._marks = transitions.reading()
+        self.before_start: dict[str, list[float]] = {}  # transitions since the loader's previous epoch
         self.counts_tokens, self.room = counts_tokens, room
         self.start_time = time.monotonic()  # the machine's one clock, for lining jobs up
         self.expected = expected  # the batches the epoch hands out when it runs to its end; None: unknown
@@ -144,6 +152,9 @@ class EpochMeter:
         self.batch_waits: list[float] = []  # per batch, the first TIMELINE_BATCHES
         self.batch_steps: list[float] = []
         self.last_return: float | None = None  # when the latest batch was handed to the script
+        # (when, transitions' reading): it handed out all its batches and another loader was iterated then;
+        # its epoch ends there unless its loop asks for one more (``end_step``)
+        self.held: tuple[float, Any] | None = None
         self.closed = False
 
     @property
@@ -167,7 +178,9 @@ class EpochMeter:
 
     def end_step(self, now: float) -> float:
         """Close the step that began at the latest batch's return; returns the clock after any CUDA sync, so
-        the device work the step queued counts as step time."""
+        the device work the step queued counts as step time. An epoch held (``held``) goes on: its loop
+        asked for more."""
+        self.held = None
         cuda = self.cuda
         if cuda is not None and cuda.is_initialized():
             try:
@@ -182,7 +195,14 @@ class EpochMeter:
         return now
 
     def _add_step(self, seconds: float) -> None:
-        """A step, or more of the last one (the time after an epoch's last batch, ``end_at``)."""
+        """A step, or more of the last one (the time after an epoch's last batch, ``end_at``), less the
+        transitions made in it."""
+        for kind, (spent, count) in transitions.since(self._marks, self.loader).items():
+            total = self.transitions.setdefault(kind, [0.0, 0])
+            total[0] += spent
+            total[1] += count
+            seconds -= spent
+        self._marks = transitions.reading()
         self.step += seconds
         if len(self.batch_steps) < len(self.batch_waits):
             self.batch_steps.append(seconds)
@@ -208,6 +228,7 @@ class EpochMeter:
             self.valid_tokens += tokens.valid
             self.token_slots += tokens.slots
         self.last_return = returned
+        self._marks = transitions.reading()  # the step begins
 
     def timeline(self) -> list[list[float]]:
         """[wait, step] per batch (a batch whose step has not ended: 0)."""
@@ -219,14 +240,22 @@ class TimedIterator:
     """The loader's iterator as the script sees it: the same batches, timed; after ``steps`` batches it ends
     the epoch itself and drops the real iterator, as a ``break`` would (its workers shut down as torch does).
 
-    ``on_end(meter, end)`` is called once when the epoch ends on its own (StopIteration or ``steps``).
+    ``on_end(meter, end)`` is called once when the epoch ends on its own (StopIteration or ``steps``);
+    ``before_step_end(now)`` before each step is closed (other loaders' epochs inside it end first; it
+    returns the clock after).
     """
 
     def __init__(
-        self, inner: Iterator[Any], meter: EpochMeter, steps: int | None, on_end: Callable[..., None]
+        self,
+        inner: Iterator[Any],
+        meter: EpochMeter,
+        steps: int | None,
+        on_end: Callable[..., None],
+        before_step_end: Callable[[float], float] | None = None,
     ) -> None:
         self._inner: Iterator[Any] | None = inner
         self._meter, self._steps, self._on_end = meter, steps, on_end
+        self._before_step_end = before_step_end
 
     def __iter__(self) -> TimedIterator:
         return self
@@ -238,7 +267,7 @@ class TimedIterator:
         return n if self._steps is None else min(n, self._steps)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_inner", "_meter", "_steps", "_on_end"):
+        if name.startswith("__") or name in ("_inner", "_meter", "_steps", "_on_end", "_before_step_end"):
             raise AttributeError(name)
         return getattr(self._inner, name)
 
@@ -250,6 +279,8 @@ class TimedIterator:
         if meter.closed:  # a newer iter() of the loader ended this epoch's measuring
             return next(inner)
         if meter.last_return is not None:
+            if self._before_step_end is not None:
+                now = self._before_step_end(now)
             now = meter.end_step(now)
             if meter.batches == self._steps:
                 self._end(now)

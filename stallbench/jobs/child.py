@@ -38,6 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stallbench.conditions.storage import in_object_storage
+from stallbench.jobs import _transitions as transitions
 from stallbench.jobs._hooks import install_hooks
 from stallbench.jobs._loaders import (
     LoaderState,
@@ -99,31 +100,66 @@ class _Run:
         calls; ``source`` (torch's own) makes the batches, replayed in ingestion whichever layer is timed."""
         if os.getpid() != self.pid or _in_worker():
             return original(dl)
+        called = time.perf_counter()
         try:
             with self.lock:
                 state = self._state(dl)
                 replay = self._replay(state, dl) if source and state.mode == "ingestion" else None
                 if type(dl).__iter__ is not layer or handing_out():  # a layer under the one the script calls
                     return original(dl) if replay is None else replay
-                self._close_handed_out(time.perf_counter())
-                self._close(state, complete=False)  # a loop left early
+                self._hold_handed_out(time.perf_counter())
+                self._close(state, complete=False)  # a loop left early, or one held just now
                 self._maybe_exit(state)
                 before = read_counters(state.stats)
                 expected = epoch_length(dl, self.spec.steps)
-                meter = EpochMeter(0.0, before, self._cuda(), expected, state.counts_tokens, state.room)
+                meter = EpochMeter(
+                    0.0, before, self._cuda(), expected, state.counts_tokens, state.room, state.id
+                )
+                if state.ended is not None:
+                    meter.before_start = transitions.since(state.ended, state.id)
         except Exception as exc:
             say(f"cannot measure a DataLoader ({exc!r}); it runs unmeasured", key="iterate")
             return original(dl)
-        meter.start = time.perf_counter()
+        meter.start, meter.called = time.perf_counter(), called
         inner = original(dl) if replay is None else replay
         state.open = meter
-        return TimedIterator(inner, meter, self.spec.steps, functools.partial(self._ended, state))
+        ended = functools.partial(self._ended, state)
+        return TimedIterator(inner, meter, self.spec.steps, ended, functools.partial(self._others_end, state))
 
-    def _close_handed_out(self, now: float) -> None:
-        """Any loader's ``iter()`` ends the epochs that handed out all their batches (complete) at ``now``."""
+    def _hold_handed_out(self, now: float) -> None:
+        """Any loader's ``iter()`` at ``now`` ends the epochs that handed out all their batches: an
+        evaluation loader's at once (its loop is over), the training loader's (the most batches so far) is
+        held there: its epoch ends at the hold where its loop never asks for the batch past the end
+        (Lightning's, at its own next ``iter()`` or the process's end), and goes on where the loop asks
+        (an evaluation in a plain loop's last step: its StopIteration ends it, the evaluation inside)."""
+        leading = self._leading()
         for state in self.order:
-            if state.open is not None and state.open.handed_out_all:
+            if state is leading:
+                _hold(state.open, now)
+            elif state.open is not None and state.open.handed_out_all:
                 self._close(state, True, state.open.end_at(now))
+
+    def _leading(self) -> LoaderState | None:
+        """The loader with the most batches so far (ties: the first iterated): the training loader, as the
+        analysis will take it."""
+        return min(self.order, key=lambda s: (-s.total, s.order)) if self.order else None
+
+    def _others_end(self, state: LoaderState, now: float) -> float:
+        """Before a step of ``state``'s loader ends at ``now``: another loader's epoch begun inside the step
+        that handed out all its batches (an evaluation every N steps that stops at ``len()``) ends, so the
+        step knows that time as an evaluation. Returns the clock after: the recording is the evaluation's."""
+        step_began = state.open.last_return if state.open is not None else None
+        if step_began is None:
+            return now
+        nested = [s for s in self.order if s is not state and _began_in(s.open, step_began)]
+        if not nested:
+            return now
+        with self.lock:
+            for other in nested:
+                if other.open is not None:
+                    other.open.end_at(now)
+                self._close(other, True)
+        return time.perf_counter()
 
     def _state(self, dl: Any) -> LoaderState:
         key = id(dl)
@@ -210,7 +246,7 @@ class _Run:
         epochs = self.spec.epochs
         if epochs is None or state.complete < epochs:
             return
-        if min(self.order, key=lambda s: (-s.total, s.order)) is not state:
+        if self._leading() is not state:
             return
         self.close_all()
         say(f"the training loader {state.id} has run its {epochs} epochs: the process ends here (exit 0)")
@@ -236,7 +272,7 @@ class _Run:
             say(f"cannot record an epoch of {state.id} ({exc!r})", key="record")
 
     def close_all(self) -> None:
-        self._close_handed_out(time.perf_counter())
+        self._hold_handed_out(time.perf_counter())
         for state in self.order:
             self._close(state, complete=False)
 
@@ -254,6 +290,10 @@ class _Run:
         meter = state.open
         if meter is None:
             return
+        ended, span_end = transitions.reading(), None  # span_end None: now, once recorded
+        if meter.held is not None:  # it handed out all its batches, and its loop went on elsewhere
+            complete, (end, ended) = True, meter.held
+            span_end = end
         state.open, meter.closed = None, True
         state.batches += meter.batches
         if not complete and meter.batches == 0:
@@ -264,6 +304,11 @@ class _Run:
         end = end if end is not None else meter.last_activity
         record = epoch_record(state, meter, complete, end, after)
         write_record(self.spec.out_dir, record)
+        # as the script saw it: from its iter() to its end, the measuring at both ends included
+        inside = transitions.since(meter.started, state.id, ended)
+        span_end = time.perf_counter() if span_end is None else span_end
+        transitions.end_epoch(state.id, meter.called, span_end, inside)
+        state.ended = ended
         if state.serves_files and record.batches and record.hits + record.misses == 0:
             say(
                 f"{state.id} read no file under --data through open(): its reads cannot go through our cache "
@@ -297,6 +342,18 @@ def _flush_open_files() -> None:
             with contextlib.suppress(Exception):
                 if not obj.closed:
                     obj.flush()
+
+
+def _began_in(meter: EpochMeter | None, step_began: float) -> bool:
+    """Whether ``meter``'s epoch handed out all its batches and began after ``step_began``."""
+    return meter is not None and meter.handed_out_all and meter.start >= step_began
+
+
+def _hold(meter: EpochMeter | None, now: float) -> None:
+    """An epoch that handed out all its batches is held at ``now`` (its first hold stands)."""
+    if meter is not None and meter.handed_out_all and meter.held is None:
+        meter.end_at(now)
+        meter.held = (now, transitions.reading())
 
 
 def _in_worker() -> bool:

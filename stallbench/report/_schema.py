@@ -46,10 +46,14 @@ def or_null(schema: dict[str, Any]) -> dict[str, Any]:
 
 def fields(cls: type, but: Sequence[str] = ()) -> dict[str, Any]:
     """A results dataclass of plain fields (all but ``but``) as an object: its JSON is ``asdict``. A float
-    may be null: the report writes a value it could not measure (not finite) as null."""
+    may be null: the report writes a value it could not measure (not finite) as null. A map (the
+    transitions: kind -> [seconds, count]) is of free keys, each a list of numbers."""
     props = {}
     for f in dataclasses.fields(cls):
         if f.name in but:
+            continue
+        if str(f.type).startswith("dict[str, "):
+            props[f.name] = free_map(array(kind("number|null")))
             continue
         base, _, optional = str(f.type).partition(" | ")
         text = _OF_TYPE[base] + ("|null" if optional == "None" or base == "float" else "")

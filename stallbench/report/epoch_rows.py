@@ -4,14 +4,14 @@ the two spreads together is said to be within noise, the headline ratio included
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from stallbench.analysis.breakdown import within_noise
 from stallbench.analysis.results import Breakdown, LoaderReport
 from stallbench.conditions.sizes import format_bytes
 from stallbench.report._cells import Cell, Ratio, Spec, finite, pct, sec
 
-__all__ = ["EPOCH_ROWS"]
+__all__ = ["epoch_rows"]
 
 
 Part = Callable[[Breakdown], tuple[float, float]]  # seconds and spread of one part of the epoch
@@ -90,17 +90,54 @@ def _hit_rate(r: LoaderReport) -> str:
     return pct(r.hit_rate) if finite(r.hit_rate) else "- (no read went through a cache)"
 
 
-EPOCH_ROWS: Spec = (
-    ("steady epoch", None, None),
-    ("epoch time", _cell(_epoch, share=False), _speedup),
-    ("compute", _cell(_compute), _difference(_compute)),
-    ("  of which contention", lambda r: sec(r.breakdown.contention_seconds), None),
-    ("prep stall", _cell(_prep_stall), _difference(_prep_stall)),
-    ("fetch stall", _cell(_fetch_stall), _difference(_fetch_stall)),
-    ("warm-up (apart)", lambda r: sec(r.breakdown.warmup_seconds), None),
-    ("storage read", lambda r: format_bytes(r.storage_bytes), _change(_storage)),
-    ("  of the dataset", lambda r: pct(r.storage_bytes / r.dataset_bytes) if r.dataset_bytes else "-", None),
-    ("cache hit rate", _hit_rate, None),
-    ("CPU utilisation", lambda r: pct(r.cpu_utilisation), None),
-    ("samples/s", lambda r: f"{r.samples_per_s:,.0f}" if finite(r.samples_per_s) else "-", None),
-)
+_TRANSITION_NAMES = {"evaluation": "evaluation", "checkpoint": "checkpoint writes"}
+
+
+def _transition(kind: str, between: bool) -> Cell:
+    """A kind of transition: seconds per epoch (inside it: and % of it) and how many."""
+
+    def cell(r: LoaderReport) -> str:
+        made = r.breakdown.transitions_between if between else r.breakdown.transitions
+        seconds, count = made.get(kind, (0.0, 0.0))
+        share = "" if between else f" ({r.breakdown.percent(seconds):.1f}%)"
+        return f"{sec(seconds)}{share}, {count:g} per epoch"
+
+    return cell
+
+
+def _transition_rows(reports: Sequence[LoaderReport]) -> Spec:
+    """A row per kind of transition any report made: inside the epoch (a part of it), and between epochs
+    (apart, as the warm-up)."""
+    rows: list[tuple[str, Cell | None, Ratio | None]] = []
+    for between, where in ((False, ""), (True, " between epochs (apart)")):
+        found = {
+            k
+            for r in reports
+            for k in (r.breakdown.transitions_between if between else r.breakdown.transitions)
+        }
+        for kind in sorted(found, key=list(_TRANSITION_NAMES).index):
+            rows.append((f"{_TRANSITION_NAMES[kind]}{where}", _transition(kind, between), None))
+    return tuple(rows)
+
+
+def epoch_rows(reports: Sequence[LoaderReport]) -> Spec:
+    """The steady epoch's rows for these reports: its parts, then what it read and did."""
+    return (
+        ("steady epoch", None, None),
+        ("epoch time", _cell(_epoch, share=False), _speedup),
+        ("compute", _cell(_compute), _difference(_compute)),
+        ("  of which contention", lambda r: sec(r.breakdown.contention_seconds), None),
+        ("prep stall", _cell(_prep_stall), _difference(_prep_stall)),
+        ("fetch stall", _cell(_fetch_stall), _difference(_fetch_stall)),
+        *_transition_rows(reports),
+        ("warm-up (apart)", lambda r: sec(r.breakdown.warmup_seconds), None),
+        ("storage read", lambda r: format_bytes(r.storage_bytes), _change(_storage)),
+        (
+            "  of the dataset",
+            lambda r: pct(r.storage_bytes / r.dataset_bytes) if r.dataset_bytes else "-",
+            None,
+        ),
+        ("cache hit rate", _hit_rate, None),
+        ("CPU utilisation", lambda r: pct(r.cpu_utilisation), None),
+        ("samples/s", lambda r: f"{r.samples_per_s:,.0f}" if finite(r.samples_per_s) else "-", None),
+    )

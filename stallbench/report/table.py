@@ -16,7 +16,7 @@ from stallbench.analysis.results import LoaderReport, Workload
 from stallbench.conditions.load import is_busy
 from stallbench.conditions.sizes import format_bytes
 from stallbench.report._cells import Spec, finite, pct, sec
-from stallbench.report.epoch_rows import EPOCH_ROWS
+from stallbench.report.epoch_rows import epoch_rows
 from stallbench.report.work import column_name, work_rows
 
 __all__ = ["table_text"]
@@ -83,7 +83,7 @@ def _main_rows(reports: Sequence[LoaderReport]) -> tuple[list[str], list[Row]]:
     base, others = reports[0], reports[1:]
     header = [column_name(r) for r in reports] + [f"{column_name(r)} vs {column_name(base)}" for r in others]
     rows: list[Row] = []
-    for label, cell, ratio in EPOCH_ROWS + work_rows(reports) + _stage_spec(reports) + _MACHINE_ROWS:
+    for label, cell, ratio in epoch_rows(reports) + work_rows(reports) + _stage_spec(reports) + _MACHINE_ROWS:
         if cell is None:
             rows.append((label, []))
         else:
@@ -198,8 +198,9 @@ def _rank_lines(r: LoaderReport, label: str) -> list[str]:
         )
     for o in r.other_loaders:
         lines.append(
-            f"other loader{label} {o.loader} (apart from training): {sec(o.seconds_per_epoch)} per epoch, "
-            f"{counted(o.batches_per_epoch, 'batch', 'batches')}, {counted(o.epochs, 'epoch')}"
+            f"evaluation loader{label} {o.loader}: {sec(o.seconds_per_epoch)} a pass, "
+            f"{counted(o.batches_per_epoch, 'batch', 'batches')}, {counted(o.epochs, 'pass', 'passes')} "
+            "(in the evaluation rows above, not again)"
         )
     return ["", *lines] if lines else []
 

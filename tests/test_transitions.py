@@ -1,0 +1,73 @@
+"""Transitions under the bootstrap, against the script's own hand timing: evaluation passes and checkpoint
+writes (``torch.save``, safetensors) inside a training epoch are taken out of its steps and named, counted
+once each; those between epochs are kept apart; the parts still add up to the epoch; on a quiet machine and
+with a process burning each core."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from stallbench.jobs._transitions import since
+from tests.test_bootstrap import SCRIPTS, _ok, _run
+
+SCRIPT = SCRIPTS / "transitions.py"
+TRAIN, EVAL = "0:Slow", "1:Slow"
+
+
+def near(measured: float, witness: float) -> bool:
+    """Within 10% of the witness, or 3 ms for a short one (the two clocks are read a few calls apart)."""
+    return abs(measured - witness) <= max(0.10 * witness, 0.003)
+
+
+@contextlib.contextmanager
+def burning(busy: bool) -> Iterator[None]:
+    """With ``busy``, a process spinning on each core for the block (killed after it, whatever happens)."""
+    burn = "import time\nend = time.time() + 120\nwhile time.time() < end: pass\n"
+    burners = (
+        [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(os.cpu_count() or 1)] if busy else []
+    )
+    try:
+        yield
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+
+
+@pytest.mark.parametrize(
+    ("eval_to_len", "busy"),
+    [(False, False), (True, False), (False, True)],
+    ids=["exhausted", "to-len", "busy"],
+)
+def test_evaluations_and_checkpoints_are_named_apart_from_the_steps(tmp_path, eval_to_len, busy):
+    args = ["--out", str(tmp_path), *(["--eval-to-len"] if eval_to_len else [])]
+    with burning(busy):
+        run = _ok(_run(tmp_path, *args, script=SCRIPT))
+    train = [r for r in run.of(TRAIN) if r.complete]
+    assert [r.epoch for r in train] == [1, 2, 3] and len(run.epochs) == 3
+    for record, witness in zip(train, run.epochs, strict=True):
+        for kind in ("evaluation", "checkpoint"):
+            seconds, count = record.transitions[kind]
+            assert count == witness["inside"][kind][1] == 3, (kind, record.transitions)
+            assert near(seconds, witness["inside"][kind][0]), (kind, seconds, witness)
+        inside = sum(seconds for seconds, _ in record.transitions.values())
+        assert record.wait_seconds + record.step_seconds + inside == pytest.approx(record.seconds, rel=0.02)
+        assert record.step_seconds >= record.batches * 0.005  # the steps' own sleeps stay steps
+    for record, witness in zip(train[1:], run.epochs, strict=False):  # made after the epoch before
+        for kind in ("evaluation", "checkpoint"):
+            seconds, count = record.transitions_before[kind]
+            assert count == 1 and near(seconds, witness["between"][kind][0]), (kind, seconds, witness)
+    evaluations = run.of(EVAL)  # 3 inside each epoch, 1 after it; none of them evaluates another loader
+    assert len(evaluations) == 12 and all("evaluation" not in r.transitions for r in evaluations)
+
+
+def test_a_reading_unchanged_since_says_nothing_was_spent():
+    from stallbench.jobs._transitions import reading
+
+    assert since(reading()) == {}
