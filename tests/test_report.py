@@ -375,7 +375,13 @@ def _keys(obj: object, skip_free: bool = False) -> set[str]:
         return set()
     found = set() if skip_free else set(obj)
     for key, value in obj.items():
-        free = ("ratios_to_baseline", "stage_seconds", "transitions", "transitions_between", "transitions_before")
+        free = (
+            "ratios_to_baseline",
+            "stage_seconds",
+            "transitions",
+            "transitions_between",
+            "transitions_before",
+        )
         found |= _keys(value, skip_free=key in free)
     return found
 

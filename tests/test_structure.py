@@ -17,6 +17,7 @@ STYLE_LINES = 200
 # Modules past the style's 200 lines (each still at most 320): a module that grows past 200 is split, or
 # named here on purpose; one that shrinks back is taken off.
 LONG = {
+    "stallbench/analysis/whatif.py",
     "stallbench/conditions/cgroup.py",
     "stallbench/jobs/_timed.py",
     "stallbench/jobs/child.py",

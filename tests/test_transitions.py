@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,9 +16,10 @@ from collections.abc import Iterator
 import pytest
 
 from stallbench.jobs._transitions import since
-from tests.test_bootstrap import SCRIPTS, _ok, _run
+from stallbench.workloads import make_jpeg_folder
+from tests.test_bootstrap import REPO, _ok, _run
 
-SCRIPT = SCRIPTS / "transitions.py"
+SCRIPT = REPO / "examples" / "eval_every_steps.py"
 TRAIN, EVAL = "0:Slow", "1:Slow"
 
 
@@ -71,3 +74,20 @@ def test_a_reading_unchanged_since_says_nothing_was_spent():
     from stallbench.jobs._transitions import reading
 
     assert since(reading()) == {}
+
+
+def test_the_how_to_block_names_evaluations_and_checkpoints(tmp_path):
+    page = (REPO / "docs" / "how-to" / "analyze-your-job.md").read_text()
+    block = re.search(r"## Evaluations and checkpoints.*?```bash\n(.*?)```", page, flags=re.S)[1]
+    make_jpeg_folder(tmp_path / "my-images", num_images=60, record_bytes=6000, width=64, height=48)
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    argv = shlex.split(block.strip())
+    argv = [sys.executable, "-m", "stallbench", *argv[1:]]
+    argv = [sys.executable if a == "python" else a for a in argv]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(argv, cwd=tmp_path, env=env, text=True, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = {line.split("  ")[1].strip(): line for line in done.stdout.splitlines() if line.startswith("  ")}
+    assert rows["evaluation"].endswith("3 per epoch") and rows["checkpoint writes"].endswith("3 per epoch")
+    assert rows["evaluation between epochs (apart)"].endswith("1 per epoch")
+    assert rows["checkpoint writes between epochs (apart)"].endswith("1 per epoch")

@@ -19,7 +19,8 @@ The model of a steady epoch has three terms, each the time one stage alone would
 The stages overlap, so the model epoch is the largest term, and that term names the bound (the data
 roofline; its efficiency is model / measured epoch, at most 1: a model above the measured epoch, which
 only noise in the measurements can make, is kept as ``bound_ratio``). A prediction is calibrated on the
-measured point: ``predicted = max(T1, T2 * model(other) / model(measured))``, which reproduces the measured
+measured point: ``predicted = X + max(T1, (T2 - X) * model(other) / model(measured))``, ``X`` the epoch's
+transitions (evaluations, checkpoint writes: no loader setting moves them), which reproduces the measured
 ``T2`` exactly and is never faster than the ingestion rate.
 """
 

@@ -163,6 +163,17 @@ class EpochMeter:
         ``range(len(dl))``) never asks for the one past the end, yet its epoch is complete."""
         return self.expected is not None and self.batches >= self.expected > 0
 
+    def ended_in(self, step_began: float) -> bool:
+        """Whether the epoch began after ``step_began`` (in another loader's step) and handed out all its
+        batches."""
+        return self.handed_out_all and self.start >= step_began
+
+    def hold(self, now: float) -> None:
+        """An epoch that handed out all its batches is held at ``now`` (its first hold stands: ``held``)."""
+        if self.handed_out_all and self.held is None:
+            self.end_at(now)
+            self.held = (now, transitions.reading())
+
     def end_at(self, now: float) -> float:
         """Where an epoch seen to end at ``now`` (the script's next ``iter()``, its exit) ends: the steps
         after its last batch count as steps."""

@@ -25,12 +25,9 @@ measured here the same way: its records are the user's command's.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
 import gc
-import io
 import os
-import sys
 import threading
 import time
 import weakref
@@ -39,6 +36,7 @@ from typing import Any
 
 from stallbench.conditions.storage import in_object_storage
 from stallbench.jobs import _transitions as transitions
+from stallbench.jobs._ending import end_process, exit_quickly
 from stallbench.jobs._hooks import install_hooks
 from stallbench.jobs._loaders import (
     LoaderState,
@@ -56,7 +54,7 @@ from stallbench.jobs._timed import EpochMeter, TimedIterator, handing_out, read_
 from stallbench.jobs._updates import watch_optimizers
 from stallbench.jobs.spec import GENERATED_STATS, JobSpec
 
-__all__ = ["end_process", "install"]
+__all__ = ["install"]
 
 _run: _Run | None = None
 
@@ -74,7 +72,7 @@ def install(spec: JobSpec | None = None) -> bool:
         return False
     _run = _Run(spec)
     if not atexit._ncallbacks():  # nothing before ours: it runs after every other exit handler
-        atexit.register(_run.exit_quickly)
+        atexit.register(exit_quickly)
     install_hooks(spec, _run.iterate)
     os.register_at_fork(after_in_child=_run.forked)
     return True
@@ -84,7 +82,7 @@ class _Run:
     """This process's loaders and their epochs."""
 
     def __init__(self, spec: JobSpec) -> None:
-        self.spec, self.exit_hooked, self.ended_by = spec, False, 0
+        self.spec, self.exit_hooked = spec, False
         self.forked()
 
     def forked(self) -> None:
@@ -134,8 +132,8 @@ class _Run:
         (an evaluation in a plain loop's last step: its StopIteration ends it, the evaluation inside)."""
         leading = self._leading()
         for state in self.order:
-            if state is leading:
-                _hold(state.open, now)
+            if state is leading and state.open is not None:
+                state.open.hold(now)
             elif state.open is not None and state.open.handed_out_all:
                 self._close(state, True, state.open.end_at(now))
 
@@ -151,7 +149,9 @@ class _Run:
         step_began = state.open.last_return if state.open is not None else None
         if step_began is None:
             return now
-        nested = [s for s in self.order if s is not state and _began_in(s.open, step_began)]
+        nested = [
+            s for s in self.order if s is not state and s.open is not None and s.open.ended_in(step_began)
+        ]
         if not nested:
             return now
         with self.lock:
@@ -252,17 +252,6 @@ class _Run:
         say(f"the training loader {state.id} has run its {epochs} epochs: the process ends here (exit 0)")
         end_process()
 
-    def exit_quickly(self) -> None:
-        """The last exit handler, in a process this run ended: flush the files the script left open, then
-        ``os._exit(0)``. The script's own exit handlers have run; what is skipped is the interpreter's
-        teardown of its modules, ~0.9 s once an optimizer has imported ``torch._dynamo``, on every run. The
-        status is 0, as this run ended it: a script that turned that SystemExit into another code is not
-        measured past its epochs anyway."""
-        if self.ended_by != os.getpid():
-            return
-        _flush_open_files()
-        os._exit(0)
-
     def _ended(self, state: LoaderState, meter: EpochMeter, end: float) -> None:
         try:
             with self.lock:
@@ -315,45 +304,6 @@ class _Run:
                 "(does its Dataset read with os.open, mmap or a C library, or files elsewhere?)",
                 key=f"unserved-{state.id}",
             )
-
-
-def end_process() -> None:
-    """End this process as a job that has run its epochs: ``SystemExit(0)``, as the script's own end would,
-    and then, measured, ``_Run.exit_quickly`` once the exit handlers have run. Under ``torch.distributed``,
-    ``os._exit(0)`` once the output is flushed: finalising the interpreter with a live process group can
-    abort the rank (gloo: "terminate called without an active exception", exit -6), and every rank stops at
-    this same point, past its last collective."""
-    if _run is not None:
-        _run.ended_by = os.getpid()
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(0)
-    raise SystemExit(0)
-
-
-def _flush_open_files() -> None:
-    """Flush every file object still open, as the interpreter's teardown would when it closes them."""
-    is_file = functools.cache(lambda kind: issubclass(kind, io.IOBase))
-    for obj in gc.get_objects():
-        if is_file(type(obj)):  # by type: a lazy module's ``__class__`` warns when read
-            with contextlib.suppress(Exception):
-                if not obj.closed:
-                    obj.flush()
-
-
-def _began_in(meter: EpochMeter | None, step_began: float) -> bool:
-    """Whether ``meter``'s epoch handed out all its batches and began after ``step_began``."""
-    return meter is not None and meter.handed_out_all and meter.start >= step_began
-
-
-def _hold(meter: EpochMeter | None, now: float) -> None:
-    """An epoch that handed out all its batches is held at ``now`` (its first hold stands)."""
-    if meter is not None and meter.handed_out_all and meter.held is None:
-        meter.end_at(now)
-        meter.held = (now, transitions.reading())
 
 
 def _in_worker() -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from stallbench.compute import parse_compute
-from stallbench.jobs.child import end_process
+from stallbench.jobs._ending import end_process
 from stallbench.jobs.data import make_loader
 from stallbench.jobs.spec import WorkloadJob
 

@@ -1,8 +1,9 @@
-"""A user's training loop with transitions, run by tests/test_transitions.py under the bootstrap: every
-``--every`` steps an evaluation pass over its own DataLoader and a checkpoint (``torch.save``, or
-safetensors' ``save_file`` taken by name at import, as the Hugging Face Trainer takes it), and one of each
-between epochs. It knows nothing of stallbench: it times each by hand, and prints its pid, then per epoch
-one JSON line of those witness times ([seconds, count] per kind): inside the epoch's loop and after it.
+"""A training loop with transitions: every ``--every`` steps an evaluation pass over its own DataLoader and a
+checkpoint (``torch.save``, or safetensors' ``save_file`` taken by name at import, as the Hugging Face
+Trainer takes it), and one of each between epochs. It knows nothing of stallbench: it times each by hand,
+and prints its pid, then per epoch one JSON line of those witness times ([seconds, count] per kind): inside
+the epoch's loop and after it (docs/how-to/analyze-your-job.md; tests/test_transitions.py holds
+stallbench's figures against them).
 
 ``--eval-to-len``: the evaluation loop stops at ``len()`` without asking for the batch past the end
 (Lightning's), so its loader's epoch ends only when training asks for its next batch.
