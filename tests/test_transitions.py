@@ -91,3 +91,31 @@ def test_the_how_to_block_names_evaluations_and_checkpoints(tmp_path):
     assert rows["evaluation"].endswith("3 per epoch") and rows["checkpoint writes"].endswith("3 per epoch")
     assert rows["evaluation between epochs (apart)"].endswith("1 per epoch")
     assert rows["checkpoint writes between epochs (apart)"].endswith("1 per epoch")
+
+
+def test_a_batch_sampled_from_a_fresh_iterator_every_few_steps_is_never_charged_to_one_step(tmp_path):
+    """``next(iter(val))`` every 3 steps: each sampled pass ends only at the next ``iter(val)``, steps later;
+    what began before a step is never taken out of it (no negative step, the step's own sleeps kept)."""
+    script = tmp_path / "sampled.py"
+    script.write_text(
+        "import json, os, time, torch\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "train = DataLoader(TensorDataset(torch.arange(48.0)), batch_size=4)\n"
+        "val = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4)\n"
+        "print(json.dumps({'pid': os.getpid()}))\n"
+        "for epoch in range(2):\n"
+        "    for step, batch in enumerate(train, 1):\n"
+        "        time.sleep(0.005)\n"
+        "        if step % 3 == 0:\n"
+        "            next(iter(val))\n"
+        "    print(json.dumps({'epoch': epoch}))\n"
+    )
+    run = _ok(_run(tmp_path, script=script))
+    train = [r for r in run.of("0:TensorDataset") if r.complete]
+    assert [r.batches for r in train] == [12, 12]
+    for record in train:
+        assert min(step for _, step in record.timeline) >= 0.0
+        assert record.step_seconds >= record.batches * 0.005
+        assert record.wait_seconds + record.step_seconds + sum(
+            s for s, _ in record.transitions.values()
+        ) == pytest.approx(record.seconds, rel=0.02)

@@ -25,6 +25,7 @@ libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+libc.syscall.restype = ctypes.c_long
 MAP_FAILED = ctypes.c_void_p(-1).value
 _PUNCH_HOLE = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
 _SYS_CACHESTAT = 451  # the same number on every architecture (added after their tables were unified)

@@ -47,7 +47,7 @@ class LoaderState:
     dataset_id: int = 0  # id() of its latest loader's Dataset, alive while that loader is held
     open: EpochMeter | None = None
     replay: list[Any] | None = None
-    ended: Any = None  # the transitions' reading when its latest epoch ended (``_transitions.reading``)
+    ended: tuple[int, float] | None = None  # the transitions' reading, and the clock, at its latest end
 
     @property
     def total(self) -> int:

@@ -142,6 +142,7 @@ class EpochMeter:
         self.loader = loader  # the loader's id: its own epochs are no transition of its own
         self.transitions: dict[str, list[float]] = {}  # per kind, [seconds, count] taken out of the steps
         self.started = self._marks = transitions.reading()
+        self._step_began = start  # the latest step's start (a hold's ``end_at`` leaves it)
         self.before_start: dict[str, list[float]] = {}  # transitions since the loader's previous epoch
         self.counts_tokens, self.room = counts_tokens, room
         self.start_time = time.monotonic()  # the machine's one clock, for lining jobs up
@@ -152,9 +153,9 @@ class EpochMeter:
         self.batch_waits: list[float] = []  # per batch, the first TIMELINE_BATCHES
         self.batch_steps: list[float] = []
         self.last_return: float | None = None  # when the latest batch was handed to the script
-        # (when, transitions' reading): it handed out all its batches and another loader was iterated then;
-        # its epoch ends there unless its loop asks for one more (``end_step``)
-        self.held: tuple[float, Any] | None = None
+        # (when, transitions' reading, counters): it handed out all its batches and another loader was
+        # iterated then; its epoch ends there unless its loop asks for one more (``end_step``)
+        self.held: tuple[float, int, Counters] | None = None
         self.closed = False
 
     @property
@@ -168,11 +169,12 @@ class EpochMeter:
         batches."""
         return self.handed_out_all and self.start >= step_began
 
-    def hold(self, now: float) -> None:
-        """An epoch that handed out all its batches is held at ``now`` (its first hold stands: ``held``)."""
+    def hold(self, now: float, counters: Callable[[], Counters]) -> None:
+        """An epoch that handed out all its batches is held at ``now``, with the ``counters()`` it would end
+        with there (its first hold stands: ``held``)."""
         if self.handed_out_all and self.held is None:
             self.end_at(now)
-            self.held = (now, transitions.reading())
+            self.held = (now, transitions.reading(), counters())
 
     def end_at(self, now: float) -> float:
         """Where an epoch seen to end at ``now`` (the script's next ``iter()``, its exit) ends: the steps
@@ -207,13 +209,15 @@ class EpochMeter:
 
     def _add_step(self, seconds: float) -> None:
         """A step, or more of the last one (the time after an epoch's last batch, ``end_at``), less the
-        transitions made in it."""
-        for kind, (spent, count) in transitions.since(self._marks, self.loader).items():
+        transitions begun in it (since the latest batch's return)."""
+        began = self._step_began
+        for kind, (spent, count) in transitions.since(self._marks, self.loader, began_after=began).items():
             total = self.transitions.setdefault(kind, [0.0, 0])
             total[0] += spent
             total[1] += count
             seconds -= spent
         self._marks = transitions.reading()
+        seconds = max(0.0, seconds)  # the clocks of two calls apart: never a negative step
         self.step += seconds
         if len(self.batch_steps) < len(self.batch_waits):
             self.batch_steps.append(seconds)
@@ -238,7 +242,7 @@ class EpochMeter:
         if tokens is not None:
             self.valid_tokens += tokens.valid
             self.token_slots += tokens.slots
-        self.last_return = returned
+        self.last_return = self._step_began = returned
         self._marks = transitions.reading()  # the step begins
 
     def timeline(self) -> list[list[float]]:

@@ -2,69 +2,71 @@
 
 * an **evaluation**: an epoch of another loader, run inside a training loader's step (an evaluation every
   N steps) or between its epochs; counted at that epoch's end, as its whole span (``end_epoch``);
-* a **checkpoint** write: each call of ``torch.save`` and of safetensors' ``save_file``/``save_model``,
-  timed around the call, once its module is imported (``checkpoint_modules``).
+* a **checkpoint** write: each call of ``torch.save`` and of safetensors' ``save_file``/``save_model`` made by
+  the main thread (a background thread's overlaps the loop: no part of it), timed around the call, once its
+  module is imported (``checkpoint_modules``).
 
-Each kind is a running total of seconds and a count, per process; a meter takes a reading (``reading``) and
-later the change since (``since``): the part of a step spent in transitions is taken out of the step and
-named. A transition is counted once, in the outermost: a checkpoint written inside an evaluation is the
-evaluation's, and an evaluation's span is not the evaluating loader's own (``source``: the loader whose epoch
-it is, left out of that loader's own readings).
+Each is an event: its kind, the loader whose epoch it is (none for a checkpoint), when it began and its
+seconds. A meter takes a reading (how many events so far) and later asks ``since`` it for the events that
+began after a moment (its step's start): only what ran inside the step is taken out of it, so an iterator
+made long before (``next(iter(val))`` every N steps, a cycled one) is never charged to one step. A
+transition is counted once: an evaluation's span is less the checkpoints written during it, and a loader's
+own epochs are never its own transitions (``own``).
 """
 
 from __future__ import annotations
 
 import functools
 import sys
+import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["KINDS", "checkpoint_modules", "end_epoch", "reading", "since"]
 
 KINDS = ("evaluation", "checkpoint")
-Reading = dict[tuple[str, str], list[float]]  # (kind, source) -> [seconds, count]
 
-_totals: Reading = {}
-_changes = [0]  # transitions counted so far in this process: a reading unchanged since is not looked into
-_depth = [0]  # timed checkpoint calls under way (one inside another is the outer's)
+
+class _Event(NamedTuple):
+    kind: str
+    source: str  # the loader whose epoch it is; "" for a checkpoint write
+    began: float  # time.perf_counter()
+    seconds: float
+
+
+_events: list[_Event] = []  # appended whole (atomic under the GIL): read by slices, from any thread
+_depth = threading.local()  # ``calls``: checkpoint calls under way in the thread (nested: the outer's)
 _CHECKPOINT_WRITERS = {
     "torch.serialization": ("save",),
     "safetensors.torch": ("save_file", "save_model"),
 }
 
 
-def reading() -> tuple[int, Reading]:
-    """Every running total now (with how many transitions were counted, the cheap test of ``since``)."""
-    return _changes[0], {key: list(value) for key, value in _totals.items()}
+def reading() -> int:
+    """Where the events stand now."""
+    return len(_events)
 
 
 def since(
-    before: tuple[int, Reading], own: str | None = None, until: tuple[int, Reading] | None = None
+    before: int, own: str | None = None, until: int | None = None, began_after: float = float("-inf")
 ) -> dict[str, list[float]]:
-    """Per kind, [seconds, count] spent since ``before`` (until the reading ``until``; default: now), less
-    the epochs of loader ``own``."""
+    """Per kind, [seconds, count] of the events from reading ``before`` to ``until`` (default: now) that
+    began after ``began_after``, less the epochs of loader ``own``."""
     spent: dict[str, list[float]] = {}
-    changes, before_totals = before
-    until_changes, totals = until if until is not None else (_changes[0], _totals)
-    if changes == until_changes:
-        return spent
-    for (kind, source), (seconds, count) in totals.items():
-        if source == own and own is not None:
-            continue
-        was = before_totals.get((kind, source), [0.0, 0])
-        if count > was[1]:
-            total = spent.setdefault(kind, [0.0, 0])
-            total[0] += seconds - was[0]
-            total[1] += int(count - was[1])
+    for event in _events[before:until]:
+        if event.began >= began_after and not (own is not None and event.source == own):
+            total = spent.setdefault(event.kind, [0.0, 0])
+            total[0] += event.seconds
+            total[1] += 1
     return spent
 
 
 def end_epoch(source: str, start: float, end: float, inside: dict[str, list[float]]) -> None:
-    """An epoch of loader ``source`` ran from ``start`` to ``end``: an evaluation to every other loader that
-    was in a step meanwhile, less what it counted itself (``inside``: the transitions it ran)."""
+    """An epoch of loader ``source`` ran from ``start`` to ``end``: an evaluation to another loader whose step
+    or gap between epochs it began in, less what it counted itself (``inside``: the checkpoints it wrote)."""
     seconds = end - start - sum(seconds for seconds, _ in inside.values())
-    _add(("evaluation", source), max(0.0, seconds))
+    _events.append(_Event("evaluation", source, start, max(0.0, seconds)))
 
 
 def checkpoint_modules() -> dict[str, Callable[[Any], None]]:
@@ -86,14 +88,17 @@ def _time_writer(module: Any, name: str) -> None:
 
     @functools.wraps(writer)
     def timed(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return writer(*args, **kwargs)
         start = time.perf_counter()
-        _depth[0] += 1
+        depth = getattr(_depth, "calls", 0)
+        _depth.calls = depth + 1
         try:
             return writer(*args, **kwargs)
         finally:
-            _depth[0] -= 1
-            if _depth[0] == 0:
-                _add(("checkpoint", ""), time.perf_counter() - start)
+            _depth.calls = depth
+            if depth == 0:
+                _events.append(_Event("checkpoint", "", start, time.perf_counter() - start))
 
     timed.__stallbench__ = True  # type: ignore[attr-defined]
     setattr(module, name, timed)
@@ -101,10 +106,3 @@ def _time_writer(module: Any, name: str) -> None:
         torch = sys.modules.get("torch")
         if torch is not None and getattr(torch, name, None) is writer:
             setattr(torch, name, timed)
-
-
-def _add(key: tuple[str, str], seconds: float) -> None:
-    _changes[0] += 1
-    total = _totals.setdefault(key, [0.0, 0])
-    total[0] += seconds
-    total[1] += 1

@@ -114,7 +114,8 @@ class _Run:
                     0.0, before, self._cuda(), expected, state.counts_tokens, state.room, state.id
                 )
                 if state.ended is not None:
-                    meter.before_start = transitions.since(state.ended, state.id)
+                    events, end = state.ended
+                    meter.before_start = transitions.since(events, state.id, began_after=end)
         except Exception as exc:
             say(f"cannot measure a DataLoader ({exc!r}); it runs unmeasured", key="iterate")
             return original(dl)
@@ -133,7 +134,7 @@ class _Run:
         leading = self._leading()
         for state in self.order:
             if state is leading and state.open is not None:
-                state.open.hold(now)
+                state.open.hold(now, functools.partial(read_counters, state.stats))
             elif state.open is not None and state.open.handed_out_all:
                 self._close(state, True, state.open.end_at(now))
 
@@ -154,11 +155,14 @@ class _Run:
         ]
         if not nested:
             return now
-        with self.lock:
-            for other in nested:
-                if other.open is not None:
-                    other.open.end_at(now)
-                self._close(other, True)
+        try:
+            with self.lock:
+                for other in nested:
+                    if other.open is not None:
+                        other.open.end_at(now)
+                    self._close(other, True)
+        except Exception as exc:
+            say(f"cannot record an epoch ({exc!r})", key="record")
         return time.perf_counter()
 
     def _state(self, dl: Any) -> LoaderState:
@@ -279,9 +283,9 @@ class _Run:
         meter = state.open
         if meter is None:
             return
-        ended, span_end = transitions.reading(), None  # span_end None: now, once recorded
+        ended, span_end, after = transitions.reading(), None, None  # None: now, once recorded
         if meter.held is not None:  # it handed out all its batches, and its loop went on elsewhere
-            complete, (end, ended) = True, meter.held
+            complete, (end, ended, after) = True, meter.held
             span_end = end
         state.open, meter.closed = None, True
         state.batches += meter.batches
@@ -289,15 +293,16 @@ class _Run:
             return  # an iterator made and never used: no epoch
         state.epochs += 1
         state.complete += complete
-        after = read_counters(state.stats)
+        after = read_counters(state.stats) if after is None else after
         end = end if end is not None else meter.last_activity
         record = epoch_record(state, meter, complete, end, after)
         write_record(self.spec.out_dir, record)
-        # as the script saw it: from its iter() to its end, the measuring at both ends included
-        inside = transitions.since(meter.started, state.id, ended)
         span_end = time.perf_counter() if span_end is None else span_end
-        transitions.end_epoch(state.id, meter.called, span_end, inside)
-        state.ended = ended
+        if state is not self._leading():  # the training loader's epochs are no one's evaluation
+            # as the script saw it: from its iter() to its end, the measuring at both ends included
+            inside = transitions.since(meter.started, state.id, ended, began_after=meter.called)
+            transitions.end_epoch(state.id, meter.called, span_end, inside)
+        state.ended = (ended, span_end)
         if state.serves_files and record.batches and record.hits + record.misses == 0:
             say(
                 f"{state.id} read no file under --data through open(): its reads cannot go through our cache "

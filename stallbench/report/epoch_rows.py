@@ -115,8 +115,8 @@ def _transition_rows(reports: Sequence[LoaderReport]) -> Spec:
             for r in reports
             for k in (r.breakdown.transitions_between if between else r.breakdown.transitions)
         }
-        for kind in sorted(found, key=list(_TRANSITION_NAMES).index):
-            rows.append((f"{_TRANSITION_NAMES[kind]}{where}", _transition(kind, between), None))
+        for kind in sorted(found, key=lambda k: (k not in _TRANSITION_NAMES, k)):
+            rows.append((f"{_TRANSITION_NAMES.get(kind, kind)}{where}", _transition(kind, between), None))
     return tuple(rows)
 
 
