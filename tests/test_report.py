@@ -211,6 +211,27 @@ def test_a_difference_within_the_spreads_is_noise_the_headline_ratio_included(pa
     assert row(both, "epoch time").endswith(" within noise")  # 15.25 vs 9.25 s, each ± 3.0
 
 
+def test_the_headline_carries_the_range_its_spreads_allow(pair):
+    spread = [
+        dataclasses.replace(r, breakdown=dataclasses.replace(r.breakdown, epoch_spread_seconds=0.5))
+        for r in pair
+    ]
+    headline = [line for line in format_report(spread).splitlines() if line.startswith("  epoch time")][-1]
+    assert headline.endswith("1.65x faster (1.51-1.80)")  # 14.75 / 9.75 to 15.75 / 8.75 (a block of its own)
+
+
+@pytest.mark.parametrize(
+    ("step_alone", "said"), [(7.5, "1.65x faster"), (8.0, "busy machine, not comparable")]
+)
+def test_a_headline_whose_steps_alone_moved_is_not_compared(pair, step_alone, said):
+    """The ingestion run's steps do not depend on the loader: 25% apart, the load changed between columns."""
+    moved = dataclasses.replace(
+        pair[1], breakdown=dataclasses.replace(pair[1].breakdown, step_alone_seconds=step_alone)
+    )
+    text = format_report([pair[0], moved])
+    assert [line for line in text.splitlines() if line.startswith("  epoch time")][-1].endswith(said)
+
+
 def test_wide_compare_wraps_to_100_columns(pair):
     reports = [*pair, make_report("partitioned", 8.0, 0.75, GB // 2), make_report("other", 9.0, 1.75, GB)]
     text = format_report(reports)

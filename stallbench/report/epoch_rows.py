@@ -54,14 +54,39 @@ def _noisy(base: LoaderReport, r: LoaderReport, part: Part) -> tuple[float, floa
     return None if within_noise(b, b_spread, o, o_spread) else (b, o)
 
 
+STEP_MOVED = 0.25  # the steps alone of two columns this far apart: the machine's load changed between them
+
+
 def _speedup(base: LoaderReport, r: LoaderReport) -> str:
+    """The headline: how much faster or slower the epoch, with the range its spreads allow; "within noise"
+    where the spreads cover the difference, and "busy machine, not comparable" where the steps alone (the
+    ingestion run's: no loader at work) moved between the two columns, which only other load does."""
+    if _step_moved(base.breakdown, r.breakdown):
+        return "busy machine, not comparable"
     values = _noisy(base, r, _epoch)
     if values is None:
         return "within noise"
     b, o = values
     if b <= 0 or o <= 0:
         return "-"
-    return f"{b / o:.2f}x faster" if b >= o else f"{o / b:.2f}x slower"
+    b_spread, o_spread = base.breakdown.epoch_spread_seconds, r.breakdown.epoch_spread_seconds
+    if b >= o:
+        return f"{b / o:.2f}x faster{_range(b, b_spread, o, o_spread)}"
+    return f"{o / b:.2f}x slower{_range(o, o_spread, b, b_spread)}"
+
+
+def _range(top: float, top_spread: float, bottom: float, bottom_spread: float) -> str:
+    """`` (low-high)``: the ratio ``top / bottom`` as far as the spreads let it move; empty where unknown."""
+    if not (finite(top_spread) and finite(bottom_spread)) or bottom <= bottom_spread:
+        return ""
+    low, high = (top - top_spread) / (bottom + bottom_spread), (top + top_spread) / (bottom - bottom_spread)
+    return "" if f"{low:.2f}" == f"{high:.2f}" else f" ({low:.2f}-{high:.2f})"
+
+
+def _step_moved(a: Breakdown, b: Breakdown) -> bool:
+    """Whether the steps alone of two runs of one job differ by more than ``STEP_MOVED``."""
+    low, high = sorted((a.step_alone_seconds, b.step_alone_seconds))
+    return low > 0 and high > low * (1 + STEP_MOVED)
 
 
 def _difference(part: Part) -> Ratio:

@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from stallbench._words import counted
 from stallbench.analysis.results import LoaderReport
 from stallbench.report.work import column_name
 
@@ -85,7 +86,8 @@ def png_bytes(reports: Sequence[LoaderReport]) -> bytes:
     left, right = fig.subplots(1, 2, width_ratios=(1, 2))
     _breakdown_panel(left, reports)
     _timeline_panel(right, reports)
-    fig.suptitle(f"{w.data}: {w.samples:,} samples, batch {w.batch_size}, {w.workers} workers, {w.compute}")
+    workers = counted(w.workers, "worker")
+    fig.suptitle(f"{w.data}: {w.samples:,} samples, batch {w.batch_size}, {workers}, {w.compute}")
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()

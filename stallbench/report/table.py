@@ -164,7 +164,7 @@ def _workload_lines(w: Workload) -> list[str]:
         f"{format_bytes(w.dataset_bytes)} {where} ({format_bytes(w.record_bytes)} of records)",
         f"{w.samples:,} samples",
         f"batch {w.batch_size}",
-        f"{w.workers} workers",
+        counted(w.workers, "worker"),
         f"compute {w.compute}",
         counted(w.epochs, "epoch"),
         "cache budget: the memory available"
