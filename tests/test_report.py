@@ -402,6 +402,7 @@ def _keys(obj: object, skip_free: bool = False) -> set[str]:
             "transitions",
             "transitions_between",
             "transitions_before",
+            "warmup_transitions",
         )
         found |= _keys(value, skip_free=key in free)
     return found

@@ -17,7 +17,7 @@ import pytest
 
 from stallbench.jobs._transitions import since
 from stallbench.workloads import make_jpeg_folder
-from tests.test_bootstrap import REPO, _ok, _run
+from tests.test_bootstrap import REPO, SCRIPTS, _ok, _run
 
 SCRIPT = REPO / "examples" / "eval_every_steps.py"
 TRAIN, EVAL = "0:Slow", "1:Slow"
@@ -119,3 +119,16 @@ def test_a_batch_sampled_from_a_fresh_iterator_every_few_steps_is_never_charged_
         assert record.wait_seconds + record.step_seconds + sum(
             s for s, _ in record.transitions.values()
         ) == pytest.approx(record.seconds, rel=0.02)
+
+
+def test_torch_compile_first_compilations_are_warm_up_and_a_recompile_a_transition(tmp_path):
+    """The first calls compile (epoch 1: of the warm-up), a batch of another shape recompiles (epoch 2):
+    each within 10% of the script's own witness, the step's excess over its epoch's median step."""
+    run = _ok(_run(tmp_path, script=SCRIPTS / "compiled.py"))
+    train = [r for r in run.of("0:TensorDataset") if r.complete]
+    assert [r.epoch for r in train] == [1, 2, 3] and [e["epoch"] for e in run.epochs] == [1, 2, 3]
+    first, recompiled, steady = train
+    assert "compilation" not in steady.transitions
+    for record, witness in ((first, run.epochs[0]), (recompiled, run.epochs[1])):
+        seconds, count = record.transitions["compilation"]
+        assert count >= 1 and near(seconds, witness["excess"]), (seconds, witness)

@@ -5,8 +5,9 @@ The real (cold) run measures its own epoch directly: the time the loop waited in
 differences of separate runs:
 
 * transitions = what the job did inside the epoch that is neither a step nor a wait: evaluations
-  (another loader's epochs) and checkpoint writes, each timed where the job made it
-  (``stallbench.jobs._transitions``); those made between epochs are kept apart, as the warm-up is;
+  (another loader's epochs), checkpoint writes and ``torch.compile``'s compilations, each timed where the
+  job made it (``stallbench.jobs._transitions``); those made between epochs are kept apart, as the warm-up
+  is, and so are the first epoch's beyond a steady one's (its first compilations: of the warm-up);
 * compute = the cold epoch less its wait and transitions: the steps as they ran beside the loader. Where
   they ran slower than alone (the ingestion run's steps, ``T1``), the excess is contention: workers sharing
   the step's cores. It is shown, inside compute: a slower step is not a stall.
@@ -79,6 +80,9 @@ def breakdown(runs: Mapping[str, RunRecord], data_bytes: int | None = None) -> B
         + _half_range(warm_wait) * fmean(e.batches for e in cold),
         transitions=_per_epoch(inside),
         transitions_between=_per_epoch([_transitions(e.transitions_before) for e in cold]),
+        warmup_transitions=_beyond(runs["cold"].epochs[0], _per_epoch(inside))
+        if len(runs["cold"].epochs) > 1
+        else {},
     )
 
 
@@ -122,6 +126,20 @@ def _per_epoch(epochs: Sequence[Mapping[str, tuple[float, float]]]) -> dict[str,
         )
         for kind in kinds
     }
+
+
+def _beyond(
+    first: EpochRecord, steady_made: Mapping[str, tuple[float, float]]
+) -> dict[str, tuple[float, float]]:
+    """The transitions the first epoch made beyond a steady one's, per kind, where it made more of them
+    (``torch.compile``'s first compilations): part of the warm-up."""
+    made = _transitions(first.transitions)
+    beyond = {}
+    for kind, (seconds, count) in made.items():
+        steady_seconds, steady_count = steady_made.get(kind, (0.0, 0.0))
+        if count > steady_count:
+            beyond[kind] = (max(0.0, seconds - steady_seconds), count - steady_count)
+    return beyond
 
 
 def _half_range(values: Sequence[float]) -> float:

@@ -125,6 +125,7 @@ class Breakdown:
     # between epochs (apart, as warm-up is)
     transitions: dict[str, tuple[float, float]] = field(default_factory=dict)
     transitions_between: dict[str, tuple[float, float]] = field(default_factory=dict)
+    warmup_transitions: dict[str, tuple[float, float]] = field(default_factory=dict)  # of warmup_seconds
 
     @property
     def transition_seconds(self) -> float:

@@ -2,7 +2,7 @@
 imported (a ``sys.meta_path`` hook), so a process that never imports torch pays nothing and a swapped class
 is in place before the script's own ``from torch.utils.data import DataLoader``: ``DataLoader.__iter__``
 (and every subclass's own) calls the measuring side, ``__len__`` says at most ``steps``, the classes are
-swapped as the spec asks (``stallbench.jobs._swap``), and checkpoint writers are timed
+swapped as the spec asks (``stallbench.jobs._swap``), and checkpoint writes and compilations are timed
 (``stallbench.jobs._transitions``).
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 from stallbench.jobs._overrides import override_arguments
 from stallbench.jobs._swap import cached_class, cached_maker, stand_in, torch_taking_ours
 from stallbench.jobs._timed import say
-from stallbench.jobs._transitions import checkpoint_modules
+from stallbench.jobs._transitions import watched_modules
 from stallbench.jobs.spec import JobSpec
 
 __all__ = ["WRAPPERS", "Iterate", "install_hooks"]
@@ -73,7 +73,7 @@ def install_hooks(spec: JobSpec, iterate: Iterate) -> None:
 
     hooks: dict[str, _Hook] = {_TORCH: (None, torch_imported)}
     hooks |= dict.fromkeys(WRAPPERS, (None, wrappers_imported))
-    hooks |= {name: (None, hook) for name, hook in checkpoint_modules().items()}
+    hooks |= {name: (None, hook) for name, hook in watched_modules().items()}
     if spec.loader != "as-is" or spec.overrides:
         hooks[_OURS] = (ours_importing, ours_imported)
     sys.meta_path.insert(0, _PostImport(hooks))

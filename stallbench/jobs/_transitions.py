@@ -4,7 +4,10 @@
   N steps) or between its epochs; counted at that epoch's end, as its whole span (``end_epoch``);
 * a **checkpoint** write: each call of ``torch.save`` and of safetensors' ``save_file``/``save_model`` made by
   the main thread (a background thread's overlaps the loop: no part of it), timed around the call, once its
-  module is imported (``checkpoint_modules``).
+  module is imported (``watched_modules``);
+* a **compilation** by ``torch.compile``: its first calls and each recompile, timed by the start and end
+  callbacks torch's compiler runs around the outermost compile (``torch._dynamo.callback``), registered once
+  that module is imported (an optimizer imports it; a script without ``torch.compile`` makes none).
 
 Each is an event: its kind, the loader whose epoch it is (none for a checkpoint), when it began and its
 seconds. A meter takes a reading (how many events so far) and later asks ``since`` it for the events that
@@ -23,9 +26,9 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-__all__ = ["KINDS", "checkpoint_modules", "end_epoch", "reading", "since"]
+__all__ = ["KINDS", "end_epoch", "reading", "since", "watched_modules"]
 
-KINDS = ("evaluation", "checkpoint")
+KINDS = ("evaluation", "checkpoint", "compilation")
 
 
 class _Event(NamedTuple):
@@ -69,16 +72,40 @@ def end_epoch(source: str, start: float, end: float, inside: dict[str, list[floa
     _events.append(_Event("evaluation", source, start, max(0.0, seconds)))
 
 
-def checkpoint_modules() -> dict[str, Callable[[Any], None]]:
-    """The modules whose checkpoint writers are timed, each with what times them once it is imported
+def watched_modules() -> dict[str, Callable[[Any], None]]:
+    """The modules whose transitions are timed, each with what times them once it is imported
     (``torch.save`` is looked up in ``torch`` at each call, and safetensors' writers are taken by name right
     after their module is imported: both then call the timed one)."""
-    return dict.fromkeys(_CHECKPOINT_WRITERS, _module_imported)
+    return {**dict.fromkeys(_CHECKPOINT_WRITERS, _writers_imported), _COMPILER: _compiler_imported}
 
 
-def _module_imported(module: Any) -> None:
+def _writers_imported(module: Any) -> None:
     for name in _CHECKPOINT_WRITERS[module.__name__]:
         _time_writer(module, name)
+
+
+_COMPILER = "torch._dynamo.callback"
+_compiling = threading.local()  # ``began``: when the main thread's outermost compile began
+
+
+def _compiler_imported(module: Any) -> None:
+    handler = module.callback_handler
+    if not getattr(handler, "__stallbench__", False):
+        handler.register_start_callback(_compile_started)
+        handler.register_end_callback(_compile_ended)
+        handler.__stallbench__ = True
+
+
+def _compile_started(args: Any) -> None:
+    if threading.current_thread() is threading.main_thread():
+        _compiling.began = time.perf_counter()
+
+
+def _compile_ended(args: Any) -> None:
+    began = getattr(_compiling, "began", None)
+    if began is not None and threading.current_thread() is threading.main_thread():
+        _compiling.began = None
+        _events.append(_Event("compilation", "", began, time.perf_counter() - began))
 
 
 def _time_writer(module: Any, name: str) -> None:

@@ -115,7 +115,11 @@ def _hit_rate(r: LoaderReport) -> str:
     return pct(r.hit_rate) if finite(r.hit_rate) else "- (no read went through a cache)"
 
 
-_TRANSITION_NAMES = {"evaluation": "evaluation", "checkpoint": "checkpoint writes"}
+_TRANSITION_NAMES = {
+    "evaluation": "evaluation",
+    "checkpoint": "checkpoint writes",
+    "compilation": "compilation",
+}
 
 
 def _transition(kind: str, between: bool) -> Cell:
@@ -145,6 +149,22 @@ def _transition_rows(reports: Sequence[LoaderReport]) -> Spec:
     return tuple(rows)
 
 
+def _warmup_rows(reports: Sequence[LoaderReport]) -> Spec:
+    """Under the warm-up: what the first epoch made beyond a steady one's (``torch.compile``'s first
+    compilations), each kind with its seconds and count."""
+    found = {k for r in reports for k in r.breakdown.warmup_transitions}
+
+    def cell(kind: str) -> Cell:
+        def text(r: LoaderReport) -> str:
+            seconds, count = r.breakdown.warmup_transitions.get(kind, (0.0, 0.0))
+            return f"{sec(seconds)}, {count:g}"
+
+        return text
+
+    kinds = sorted(found, key=lambda k: (k not in _TRANSITION_NAMES, k))
+    return tuple((f"  of which {_TRANSITION_NAMES.get(k, k)}", cell(k), None) for k in kinds)
+
+
 def epoch_rows(reports: Sequence[LoaderReport]) -> Spec:
     """The steady epoch's rows for these reports: its parts, then what it read and did."""
     return (
@@ -156,6 +176,7 @@ def epoch_rows(reports: Sequence[LoaderReport]) -> Spec:
         ("fetch stall", _cell(_fetch_stall), _difference(_fetch_stall)),
         *_transition_rows(reports),
         ("warm-up (apart)", lambda r: sec(r.breakdown.warmup_seconds), None),
+        *_warmup_rows(reports),
         ("storage read", lambda r: format_bytes(r.storage_bytes), _change(_storage)),
         (
             "  of the dataset",
