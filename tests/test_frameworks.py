@@ -98,6 +98,28 @@ def test_each_framework_job_is_analyzed_and_agrees_with_its_own_witness(folder, 
     assert "± " in text and "steady epoch" in text
 
 
+def test_lightning_validations_and_checkpoints_inside_an_epoch_agree_with_its_witness(folder):
+    """``val_check_interval`` and ``ModelCheckpoint(every_n_train_steps=4)``: the cold run's evaluations and
+    checkpoint writes, per epoch, within 10% of the script's own timing (or 5 ms, for a small write), the
+    same counts, and the parts of the steady epoch still adding up to it."""
+    report, text, cold = analyzed(folder, blocks("PyTorch Lightning")[2])
+    (loader,) = report["loaders"]
+    (run,) = [r for r in loader["runs"] if r["phase"] == "cold"]
+    for epoch, witness in zip(run["epochs"], cold, strict=True):
+        for kind in ("evaluation", "checkpoint"):
+            (seconds, count), (seen, seen_count) = epoch["transitions"][kind], witness[kind]
+            assert count == seen_count and abs(seconds - seen) <= max(AGREE * seen, 0.005), (
+                kind,
+                epoch,
+                witness,
+            )
+    assert [w["evaluation"][1] for w in cold] == [2, 2, 2] and [w["checkpoint"][1] for w in cold] == [3, 3, 3]
+    parts = loader["compute_seconds"] + loader["prep_stall_seconds"] + loader["fetch_stall_seconds"]
+    parts += sum(seconds for seconds, _ in loader["transitions"].values())
+    assert parts == pytest.approx(loader["epoch_seconds"], rel=0.02)
+    assert "evaluation" in text and "checkpoint writes" in text
+
+
 def test_lightning_under_steps_ends_each_epoch_as_its_own_and_still_validates(folder):
     report, _, cold = analyzed(folder, blocks("PyTorch Lightning")[1])
     assert [e["batches"] for e in cold] == [4, 4, 4]  # the script saw 4-batch epochs

@@ -4,9 +4,11 @@
 
 ``DIR`` is in the ImageNet layout, ``DIR/<class>/<file>.jpg``. A ``LightningDataModule`` serves plain
 ``torch.utils.data.DataLoader``s over the script's own Dataset (PIL decode, resize, float tensor), and the
-``Trainer`` validates on a held-out share of the files at every epoch's end. ``--slow-ms`` adds a sleep to
-each sample, so a test can make a data-bound run on a tiny dataset. ``--witness FILE`` appends one JSON line
-per training epoch to FILE, timed by the script itself through a Lightning ``Callback``.
+``Trainer`` validates on a held-out share of the files at every epoch's end (and every ``--val-every``
+training batches: ``val_check_interval``), and with ``--checkpoint-every N`` saves a checkpoint every N
+training steps (``ModelCheckpoint``). ``--slow-ms`` adds a sleep to each sample, so a test can make a
+data-bound run on a tiny dataset. ``--witness FILE`` appends one JSON line per training epoch to FILE, timed
+by the script itself through a Lightning ``Callback``.
 
 It is kept free of stallbench and of the ``loader`` package on purpose: it stands for a user's script that
 was never changed to be measured.
@@ -24,6 +26,7 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 from PIL import Image
+from pytorch_lightning.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -40,6 +43,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-ms", type=float, default=0.0, help="extra sleep per sample, in milliseconds")
     p.add_argument("--val-fraction", type=float, default=0.1, help="share of the files held out")
     p.add_argument("--witness", type=Path, default=None, help="append one JSON line per training epoch")
+    p.add_argument("--val-every", type=int, default=None, help="also validate every N training batches")
+    p.add_argument("--checkpoint-every", type=int, default=None, help="save a checkpoint every N steps")
+    p.add_argument("--checkpoints", type=Path, default=Path("checkpoints"), help="where they are saved")
     return p.parse_args(argv)
 
 
@@ -131,28 +137,57 @@ class TinyCNN(pl.LightningModule):
 
 
 class EpochWitness(pl.Callback):
-    """Times each training epoch by hand: waiting for batches versus running training steps.
+    """Times each training epoch by hand: waiting for batches versus running training steps, and the
+    validations and checkpoint writes made between two batches, apart from both.
 
-    The epoch ends at the last ``on_train_batch_end``: Lightning calls ``on_train_epoch_end`` only after the
-    epoch-end validation, which is no part of the training iteration.
+    A validation is timed as the training loop loses it: from the end of the batch it follows to the start
+    of the next one (Lightning starts the validation loader, and its workers, before its
+    ``on_validation_start``), less the checkpoint writes in that gap; a checkpoint write is the trainer's
+    ``save_checkpoint`` call, timed around it. The epoch ends at the last ``on_train_batch_end``: Lightning
+    calls ``on_train_epoch_end`` only after the epoch-end validation, which is no part of the training
+    iteration.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.start = self.last = self.step_start = 0.0
-        self.wait = self.step = 0.0
-        self.batches = 0
+        self.wait = self.step = self.validating = self.saving = 0.0
+        self.batches = self.validations = self.saves = self.validations_seen = 0
+        self.saving_at_last = 0.0  # checkpoint seconds at the last batch's end
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        save = trainer.save_checkpoint
+
+        def timed_save(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return save(*args, **kwargs)
+            finally:
+                self.saving += time.perf_counter() - start
+                self.saves += 1
+
+        trainer.save_checkpoint = timed_save  # type: ignore[method-assign]
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.start = self.last = time.perf_counter()
-        self.wait = self.step = 0.0
-        self.batches = 0
+        self.wait = self.step = self.validating = self.saving = 0.0
+        self.batches = self.validations = self.saves = 0
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self.validations_seen += 1
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self.step_start = time.perf_counter()
-        self.wait += self.step_start - self.last
+        gap = self.step_start - self.last
+        if self.batches and self.validations_seen:  # a validation ran since the last batch's end
+            self.validating += gap - (self.saving - self.saving_at_last)
+            self.validations += self.validations_seen
+        else:
+            self.wait += gap - (self.saving - self.saving_at_last)
+        self.validations_seen = 0
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -160,6 +195,7 @@ class EpochWitness(pl.Callback):
         self.last = time.perf_counter()
         self.step += self.last - self.step_start
         self.batches += 1
+        self.saving_at_last = self.saving
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         record = {
@@ -168,7 +204,10 @@ class EpochWitness(pl.Callback):
             "wait_seconds": self.wait,
             "step_seconds": self.step,
             "batches": self.batches,
+            "evaluation": [self.validating, self.validations],
+            "checkpoint": [self.saving, self.saves],
         }
+        self.validations_seen = 0  # the epoch-end validation is no part of the training epoch
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
@@ -177,15 +216,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     pl.seed_everything(0, verbose=False)
     data = ImageDataModule(args)
+    callbacks: list[pl.Callback] = [EpochWitness(args.witness)] if args.witness else []
+    if args.checkpoint_every:
+        every = dict(every_n_train_steps=args.checkpoint_every, save_top_k=-1, save_on_train_epoch_end=False)
+        callbacks.append(ModelCheckpoint(dirpath=args.checkpoints, **every))
     trainer = pl.Trainer(
         max_epochs=args.epochs,
         accelerator="cpu",
         devices=1,
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=bool(args.checkpoint_every),
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[EpochWitness(args.witness)] if args.witness else [],
+        val_check_interval=args.val_every,
+        callbacks=callbacks,
     )
     trainer.fit(TinyCNN(data.num_classes), datamodule=data)
     print(f"done: {args.epochs} epochs, val_acc {float(trainer.callback_metrics['val_acc']):.2f}", flush=True)

@@ -2,9 +2,11 @@
 
 * an **evaluation**: an epoch of another loader, run inside a training loader's step (an evaluation every
   N steps) or between its epochs; counted at that epoch's end, as its whole span (``end_epoch``);
-* a **checkpoint** write: each call of ``torch.save`` and of safetensors' ``save_file``/``save_model`` made by
+* a **checkpoint** write: each call of ``torch.save``, of safetensors' ``save_file``/``save_model`` and of the
+  frameworks' own savers (Lightning's ``Trainer.save_checkpoint``, the Hugging Face Trainer's
+  ``_save_checkpoint``, accelerate's ``save_state``: whole, the state gathered and the file written) made by
   the main thread (a background thread's overlaps the loop: no part of it), timed around the call, once its
-  module is imported (``watched_modules``);
+  module is imported (``watched_modules``); one inside another is the outer's;
 * a **compilation** by ``torch.compile``: its first calls and each recompile, timed by the start and end
   callbacks torch's compiler runs around the outermost compile (``torch._dynamo.callback``), registered once
   that module is imported (an optimizer imports it; a script without ``torch.compile`` makes none).
@@ -40,9 +42,13 @@ class _Event(NamedTuple):
 
 _events: list[_Event] = []  # appended whole (atomic under the GIL): read by slices, from any thread
 _depth = threading.local()  # ``calls``: checkpoint calls under way in the thread (nested: the outer's)
-_CHECKPOINT_WRITERS = {
+_CHECKPOINT_WRITERS = {  # module: its writers, a method as "Class.method" (the frameworks' own, whole)
     "torch.serialization": ("save",),
     "safetensors.torch": ("save_file", "save_model"),
+    "pytorch_lightning.trainer.trainer": ("Trainer.save_checkpoint",),
+    "lightning.pytorch.trainer.trainer": ("Trainer.save_checkpoint",),
+    "transformers.trainer": ("Trainer._save_checkpoint",),
+    "accelerate.accelerator": ("Accelerator.save_state",),
 }
 
 
@@ -108,8 +114,10 @@ def _compile_ended(args: Any) -> None:
         _events.append(_Event("compilation", "", began, time.perf_counter() - began))
 
 
-def _time_writer(module: Any, name: str) -> None:
-    writer = getattr(module, name, None)
+def _time_writer(module: Any, dotted: str) -> None:
+    owner_name, _, name = dotted.rpartition(".")
+    owner = getattr(module, owner_name, None) if owner_name else module
+    writer = getattr(owner, name, None) if owner is not None else None
     if writer is None or getattr(writer, "__stallbench__", False):
         return
 
@@ -128,7 +136,7 @@ def _time_writer(module: Any, name: str) -> None:
                 _events.append(_Event("checkpoint", "", start, time.perf_counter() - start))
 
     timed.__stallbench__ = True  # type: ignore[attr-defined]
-    setattr(module, name, timed)
+    setattr(owner, name, timed)
     if module.__name__ == "torch.serialization":
         torch = sys.modules.get("torch")
         if torch is not None and getattr(torch, name, None) is writer:

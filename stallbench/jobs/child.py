@@ -143,6 +143,11 @@ class _Run:
         analysis will take it."""
         return min(self.order, key=lambda s: (-s.total, s.order)) if self.order else None
 
+    def _ahead(self, state: LoaderState) -> bool:
+        """Whether ``state``'s loader has handed out more batches than any other so far (a tie, as between a
+        validation's sanity check and the first training batches, says nothing)."""
+        return all(state.total > other.total for other in self.order if other is not state)
+
     def _others_end(self, state: LoaderState, now: float) -> float:
         """Before a step of ``state``'s loader ends at ``now``: another loader's epoch begun inside the step
         that handed out all its batches (an evaluation every N steps that stops at ``len()``) ends, so the
@@ -298,7 +303,7 @@ class _Run:
         record = epoch_record(state, meter, complete, end, after)
         write_record(self.spec.out_dir, record)
         span_end = time.perf_counter() if span_end is None else span_end
-        if state is not self._leading():  # the training loader's epochs are no one's evaluation
+        if not self._ahead(state):  # the training loader's epochs are no one's evaluation
             # as the script saw it: from its iter() to its end, the measuring at both ends included
             inside = transitions.since(meter.started, state.id, ended, began_after=meter.called)
             transitions.end_epoch(state.id, meter.called, span_end, inside)
