@@ -120,6 +120,20 @@ def test_lightning_validations_and_checkpoints_inside_an_epoch_agree_with_its_wi
     assert "evaluation" in text and "checkpoint writes" in text
 
 
+def test_trainer_evaluations_and_saves_every_few_steps_agree_with_its_witness(folder):
+    """``eval_steps`` and ``save_steps``: the cold run's evaluations and checkpoint writes in its first two
+    epochs within 10% of the script's own timing (or 5 ms), the same counts (the last epoch also holds the
+    save the Trainer makes at the end of training, which the witness counts in it: see the how-to)."""
+    report, text, cold = analyzed(folder, blocks("Hugging Face Trainer")[1])
+    (loader,) = report["loaders"]
+    (run,) = [r for r in loader["runs"] if r["phase"] == "cold"]
+    for epoch, witness in zip(run["epochs"][:2], cold[:2], strict=True):
+        for kind in ("evaluation", "checkpoint"):
+            (seconds, count), (seen, seen_count) = epoch["transitions"][kind], witness[kind]
+            assert count == seen_count == 2 and abs(seconds - seen) <= max(AGREE * seen, 0.005), (kind, epoch)
+    assert "evaluation" in text and "checkpoint writes" in text
+
+
 def test_lightning_under_steps_ends_each_epoch_as_its_own_and_still_validates(folder):
     report, _, cold = analyzed(folder, blocks("PyTorch Lightning")[1])
     assert [e["batches"] for e in cold] == [4, 4, 4]  # the script saw 4-batch epochs

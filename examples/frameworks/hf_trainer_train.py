@@ -5,9 +5,10 @@
 ``DIR`` is in the ImageNet layout, ``DIR/<class>/<file>.jpg``. The model is a ``ResNetForImageClassification``
 built from a small ``ResNetConfig`` (random weights: nothing is downloaded); the script's own Dataset gives
 ``{"pixel_values": tensor, "labels": int}`` items, and the ``Trainer`` evaluates on a held-out share of the
-files at every epoch's end. ``--slow-ms`` adds a sleep to each sample, so a test can make a data-bound run on
-a tiny dataset. ``--witness FILE`` appends one JSON line per training epoch to FILE, timed by the script
-itself through a ``TrainerCallback``.
+files at every epoch's end (every ``--eval-steps`` steps instead, with them), and saves a checkpoint every
+``--save-steps`` steps where asked. ``--slow-ms`` adds a sleep to each sample, so a test can make a data-bound
+run on a tiny dataset. ``--witness FILE`` appends one JSON line per training epoch to FILE, timed by the
+script itself through a ``TrainerCallback``.
 
 It is kept free of stallbench and of the ``loader`` package on purpose: it stands for a user's script that
 was never changed to be measured.
@@ -49,6 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-ms", type=float, default=0.0, help="extra sleep per sample, in milliseconds")
     p.add_argument("--val-fraction", type=float, default=0.1, help="share of the files held out")
     p.add_argument("--witness", type=Path, default=None, help="append one JSON line per training epoch")
+    p.add_argument("--eval-steps", type=int, default=None, help="evaluate every N steps, not each epoch")
+    p.add_argument("--save-steps", type=int, default=None, help="save a checkpoint every N steps")
     return p.parse_args(argv)
 
 
@@ -103,31 +106,60 @@ def tiny_resnet(num_classes: int) -> ResNetForImageClassification:
 
 
 class EpochWitness(TrainerCallback):
-    """Times each training epoch by hand: waiting for batches versus running training steps.
+    """Times each training epoch by hand: waiting for batches versus running training steps, and the
+    evaluations and checkpoint writes made between two steps, apart from both.
 
     With ``gradient_accumulation_steps=1`` a step is one batch. The epoch ends at the last ``on_step_end``, so
-    nothing the Trainer does after its last step (evaluation, logging) counts.
+    nothing the Trainer does after its last step (evaluation, logging) counts. An evaluation is timed as the
+    training loop loses it: the gap from a step's end to the next one's start in which the Trainer evaluated,
+    less the checkpoint writes in it; a checkpoint write is the trainer's ``_save_checkpoint``, timed around
+    it (``watch``).
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.start = self.last = self.step_start = 0.0
-        self.wait = self.step = 0.0
-        self.epoch = self.batches = 0
+        self.wait = self.step = self.evaluating = self.saving = self.saving_at_last = 0.0
+        self.epoch = self.batches = self.evaluations = self.saves = self.evaluated = 0
+
+    def watch(self, trainer: Trainer) -> None:
+        """Time the trainer's checkpoint writes."""
+        save = trainer._save_checkpoint
+
+        def timed_save(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return save(*args, **kwargs)
+            finally:
+                self.saving += time.perf_counter() - start
+                self.saves += 1
+
+        trainer._save_checkpoint = timed_save  # type: ignore[method-assign]
 
     def on_epoch_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self.epoch = int(state.epoch or 0)  # the epochs done so far: this one's index
         self.start = self.last = time.perf_counter()
-        self.wait = self.step = 0.0
-        self.batches = 0
+        self.wait = self.step = self.evaluating = self.saving = self.saving_at_last = 0.0
+        self.batches = self.evaluations = self.saves = self.evaluated = 0
+
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self.evaluated += 1
 
     def on_step_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self.step_start = time.perf_counter()
-        self.wait += self.step_start - self.last
+        gap = self.step_start - self.last - (self.saving - self.saving_at_last)
+        if self.batches and self.evaluated:  # the Trainer evaluated since the last step's end
+            self.evaluating += gap
+            self.evaluations += self.evaluated
+        else:
+            self.wait += gap
+        self.evaluated = 0
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -135,6 +167,7 @@ class EpochWitness(TrainerCallback):
         self.last = time.perf_counter()
         self.step += self.last - self.step_start
         self.batches += 1
+        self.saving_at_last = self.saving
 
     def on_epoch_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -145,6 +178,8 @@ class EpochWitness(TrainerCallback):
             "wait_seconds": self.wait,
             "step_seconds": self.step,
             "batches": self.batches,
+            "evaluation": [self.evaluating, self.evaluations],
+            "checkpoint": [self.saving, self.saves],
         }
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -158,8 +193,10 @@ def training_arguments(args: argparse.Namespace, output_dir: str) -> TrainingArg
         per_device_eval_batch_size=args.batch_size,
         learning_rate=1e-2,
         dataloader_num_workers=args.workers,
-        eval_strategy="epoch",
-        save_strategy="no",
+        eval_strategy="steps" if args.eval_steps else "epoch",
+        eval_steps=args.eval_steps,
+        save_strategy="steps" if args.save_steps else "no",
+        save_steps=args.save_steps or 500,
         logging_strategy="no",
         report_to=[],
         use_cpu=True,
@@ -171,14 +208,17 @@ def training_arguments(args: argparse.Namespace, output_dir: str) -> TrainingArg
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     train, held, num_classes = split_datasets(args)
+    witness = EpochWitness(args.witness) if args.witness else None
     with tempfile.TemporaryDirectory(prefix="hf-trainer-") as output_dir:
         trainer = Trainer(
             model=tiny_resnet(num_classes),
             args=training_arguments(args, output_dir),
             train_dataset=train,
             eval_dataset=held,
-            callbacks=[EpochWitness(args.witness)] if args.witness else [],
+            callbacks=[witness] if witness else [],
         )
+        if witness:
+            witness.watch(trainer)
         trainer.train()
     eval_loss = next(log["eval_loss"] for log in reversed(trainer.state.log_history) if "eval_loss" in log)
     print(f"done: {args.epochs} epochs, eval_loss {eval_loss:.2f}", flush=True)
