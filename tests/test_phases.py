@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import astuple
+from dataclasses import astuple, replace
 from pathlib import Path
 
 import pytest
@@ -147,3 +147,29 @@ def test_each_part_carries_its_spread_over_the_epochs():
     assert b.compute_spread_seconds == pytest.approx(0.0) and b.prep_stall_spread_seconds == pytest.approx(
         0.0
     )
+
+
+def test_transitions_are_parts_of_the_epoch_and_the_first_epochs_extra_is_warm_up():
+    """The cold epochs of 9 s each hold 2 s of evaluation (and the first one 1.5 s of compilation more):
+    compute is 2 s less, the parts still add up, and the compilation is the warm-up's."""
+    cold = _run("cold", 9.0, 5.0)
+    made = {"evaluation": [2.0, 4]}
+    epochs = tuple(replace(e, transitions=dict(made)) for e in cold.epochs)
+    epochs = (replace(epochs[0], transitions={**made, "compilation": [1.5, 2]}), *epochs[1:])
+    runs = {
+        "ingestion": _run("ingestion", 5.0, 2.0),
+        "prep": _run("prep", 7.0, 3.0),
+        "cold": replace(cold, epochs=epochs),
+    }
+    b = breakdown(runs)
+    assert (b.compute_seconds, b.transitions) == (2.0, {"evaluation": (2.0, 4.0)})
+    assert b.compute_seconds + b.prep_stall_seconds + b.fetch_stall_seconds + b.transition_seconds == 9.0
+    assert b.warmup_transitions == {"compilation": (1.5, 2.0)}
+
+
+def test_a_few_slow_batches_show_in_the_waits_tail():
+    """98 batches waited 1 ms and two 200 ms (the first batch, workers starting, left out)."""
+    cold = replace(_run("cold", 9.0, 5.0), timeline=((3.0, 0.1), *[(0.001, 0.01)] * 98, *[(0.2, 0.01)] * 2))
+    b = breakdown({"ingestion": _run("ingestion", 5.0, 2.0), "prep": _run("prep", 7.0, 3.0), "cold": cold})
+    assert b.batch_wait_p50_seconds == pytest.approx(0.001) and b.batch_wait_max_seconds == 0.2
+    assert b.batch_wait_p99_seconds > 10 * b.batch_wait_p90_seconds

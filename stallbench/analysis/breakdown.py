@@ -20,6 +20,9 @@ spread: half the range of its per-epoch values over the steady cold epochs (the 
 run's spread); NaN, unknown, with a single steady epoch. A difference smaller than the spreads is noise
 (:func:`within_noise`).
 
+Beside the parts, how the wait spreads over the batches (p50, p90, p99, max of the cold run's last epoch):
+a wait that is all in a few batches is a few slow samples, not a slow pipeline.
+
 ``T1`` and the warm epoch ``T3`` (with its wait for the first batch) are kept beside the parts, and so are
 the CPU the step took alone (the ingestion run's) and the CPU prep took (the warm run's beyond it), each per
 batch times the cold epoch's batches: the what-if model is built on them. CPU seconds, unlike wall seconds,
@@ -31,6 +34,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from statistics import fmean
+
+import numpy as np
 
 from stallbench.analysis.results import Breakdown, EpochRecord, RunRecord, steady
 
@@ -83,6 +88,7 @@ def breakdown(runs: Mapping[str, RunRecord], data_bytes: int | None = None) -> B
         warmup_transitions=_beyond(runs["cold"].epochs[0], _per_epoch(inside))
         if len(runs["cold"].epochs) > 1
         else {},
+        **_wait_spread(runs["cold"].timeline),
     )
 
 
@@ -140,6 +146,21 @@ def _beyond(
         if count > steady_count:
             beyond[kind] = (max(0.0, seconds - steady_seconds), count - steady_count)
     return beyond
+
+
+def _wait_spread(timeline: Sequence[tuple[float, float]]) -> dict[str, float]:
+    """The batch wait's p50, p90, p99 and max over a run's last epoch, its first batch (workers starting)
+    left out: a few slow samples show as a p99 or max far above the p50."""
+    waits = np.array([wait for wait, _ in timeline[1:]], dtype=float)
+    if not len(waits):
+        return {}
+    p50, p90, p99 = np.percentile(waits, [50, 90, 99])
+    return {
+        "batch_wait_p50_seconds": float(p50),
+        "batch_wait_p90_seconds": float(p90),
+        "batch_wait_p99_seconds": float(p99),
+        "batch_wait_max_seconds": float(waits.max()),
+    }
 
 
 def _half_range(values: Sequence[float]) -> float:

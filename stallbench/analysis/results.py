@@ -7,6 +7,7 @@ them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from stallbench.analysis.work import UsefulWork
@@ -126,6 +127,11 @@ class Breakdown:
     transitions: dict[str, tuple[float, float]] = field(default_factory=dict)
     transitions_between: dict[str, tuple[float, float]] = field(default_factory=dict)
     warmup_transitions: dict[str, tuple[float, float]] = field(default_factory=dict)  # of warmup_seconds
+    # the cold run's wait for each batch of its last epoch (its first batch left out): how it spreads
+    batch_wait_p50_seconds: float = math.nan
+    batch_wait_p90_seconds: float = math.nan
+    batch_wait_p99_seconds: float = math.nan
+    batch_wait_max_seconds: float = math.nan
 
     @property
     def transition_seconds(self) -> float:

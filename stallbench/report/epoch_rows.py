@@ -107,6 +107,15 @@ def _change(value: Callable[[LoaderReport], float]) -> Ratio:
     return ratio
 
 
+def _wait_spread(r: LoaderReport) -> str:
+    b = r.breakdown
+    values = (b.batch_wait_p50_seconds, b.batch_wait_p90_seconds, b.batch_wait_p99_seconds)
+    values += (b.batch_wait_max_seconds,)
+    if not all(map(finite, values)):
+        return "-"
+    return " / ".join(f"{1000 * v:.1f}" for v in values) + " ms"
+
+
 def _storage(r: LoaderReport) -> float:
     return r.storage_bytes
 
@@ -177,6 +186,7 @@ def epoch_rows(reports: Sequence[LoaderReport]) -> Spec:
         *_transition_rows(reports),
         ("warm-up (apart)", lambda r: sec(r.breakdown.warmup_seconds), None),
         *_warmup_rows(reports),
+        ("wait p50/p90/p99/max", _wait_spread, None),
         ("storage read", lambda r: format_bytes(r.storage_bytes), _change(_storage)),
         (
             "  of the dataset",
