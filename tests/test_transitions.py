@@ -24,8 +24,9 @@ TRAIN, EVAL = "0:Slow", "1:Slow"
 
 
 def near(measured: float, witness: float) -> bool:
-    """Within 10% of the witness, or 3 ms for a short one (the two clocks are read a few calls apart)."""
-    return abs(measured - witness) <= max(0.10 * witness, 0.003)
+    """Within 10% of the witness, or 5 ms for a short one (the two clocks are read a few calls apart, and on
+    a busy machine a time slice can fall between them)."""
+    return abs(measured - witness) <= max(0.10 * witness, 0.005)
 
 
 @contextlib.contextmanager

@@ -257,7 +257,7 @@ class TimedIterator:
 
     ``on_end(meter, end)`` is called once when the epoch ends on its own (StopIteration or ``steps``);
     ``before_step_end(now)`` before each step is closed (other loaders' epochs inside it end first; it
-    returns the clock after).
+    returns the clock the step ends at).
     """
 
     def __init__(

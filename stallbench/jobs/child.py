@@ -136,7 +136,7 @@ class _Run:
             if state is leading and state.open is not None:
                 state.open.hold(now, functools.partial(read_counters, state.stats))
             elif state.open is not None and state.open.handed_out_all:
-                self._close(state, True, state.open.end_at(now))
+                self._close(state, True, state.open.end_at(now), seen_until=now)
 
     def _leading(self) -> LoaderState | None:
         """The loader with the most batches so far (ties: the first iterated): the training loader, as the
@@ -151,24 +151,18 @@ class _Run:
     def _others_end(self, state: LoaderState, now: float) -> float:
         """Before a step of ``state``'s loader ends at ``now``: another loader's epoch begun inside the step
         that handed out all its batches (an evaluation every N steps that stops at ``len()``) ends, so the
-        step knows that time as an evaluation. Returns the clock after: the recording is the evaluation's."""
-        step_began = state.open.last_return if state.open is not None else None
-        if step_began is None:
-            return now
-        nested = [
-            s for s in self.order if s is not state and s.open is not None and s.open.ended_in(step_began)
-        ]
-        if not nested:
-            return now
+        step knows that time as an evaluation, its recording included; returns the clock the step ends at."""
+        began, ended = state.open.last_return if state.open is not None else None, False
         try:
             with self.lock:
-                for other in nested:
-                    if other.open is not None:
+                for other in self.order:
+                    if other is not state and other.open is not None and other.open.ended_in(began or now):
                         other.open.end_at(now)
-                    self._close(other, True)
+                        self._close(other, True)
+                        ended = True
         except Exception as exc:
             say(f"cannot record an epoch ({exc!r})", key="record")
-        return time.perf_counter()
+        return time.perf_counter() if ended else now
 
     def _state(self, dl: Any) -> LoaderState:
         key = id(dl)
@@ -284,11 +278,15 @@ class _Run:
         finally:
             self.lock.release()
 
-    def _close(self, state: LoaderState, complete: bool, end: float | None = None) -> None:
+    def _close(
+        self, state: LoaderState, complete: bool, end: float | None = None, seen_until: float | None = None
+    ) -> None:
+        """End and record ``state``'s open epoch at ``end`` (None: its last activity); as the script saw it,
+        at ``seen_until`` where another loader's call ended it (None: after the recording, in its own)."""
         meter = state.open
         if meter is None:
             return
-        ended, span_end, after = transitions.reading(), None, None  # None: now, once recorded
+        ended, span_end, after = transitions.reading(), seen_until, None
         if meter.held is not None:  # it handed out all its batches, and its loop went on elsewhere
             complete, (end, ended, after) = True, meter.held
             span_end = end
