@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _witness import time_calls
 from PIL import Image
 from torch.utils.data import Dataset
 from transformers import (
@@ -124,17 +125,11 @@ class EpochWitness(TrainerCallback):
 
     def watch(self, trainer: Trainer) -> None:
         """Time the trainer's checkpoint writes."""
-        save = trainer._save_checkpoint
+        time_calls(trainer, "_save_checkpoint", self._saved)
 
-        def timed_save(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return save(*args, **kwargs)
-            finally:
-                self.saving += time.perf_counter() - start
-                self.saves += 1
-
-        trainer._save_checkpoint = timed_save  # type: ignore[method-assign]
+    def _saved(self, seconds: float) -> None:
+        self.saving += seconds
+        self.saves += 1
 
     def on_epoch_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from _witness import time_calls
 from PIL import Image
 from pytorch_lightning.callbacks import ModelCheckpoint
 from torch import nn
@@ -156,17 +157,11 @@ class EpochWitness(pl.Callback):
         self.saving_at_last = 0.0  # checkpoint seconds at the last batch's end
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        save = trainer.save_checkpoint
+        time_calls(trainer, "save_checkpoint", self._saved)
 
-        def timed_save(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
-            try:
-                return save(*args, **kwargs)
-            finally:
-                self.saving += time.perf_counter() - start
-                self.saves += 1
-
-        trainer.save_checkpoint = timed_save  # type: ignore[method-assign]
+    def _saved(self, seconds: float) -> None:
+        self.saving += seconds
+        self.saves += 1
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.start = self.last = time.perf_counter()
