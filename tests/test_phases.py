@@ -150,12 +150,13 @@ def test_each_part_carries_its_spread_over_the_epochs():
 
 
 def test_transitions_are_parts_of_the_epoch_and_the_first_epochs_extra_is_warm_up():
-    """The cold epochs of 9 s each hold 2 s of evaluation (and the first one 1.5 s of compilation more):
-    compute is 2 s less, the parts still add up, and the compilation is the warm-up's."""
+    """The cold epochs of 9 s each hold 2 s of evaluation (and the first one, 10.5 s, 1.5 s of compilation
+    more): compute is 2 s less, the parts still add up, and the compilation is the warm-up's."""
     cold = _run("cold", 9.0, 5.0)
     made = {"evaluation": [2.0, 4]}
     epochs = tuple(replace(e, transitions=dict(made)) for e in cold.epochs)
-    epochs = (replace(epochs[0], transitions={**made, "compilation": [1.5, 2]}), *epochs[1:])
+    first = replace(epochs[0], seconds=10.5, transitions={**made, "compilation": [1.5, 2]})
+    epochs = (first, *epochs[1:])
     runs = {
         "ingestion": _run("ingestion", 5.0, 2.0),
         "prep": _run("prep", 7.0, 3.0),
@@ -164,7 +165,7 @@ def test_transitions_are_parts_of_the_epoch_and_the_first_epochs_extra_is_warm_u
     b = breakdown(runs)
     assert (b.compute_seconds, b.transitions) == (2.0, {"evaluation": (2.0, 4.0)})
     assert b.compute_seconds + b.prep_stall_seconds + b.fetch_stall_seconds + b.transition_seconds == 9.0
-    assert b.warmup_transitions == {"compilation": (1.5, 2.0)}
+    assert b.warmup_transitions == {"compilation": (1.5, 2.0)} and b.warmup_seconds == 1.5
 
 
 def test_a_few_slow_batches_show_in_the_waits_tail():

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from stallbench.jobs._transitions import since
+from stallbench.jobs._transitions import reading, since
 from stallbench.workloads import make_jpeg_folder
 from tests.test_bootstrap import REPO, SCRIPTS, _ok, _run
 
@@ -72,8 +72,6 @@ def test_evaluations_and_checkpoints_are_named_apart_from_the_steps(tmp_path, ev
 
 
 def test_a_reading_unchanged_since_says_nothing_was_spent():
-    from stallbench.jobs._transitions import reading
-
     assert since(reading()) == {}
 
 
@@ -133,3 +131,20 @@ def test_torch_compile_first_compilations_are_warm_up_and_a_recompile_a_transiti
     for record, witness in ((first, run.epochs[0]), (recompiled, run.epochs[1])):
         seconds, count = record.transitions["compilation"]
         assert count >= 1 and near(seconds, witness["excess"]), (seconds, witness)
+
+
+def test_compile_timing_survives_a_reset_and_a_torch_that_passes_no_arguments():
+    """``torch._dynamo.reset()`` clears the compiler's callbacks: they are registered again. torch before
+    2.8 calls them with no argument: they take any, and never raise into the compile."""
+    import torch._dynamo
+    import torch._dynamo.callback as callback
+
+    from stallbench.jobs import _transitions
+
+    _transitions.watched_modules()["torch._dynamo.callback"](callback)
+    torch._dynamo.reset()
+    assert _transitions._compile_started in callback.callback_handler.start_callbacks
+    before = reading()
+    _transitions._compile_started()
+    _transitions._compile_ended()
+    assert since(before)["compilation"][1] == 1

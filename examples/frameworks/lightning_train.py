@@ -165,7 +165,7 @@ class EpochWitness(pl.Callback):
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.start = self.last = time.perf_counter()
-        self.wait = self.step = self.validating = self.saving = 0.0
+        self.wait = self.step = self.validating = self.saving = self.saving_at_last = 0.0
         self.batches = self.validations = self.saves = 0
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

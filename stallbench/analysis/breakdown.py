@@ -85,7 +85,7 @@ def breakdown(runs: Mapping[str, RunRecord], data_bytes: int | None = None) -> B
         + _half_range(warm_wait) * fmean(e.batches for e in cold),
         transitions=_per_epoch(inside),
         transitions_between=_per_epoch([_transitions(e.transitions_before) for e in cold]),
-        warmup_transitions=_beyond(runs["cold"].epochs[0], _per_epoch(inside))
+        warmup_transitions=_beyond(runs["cold"].epochs[0], _per_epoch(inside), max(0.0, first - epoch))
         if len(runs["cold"].epochs) > 1
         else {},
         **_wait_spread(runs["cold"].timeline),
@@ -135,16 +135,16 @@ def _per_epoch(epochs: Sequence[Mapping[str, tuple[float, float]]]) -> dict[str,
 
 
 def _beyond(
-    first: EpochRecord, steady_made: Mapping[str, tuple[float, float]]
+    first: EpochRecord, steady_made: Mapping[str, tuple[float, float]], warmup: float
 ) -> dict[str, tuple[float, float]]:
     """The transitions the first epoch made beyond a steady one's, per kind, where it made more of them
-    (``torch.compile``'s first compilations): part of the warm-up."""
+    (``torch.compile``'s first compilations): part of the warm-up, so never more than its ``warmup``."""
     made = _transitions(first.transitions)
     beyond = {}
     for kind, (seconds, count) in made.items():
         steady_seconds, steady_count = steady_made.get(kind, (0.0, 0.0))
         if count > steady_count:
-            beyond[kind] = (max(0.0, seconds - steady_seconds), count - steady_count)
+            beyond[kind] = (min(warmup, max(0.0, seconds - steady_seconds)), count - steady_count)
     return beyond
 
 

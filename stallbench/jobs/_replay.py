@@ -12,7 +12,24 @@ from typing import Any
 from stallbench.jobs._fresh import fresh_copy
 from stallbench.jobs._timed import say
 
-__all__ = ["ReplayIterator", "replay_length", "take_batches"]
+__all__ = ["ReplayIterator", "replay_for", "replay_length", "take_batches"]
+
+
+def replay_for(state: Any, dl: Any, spec: Any) -> ReplayIterator | None:
+    """An ingestion epoch of ``dl`` (``state``: its ``LoaderState``): its first batches, taken once, handed
+    out as many times as the prep run's epoch made batches; None where they cannot be made without workers
+    (the loader then runs as a pipeline)."""
+    if state.replay is None:
+        try:
+            state.replay = take_batches(dl, spec.replay_batches)
+        except Exception as exc:
+            say(f"cannot make {state.id}'s batches without workers ({exc!r}); it runs as a pipeline")
+            state.mode = "pipeline"
+            return None
+    recorded = spec.replay_lengths.get(state.id, ())
+    epoch = recorded[min(state.epochs, len(recorded) - 1)] if recorded else None
+    length = replay_length(dl, spec.steps, spec.replay_batches, state.id, epoch)
+    return ReplayIterator(state.replay, length, shared=dl.num_workers > 0)
 
 
 def take_batches(dl: Any, count: int) -> list[Any]:

@@ -95,23 +95,44 @@ _compiling = threading.local()  # ``began``: when the main thread's outermost co
 
 
 def _compiler_imported(module: Any) -> None:
+    """Register the compile callbacks, and again after each ``torch._dynamo.reset()`` (which clears every
+    callback the handler holds)."""
     handler = module.callback_handler
-    if not getattr(handler, "__stallbench__", False):
+    _watch_compiles(handler)
+    clear = handler.clear
+
+    def clear_then_watch(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return clear(*args, **kwargs)
+        finally:
+            _watch_compiles(handler)
+
+    handler.clear = clear_then_watch
+
+
+def _watch_compiles(handler: Any) -> None:
+    if _compile_started not in handler.start_callbacks:
         handler.register_start_callback(_compile_started)
         handler.register_end_callback(_compile_ended)
-        handler.__stallbench__ = True
 
 
-def _compile_started(args: Any) -> None:
-    if threading.current_thread() is threading.main_thread():
-        _compiling.began = time.perf_counter()
+def _compile_started(*args: Any) -> None:
+    """torch runs it unguarded (with a ``CallbackArgs`` since 2.8, with none before): it never raises."""
+    try:
+        if threading.current_thread() is threading.main_thread():
+            _compiling.began = time.perf_counter()
+    except Exception:
+        return
 
 
-def _compile_ended(args: Any) -> None:
-    began = getattr(_compiling, "began", None)
-    if began is not None and threading.current_thread() is threading.main_thread():
-        _compiling.began = None
-        _events.append(_Event("compilation", "", began, time.perf_counter() - began))
+def _compile_ended(*args: Any) -> None:
+    try:
+        began = getattr(_compiling, "began", None)
+        if began is not None and threading.current_thread() is threading.main_thread():
+            _compiling.began = None
+            _events.append(_Event("compilation", "", began, time.perf_counter() - began))
+    except Exception:
+        return
 
 
 def _time_writer(module: Any, dotted: str) -> None:

@@ -49,7 +49,7 @@ from stallbench.jobs._loaders import (
     token_batches,
     write_record,
 )
-from stallbench.jobs._replay import ReplayIterator, replay_length, take_batches
+from stallbench.jobs._replay import replay_for
 from stallbench.jobs._timed import EpochMeter, TimedIterator, handing_out, read_counters, say
 from stallbench.jobs._updates import watch_optimizers
 from stallbench.jobs.spec import GENERATED_STATS, JobSpec
@@ -102,7 +102,7 @@ class _Run:
         try:
             with self.lock:
                 state = self._state(dl)
-                replay = self._replay(state, dl) if source and state.mode == "ingestion" else None
+                replay = replay_for(state, dl, self.spec) if source and state.mode == "ingestion" else None
                 if type(dl).__iter__ is not layer or handing_out():  # a layer under the one the script calls
                     return original(dl) if replay is None else replay
                 self._hold_handed_out(time.perf_counter())
@@ -152,17 +152,19 @@ class _Run:
         """Before a step of ``state``'s loader ends at ``now``: another loader's epoch begun inside the step
         that handed out all its batches (an evaluation every N steps that stops at ``len()``) ends, so the
         step knows that time as an evaluation, its recording included; returns the clock the step ends at."""
-        began, ended = state.open.last_return if state.open is not None else None, False
+        began = state.open.last_return if state.open is not None else None
+        nested = [s for s in self.order if s is not state and s.open and s.open.ended_in(began or now)]
+        if not nested:  # most steps: no lock taken
+            return now
         try:
             with self.lock:
-                for other in self.order:
-                    if other is not state and other.open is not None and other.open.ended_in(began or now):
+                for other in nested:
+                    if other.open is not None:
                         other.open.end_at(now)
-                        self._close(other, True)
-                        ended = True
+                        self._close(other, True, nested=True)
         except Exception as exc:
             say(f"cannot record an epoch ({exc!r})", key="record")
-        return time.perf_counter() if ended else now
+        return time.perf_counter()
 
     def _state(self, dl: Any) -> LoaderState:
         key = id(dl)
@@ -224,19 +226,6 @@ class _Run:
         if self.loaders.get(key, (None,))[0] is ref:
             self.loaders.pop(key, None)
 
-    def _replay(self, state: LoaderState, dl: Any) -> ReplayIterator | None:
-        if state.replay is None:
-            try:
-                state.replay = take_batches(dl, self.spec.replay_batches)
-            except Exception as exc:
-                say(f"cannot make {state.id}'s batches without workers ({exc!r}); it runs as a pipeline")
-                state.mode = "pipeline"
-                return None
-        recorded = self.spec.replay_lengths.get(state.id, ())
-        epoch = recorded[min(state.epochs, len(recorded) - 1)] if recorded else None
-        length = replay_length(dl, self.spec.steps, self.spec.replay_batches, state.id, epoch)
-        return ReplayIterator(state.replay, length, shared=dl.num_workers > 0)
-
     def _cuda(self) -> Any:
         if not self.spec.sync_cuda:
             return None
@@ -279,10 +268,16 @@ class _Run:
             self.lock.release()
 
     def _close(
-        self, state: LoaderState, complete: bool, end: float | None = None, seen_until: float | None = None
+        self,
+        state: LoaderState,
+        complete: bool,
+        end: float | None = None,
+        seen_until: float | None = None,
+        nested: bool = False,
     ) -> None:
         """End and record ``state``'s open epoch at ``end`` (None: its last activity); as the script saw it,
-        at ``seen_until`` where another loader's call ended it (None: after the recording, in its own)."""
+        at ``seen_until`` where another loader's call ended it (None: after the recording, in its own).
+        ``nested``: it ran inside another loader's step, an evaluation however many batches it made."""
         meter = state.open
         if meter is None:
             return
@@ -301,7 +296,7 @@ class _Run:
         record = epoch_record(state, meter, complete, end, after)
         write_record(self.spec.out_dir, record)
         span_end = time.perf_counter() if span_end is None else span_end
-        if not self._ahead(state):  # the training loader's epochs are no one's evaluation
+        if nested or not self._ahead(state):  # the training loader's epochs are no one's evaluation
             # as the script saw it: from its iter() to its end, the measuring at both ends included
             inside = transitions.since(meter.started, state.id, ended, began_after=meter.called)
             transitions.end_epoch(state.id, meter.called, span_end, inside)

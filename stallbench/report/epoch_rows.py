@@ -10,6 +10,7 @@ from stallbench.analysis.breakdown import within_noise
 from stallbench.analysis.results import Breakdown, LoaderReport
 from stallbench.conditions.sizes import format_bytes
 from stallbench.report._cells import Cell, Ratio, Spec, finite, pct, sec
+from stallbench.report.transition_rows import transition_rows, warmup_rows
 
 __all__ = ["epoch_rows"]
 
@@ -61,7 +62,7 @@ def _speedup(base: LoaderReport, r: LoaderReport) -> str:
     """The headline: how much faster or slower the epoch, with the range its spreads allow; "within noise"
     where the spreads cover the difference, and "busy machine, not comparable" where the steps alone (the
     ingestion run's: no loader at work) moved between the two columns, which only other load does."""
-    if _step_moved(base.breakdown, r.breakdown):
+    if _step_moved(base, r):
         return "busy machine, not comparable"
     values = _noisy(base, r, _epoch)
     if values is None:
@@ -83,10 +84,18 @@ def _range(top: float, top_spread: float, bottom: float, bottom_spread: float) -
     return "" if f"{low:.2f}" == f"{high:.2f}" else f" ({low:.2f}-{high:.2f})"
 
 
-def _step_moved(a: Breakdown, b: Breakdown) -> bool:
-    """Whether the steps alone of two runs of one job differ by more than ``STEP_MOVED``."""
-    low, high = sorted((a.step_alone_seconds, b.step_alone_seconds))
+def _step_moved(a: LoaderReport, b: LoaderReport) -> bool:
+    """Whether the steps alone of two runs of one job differ by more than ``STEP_MOVED``; only where both
+    made the same batches an epoch (packed batches, another batch size: other steps, not other load)."""
+    if _batches(a) != _batches(b):
+        return False
+    low, high = sorted((a.breakdown.step_alone_seconds, b.breakdown.step_alone_seconds))
     return low > 0 and high > low * (1 + STEP_MOVED)
+
+
+def _batches(r: LoaderReport) -> tuple[int, ...]:
+    """The batches of each epoch of the report's cold run."""
+    return tuple(e.batches for run in r.runs if run.phase == "cold" for e in run.epochs)
 
 
 def _difference(part: Part) -> Ratio:
@@ -124,56 +133,6 @@ def _hit_rate(r: LoaderReport) -> str:
     return pct(r.hit_rate) if finite(r.hit_rate) else "- (no read went through a cache)"
 
 
-_TRANSITION_NAMES = {
-    "evaluation": "evaluation",
-    "checkpoint": "checkpoint writes",
-    "compilation": "compilation",
-}
-
-
-def _transition(kind: str, between: bool) -> Cell:
-    """A kind of transition: seconds per epoch (inside it: and % of it) and how many."""
-
-    def cell(r: LoaderReport) -> str:
-        made = r.breakdown.transitions_between if between else r.breakdown.transitions
-        seconds, count = made.get(kind, (0.0, 0.0))
-        share = "" if between else f" ({r.breakdown.percent(seconds):.1f}%)"
-        return f"{sec(seconds)}{share}, {count:g} per epoch"
-
-    return cell
-
-
-def _transition_rows(reports: Sequence[LoaderReport]) -> Spec:
-    """A row per kind of transition any report made: inside the epoch (a part of it), and between epochs
-    (apart, as the warm-up)."""
-    rows: list[tuple[str, Cell | None, Ratio | None]] = []
-    for between, where in ((False, ""), (True, " between epochs (apart)")):
-        found = {
-            k
-            for r in reports
-            for k in (r.breakdown.transitions_between if between else r.breakdown.transitions)
-        }
-        for kind in sorted(found, key=lambda k: (k not in _TRANSITION_NAMES, k)):
-            rows.append((f"{_TRANSITION_NAMES.get(kind, kind)}{where}", _transition(kind, between), None))
-    return tuple(rows)
-
-
-def _warmup_rows(reports: Sequence[LoaderReport]) -> Spec:
-    """Under the warm-up: what the first epoch made beyond a steady one's (``torch.compile``'s first
-    compilations), each kind with its seconds and count."""
-    found = {k for r in reports for k in r.breakdown.warmup_transitions}
-
-    def cell(kind: str) -> Cell:
-        def text(r: LoaderReport) -> str:
-            seconds, count = r.breakdown.warmup_transitions.get(kind, (0.0, 0.0))
-            return f"{sec(seconds)}, {count:g}"
-
-        return text
-
-    kinds = sorted(found, key=lambda k: (k not in _TRANSITION_NAMES, k))
-    return tuple((f"  of which {_TRANSITION_NAMES.get(k, k)}", cell(k), None) for k in kinds)
-
-
 def epoch_rows(reports: Sequence[LoaderReport]) -> Spec:
     """The steady epoch's rows for these reports: its parts, then what it read and did."""
     return (
@@ -183,9 +142,9 @@ def epoch_rows(reports: Sequence[LoaderReport]) -> Spec:
         ("  of which contention", lambda r: sec(r.breakdown.contention_seconds), None),
         ("prep stall", _cell(_prep_stall), _difference(_prep_stall)),
         ("fetch stall", _cell(_fetch_stall), _difference(_fetch_stall)),
-        *_transition_rows(reports),
+        *transition_rows(reports),
         ("warm-up (apart)", lambda r: sec(r.breakdown.warmup_seconds), None),
-        *_warmup_rows(reports),
+        *warmup_rows(reports),
         ("wait p50/p90/p99/max", _wait_spread, None),
         ("storage read", lambda r: format_bytes(r.storage_bytes), _change(_storage)),
         (
