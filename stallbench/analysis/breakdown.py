@@ -56,6 +56,7 @@ def breakdown(runs: Mapping[str, RunRecord], data_bytes: int | None = None) -> B
     fetch = [_fetch(e, fmean(warm_wait), data_bytes) for e in cold]
     wait = [_wait(e) for e in cold]
     inside = [_transitions(e.transitions) for e in cold]
+    made = _per_epoch(inside)
     compute = [
         e.seconds - w - sum(s for s, _ in t.values()) for e, w, t in zip(cold, wait, inside, strict=True)
     ]
@@ -83,9 +84,9 @@ def breakdown(runs: Mapping[str, RunRecord], data_bytes: int | None = None) -> B
         + _half_range(warm_wait) * fmean(e.batches for e in cold),
         fetch_stall_spread_seconds=_half_range(fetch)
         + _half_range(warm_wait) * fmean(e.batches for e in cold),
-        transitions=_per_epoch(inside),
+        transitions=made,
         transitions_between=_per_epoch([_transitions(e.transitions_before) for e in cold]),
-        warmup_transitions=_beyond(runs["cold"].epochs[0], _per_epoch(inside), max(0.0, first - epoch))
+        warmup_transitions=_beyond(runs["cold"].epochs[0], made, max(0.0, first - epoch))
         if len(runs["cold"].epochs) > 1
         else {},
         **_wait_spread(runs["cold"].timeline),

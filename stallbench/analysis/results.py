@@ -80,8 +80,8 @@ class EpochRecord:
     energy_joules: float | None = None  # read from a counter (RAPL, NVML); None where none was readable
     energy_source: str | None = None  # which: "rapl", "nvml", "rapl+nvml"
     optimizer_steps: int | None = None  # your own command: optimizer.step() calls; None where it made none
-    # per kind of transition (evaluation, checkpoint), [seconds, count]: inside the epoch's steps (not in
-    # step_seconds), and between the loader's previous epoch and this one
+    # per kind of transition (evaluation, checkpoint, compilation), [seconds, count]: inside the epoch's
+    # steps (not in step_seconds), and between the loader's previous epoch and this one
     transitions: dict[str, list[float]] = field(default_factory=dict)
     transitions_before: dict[str, list[float]] = field(default_factory=dict)
 
@@ -122,8 +122,8 @@ class Breakdown:
     compute_spread_seconds: float = 0.0
     prep_stall_spread_seconds: float = 0.0
     fetch_stall_spread_seconds: float = 0.0
-    # per kind (evaluation, checkpoint), per steady epoch: [seconds, count] inside the epoch, and made
-    # between epochs (apart, as warm-up is)
+    # per kind (evaluation, checkpoint, compilation), per steady epoch: [seconds, count] inside the epoch,
+    # and made between epochs (apart, as warm-up is)
     transitions: dict[str, tuple[float, float]] = field(default_factory=dict)
     transitions_between: dict[str, tuple[float, float]] = field(default_factory=dict)
     warmup_transitions: dict[str, tuple[float, float]] = field(default_factory=dict)  # of warmup_seconds

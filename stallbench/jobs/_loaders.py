@@ -97,7 +97,7 @@ def epoch_record(
         energy_source=after.energy_source if joules is not None else None,
         optimizer_steps=updates,
         timeline=meter.timeline(),
-        transitions={kind: spent for kind, spent in meter.transitions.items()},
+        transitions=dict(meter.transitions),
         transitions_before=meter.before_start,
     )
 

@@ -124,7 +124,7 @@ def _process_tree() -> tuple[int, float]:
 class EpochMeter:
     """One epoch's running totals, from ``iter()`` (``start``) to its end. ``counts_tokens``: the batches are
     token batches whose padding is known, ``room`` the tokens a pack was packed into
-    (``stallbench.batches``). A step's transitions (another loader's epoch, a checkpoint write:
+    (``stallbench.batches``). A step's transitions (another loader's epoch, a checkpoint write, a compilation:
     ``stallbench.jobs._transitions``) are taken out of it and kept apart, by kind."""
 
     def __init__(

@@ -28,9 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-__all__ = ["KINDS", "end_epoch", "reading", "since", "watched_modules"]
-
-KINDS = ("evaluation", "checkpoint", "compilation")
+__all__ = ["end_epoch", "reading", "since", "watched_modules"]
 
 
 class _Event(NamedTuple):

@@ -246,8 +246,8 @@ class LoaderEpoch:
     energy_source: str | None = None
     optimizer_steps: int | None = None  # optimizer.step() calls in the epoch; None: the process made none
     timeline: list[list[float]] = field(default_factory=list)  # [wait, step] per batch, the first 100,000
-    # per kind ("evaluation", "checkpoint": ``jobs._transitions``), [seconds, count]: made inside the epoch's
-    # steps (and taken out of step_seconds), and made since the loader's previous epoch ended
+    # per kind ("evaluation", "checkpoint", "compilation": ``jobs._transitions``), [seconds, count]: made
+    # inside the epoch's steps (and taken out of step_seconds), and since the loader's previous epoch ended
     transitions: dict[str, list[float]] = field(default_factory=dict)
     transitions_before: dict[str, list[float]] = field(default_factory=dict)
 

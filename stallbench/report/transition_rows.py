@@ -4,10 +4,10 @@ and in the first epoch beyond a steady one's (apart, as the warm-up is)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from stallbench.analysis.results import LoaderReport
-from stallbench.report._cells import Cell, Ratio, Spec, sec
+from stallbench.analysis.results import Breakdown, LoaderReport
+from stallbench.report._cells import Cell, Spec, sec
 
 __all__ = ["transition_rows", "warmup_rows"]
 
@@ -17,46 +17,41 @@ _TRANSITION_NAMES = {
     "checkpoint": "checkpoint writes",
     "compilation": "compilation",
 }
-
-
-def _transition(kind: str, between: bool) -> Cell:
-    """A kind of transition: seconds per epoch (inside it: and % of it) and how many."""
-
-    def cell(r: LoaderReport) -> str:
-        made = r.breakdown.transitions_between if between else r.breakdown.transitions
-        seconds, count = made.get(kind, (0.0, 0.0))
-        share = "" if between else f" ({r.breakdown.percent(seconds):.1f}%)"
-        return f"{sec(seconds)}{share}, {count:g} per epoch"
-
-    return cell
+Made = Callable[[Breakdown], Mapping[str, tuple[float, float]]]  # per kind: seconds, count
+Said = Callable[[Breakdown, float, float], str]  # a cell's text from the seconds and count
 
 
 def transition_rows(reports: Sequence[LoaderReport]) -> Spec:
     """A row per kind of transition any report made: inside the epoch (a part of it), and between epochs
     (apart, as the warm-up)."""
-    rows: list[tuple[str, Cell | None, Ratio | None]] = []
-    for between, where in ((False, ""), (True, " between epochs (apart)")):
-        found = {
-            k
-            for r in reports
-            for k in (r.breakdown.transitions_between if between else r.breakdown.transitions)
-        }
-        for kind in sorted(found, key=lambda k: (k not in _TRANSITION_NAMES, k)):
-            rows.append((f"{_TRANSITION_NAMES.get(kind, kind)}{where}", _transition(kind, between), None))
-    return tuple(rows)
+    inside = _rows(reports, lambda b: b.transitions, "{}", _per_epoch_share)
+    between = _rows(reports, lambda b: b.transitions_between, "{} between epochs (apart)", _per_epoch)
+    return inside + between
 
 
 def warmup_rows(reports: Sequence[LoaderReport]) -> Spec:
     """Under the warm-up: what the first epoch made beyond a steady one's (``torch.compile``'s first
     compilations), each kind with its seconds and count."""
-    found = {k for r in reports for k in r.breakdown.warmup_transitions}
+    return _rows(reports, lambda b: b.warmup_transitions, "  of which {}", lambda b, s, n: f"{sec(s)}, {n:g}")
 
-    def cell(kind: str) -> Cell:
-        def text(r: LoaderReport) -> str:
-            seconds, count = r.breakdown.warmup_transitions.get(kind, (0.0, 0.0))
-            return f"{sec(seconds)}, {count:g}"
 
-        return text
-
+def _rows(reports: Sequence[LoaderReport], made: Made, label: str, said: Said) -> Spec:
+    """A row per kind any report's ``made`` holds, the known kinds first, each labelled ``label``."""
+    found = {kind for r in reports for kind in made(r.breakdown)}
     kinds = sorted(found, key=lambda k: (k not in _TRANSITION_NAMES, k))
-    return tuple((f"  of which {_TRANSITION_NAMES.get(k, k)}", cell(k), None) for k in kinds)
+    return tuple((label.format(_TRANSITION_NAMES.get(k, k)), _cell(made, k, said), None) for k in kinds)
+
+
+def _cell(made: Made, kind: str, said: Said) -> Cell:
+    def cell(r: LoaderReport) -> str:
+        return said(r.breakdown, *made(r.breakdown).get(kind, (0.0, 0.0)))
+
+    return cell
+
+
+def _per_epoch(b: Breakdown, seconds: float, count: float) -> str:
+    return f"{sec(seconds)}, {count:g} per epoch"
+
+
+def _per_epoch_share(b: Breakdown, seconds: float, count: float) -> str:
+    return f"{sec(seconds)} ({b.percent(seconds):.1f}%), {count:g} per epoch"
