@@ -54,6 +54,18 @@ class FileReads:
         note_fetch(self.board.add, None, fetched)
         return got.raw
 
+    @contextlib.contextmanager
+    def one_batch(self) -> Iterator[None]:
+        """The block's reads are admitted together at its end (``CachedFiles.hold_admissions``), counted."""
+        self.files.hold_admissions()
+        try:
+            yield
+        finally:
+            admitted = self.files.admit_held()
+            if admitted:  # after the batch's collate published its counts: published now
+                self.board.add("records_admitted", admitted)
+                self.board.flush(storage=False)
+
 
 class ServingWorkerInit:
     """A worker's ``worker_init_fn``: serve ``reads`` for the worker's life, then run the user's own."""
@@ -69,11 +81,13 @@ class ServingWorkerInit:
 
 @contextlib.contextmanager
 def serving(reads: FileReads) -> Iterator[None]:
-    """Serve ``reads`` in this process for the block (the main process, loading a batch itself)."""
+    """Serve ``reads`` in this process for the block (the main process, loading a batch itself); what it
+    reads is admitted at the block's end."""
     before = _reads
     _serve(reads)
     try:
-        yield
+        with reads.one_batch():
+            yield
     finally:
         _serve(before)
 

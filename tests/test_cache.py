@@ -12,7 +12,7 @@ import pytest
 from helpers import MemorySource
 
 from loader._fetched import fetch_raw
-from loader.cache import CorruptRecordError, MinIOCache, store_path
+from loader.cache import Admission, CorruptRecordError, MinIOCache, store_path
 from loader.cache._layout import HEADER_BYTES, RESERVED, SLOT_DTYPE, index_bytes
 
 N = 40
@@ -110,6 +110,41 @@ def test_full_shared_memory_stops_admitting_with_one_warning(shm_dir):
     assert cache.info().full and cache.info().records_cached == 0
 
 
+def test_admitting_many_takes_the_lock_once_and_writes_them_in_one_call(shm_dir, monkeypatch):
+    cache = open_store(shm_dir, 1 << 20)
+    assert cache.admit(3, record(3), identity=103)
+    held, writes, real_held, real_pwritev = [], [], cache._mutex.held, os.pwritev
+    monkeypatch.setattr(cache._mutex, "held", lambda *a: held.append(a) or real_held(*a))
+    monkeypatch.setattr(
+        os, "pwritev", lambda fd, bufs, at: writes.append(len(bufs)) or real_pwritev(fd, bufs, at)
+    )
+    offered = [Admission(i, record(i), i % 2 == 1, 100 + i) for i in (1, 2, 3, 4, 2, 5)]  # 3 held, 2 twice
+    assert cache.admit_many(offered) == [True, True, False, True, False, True]
+    assert (len(held), writes) == (1, [4])
+    assert [cache.get(i) for i in range(7)] == [
+        None,
+        record(1),
+        record(2),
+        record(3),
+        record(4),
+        record(5),
+        None,
+    ]
+    assert [int(cache._identity[i]) for i in (1, 2, 4, 5)] == [101, 102, 104, 105]
+    assert [cache.first_hit(i) for i in (1, 2, 4, 5)] == [True, False, False, True]  # evict_on_hit kept
+
+
+def test_a_short_write_admits_the_records_written_whole_and_stops_admitting(shm_dir, monkeypatch):
+    cache = open_store(shm_dir, 1 << 20)
+    size = len(record(0))
+    monkeypatch.setattr(os, "pwritev", lambda fd, bufs, at: os.pwrite(fd, b"".join(bufs)[: 2 * size + 9], at))
+    with pytest.warns(RuntimeWarning, match="no space left") as seen:
+        results = cache.admit_many([Admission(i, record(i)) for i in range(4)])
+    assert results == [True, True, False, False] and len(seen) == 1
+    assert [cache.get(i) for i in range(4)] == [record(0), record(1), None, None]
+    assert cache.info().full and not cache.admit(5, record(5))
+
+
 def _fill(path_dir, start: int, step: int) -> None:
     cache = open_store(path_dir, 1 << 22)
     for i in range(start, N, step):
@@ -132,7 +167,7 @@ def test_processes_fill_one_store_together(shm_dir):
 
 def _die_mid_insert(path_dir, index: int) -> None:
     cache = open_store(path_dir, 1 << 20)
-    offset = cache._reserve(index, 5000, 0)
+    (offset,) = cache._reserve_all([Admission(index, bytes(5000))])
     os.pwrite(cache._data_fd, b"\x01" * 100, offset)  # half the payload, then the writer dies
     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -70,7 +70,7 @@ class OpenReads(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> tuple[str, str]:
         if self.kill_at is not None and i == 5 and not os.path.exists(self.kill_at):
             Path(self.kill_at).touch()
-            MinIOCache._write = _die  # this worker dies inside an admission, its slot reserved
+            MinIOCache._write_all = _die  # this worker dies inside an admission, its slot reserved
         with open(self.paths[i], "rb") as f:
             return type(f).__name__, sha(f.read())
 

@@ -16,7 +16,7 @@ import pytest
 from helpers import MemorySource
 
 from loader import DataLoader, SourceDataset
-from loader.cache import CorruptRecordError, MinIOCache, UntrustedCacheError, store_path
+from loader.cache import Admission, CorruptRecordError, MinIOCache, UntrustedCacheError, store_path
 from loader.cache._layout import HEADER_BYTES, SLOT_DTYPE, index_bytes
 from loader.cache._storefiles import create_store
 
@@ -218,7 +218,7 @@ def test_a_held_lock_times_out_and_the_loader_reads_on(shm_dir):
 
 def _die_mid_insert(cache_dir, index: int, capacity: int) -> None:
     cache = open_store(cache_dir, capacity)
-    offset = cache._reserve(index, len(record(index)), 0)
+    (offset,) = cache._reserve_all([Admission(index, record(index))])
     os.pwrite(cache._data_fd, b"\x01" * 100, offset)  # half the payload, then the writer dies
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -254,7 +254,7 @@ def test_a_slot_left_by_a_killed_writer_is_reclaimed_in_place_even_when_full(shm
 
 def _reserve_and_wait(cache_dir, index: int, reserved, release) -> None:
     cache = open_store(cache_dir)
-    cache._reserve(index, len(record(index)), 0)
+    cache._reserve_all([Admission(index, record(index))])
     reserved.set()
     release.wait(60)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import loader.files
 from loader import CachedFiles
 from loader.cache._layout import index_bytes
 
@@ -64,6 +65,41 @@ def test_second_pass_hits_exactly_the_files_admitted(tree, files):
     assert [sha(raw) for raw, _, _ in second] == [sha(first[p][0]) for p in paths]
     assert sum(hit for _, hit, _ in second) == cached
     assert not any(got.admitted for got in second)
+
+
+def test_reads_held_for_admission_are_admitted_together_when_told(tree, files):
+    _, paths = tree
+    files.hold_admissions()
+    first = [files.read(p) for p in paths + paths[:3]]  # three read again while held: from what is held
+    assert [(sha(raw), hit, admitted) for raw, hit, admitted in first] == [
+        (sha(stored(p)), k >= N, False) for k, p in enumerate(paths + paths[:3])
+    ]
+    assert files._caches[0].info().records_cached == 0
+    assert files.admit_held() == N // 2 == files._caches[0].info().records_cached  # room for half
+    second = [files.read(p) for p in paths]
+    assert [sha(raw) for raw, _, _ in second] == [sha(stored(p)) for p in paths]
+    assert [hit for _, hit, _ in second] == [True] * (N // 2) + [False] * (N // 2)
+    assert not any(got.admitted for got in second[N // 2 :])  # not held any more: admitted at once, or not
+
+
+def test_a_held_file_rewritten_in_the_batch_is_read_again_and_the_new_bytes_kept(tree, files):
+    _, paths = tree
+    files.hold_admissions()
+    assert files.read(paths[0]).raw == stored(paths[0])
+    Path(paths[0]).write_bytes(os.urandom(SIZE + 1))
+    again = files.read(paths[0])
+    assert (again.raw, again.hit) == (stored(paths[0]), False)
+    assert files.admit_held() == 1 and files.read(paths[0]) == (stored(paths[0]), True, False)
+
+
+def test_reads_held_past_held_bytes_are_admitted_at_once(tree, files, monkeypatch):
+    _, paths = tree
+    monkeypatch.setattr(loader.files, "HELD_BYTES", 2 * SIZE)
+    files.hold_admissions()
+    for k, path in enumerate(paths[:5]):
+        files.read(path)
+        assert files._caches[0].info().records_cached == (3 if k >= 2 else 0)
+    assert files.admit_held() == 2 and files._caches[0].info().records_cached == 5
 
 
 def test_a_file_changed_after_the_listing_is_read_from_storage(tree, files):
