@@ -128,20 +128,27 @@ def test_a_failing_script_gives_exit_1_and_its_message(images):
     assert "Traceback" not in done.stderr
 
 
-def test_torchrun_gives_a_breakdown_per_rank(images, tmp_path):
-    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
-    out = tmp_path / "ranks.json"
-    command = (sys.executable, *torchrun, str(EXAMPLE), "--data", str(images), "--epochs", "5")
-    done = stallbench(
-        "analyze", "--data", str(images), "--steps", "2", "--epochs", "3", "--no-progress",
-        "--json", str(out), "--", *command, "--workers", "1",
-    )  # fmt: skip
+def test_the_slow_rank_how_to_runs_as_written_and_names_the_rank_that_holds_the_others(tmp_path):
+    """The how-to's torchrun block (with ``--json``): a breakdown per rank, the slowest named, and the rank
+    whose data the others wait for at the collectives, in the table and the JSON."""
+    page = (REPO / "docs" / "how-to" / "analyze-your-job.md").read_text()
+    block = re.search(r"## Slow ranks.*?```bash\n(.*?)```", page, flags=re.S)[1]
+    make_jpeg_folder(tmp_path / "my-images", num_images=60, record_bytes=6000, width=64, height=48)
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    argv = shlex.split(block.strip())
+    torchrun = argv.index("torchrun")
+    argv[torchrun : torchrun + 1] = [sys.executable, "-m", "torch.distributed.run"]
+    argv = [sys.executable, "-m", "stallbench", argv[1], "--json", "ranks.json", *argv[2:]]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(argv, cwd=tmp_path, env=env, text=True, capture_output=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    loader = json.loads(out.read_text())["loaders"][0]
-    assert sorted(r["rank"] for r in loader["ranks"]) == [0, 1]
-    slowest = max(loader["ranks"], key=lambda r: r["epoch_seconds"])
-    assert loader["slowest_rank"] == slowest["rank"]
-    assert "<- slowest" in done.stdout
+    loader = json.loads((tmp_path / "ranks.json").read_text())["loaders"][0]
+    ranks = {r["rank"]: r for r in loader["ranks"]}
+    assert sorted(ranks) == [0, 1] and loader["holding_rank"] == 1
+    assert loader["slowest_rank"] == max(ranks.values(), key=lambda r: r["epoch_seconds"])["rank"]
+    assert ranks[0]["waits_for_others_seconds"] > 0.2 > ranks[1]["waits_for_others_seconds"]
+    assert ranks[1]["holds_others_seconds"] == pytest.approx(ranks[0]["waits_for_others_seconds"])
+    assert "<- slowest" in done.stdout and "rank 1's data holds the others: they wait" in done.stdout
 
 
 def _left_by(pid: int) -> list[str]:

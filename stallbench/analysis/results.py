@@ -218,6 +218,8 @@ class RankBreakdown:
 
     rank: int
     breakdown: Breakdown
+    waits_for_others_seconds: float = 0.0  # its last epoch, at the collectives for another rank's data
+    holds_others_seconds: float = 0.0  # the others' wait there for its data (their mean): ``collectives``
 
 
 @dataclass(frozen=True)
@@ -250,6 +252,7 @@ class LoaderReport:
     advice: str
     ranks: tuple[RankBreakdown, ...] = ()  # per rank, when the command ran several (torchrun)
     slowest_rank: int | None = None
+    holding_rank: int | None = None  # the rank whose data the others wait for most at the collectives
     other_loaders: tuple[OtherLoader, ...] = ()
     prefetch_predictions: tuple[PrefetchPrediction, ...] = ()
     nodes_predictions: tuple[NodesPrediction, ...] = ()  # the cached loader only

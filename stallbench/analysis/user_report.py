@@ -2,7 +2,8 @@
 
 Per rank, the training loader is the one with the most batches (ties: the first iterated); its epochs make
 the runs, and the differential breakdown is taken per rank. The report's figures are the slowest rank's
-(the one a synchronous job waits for); other loaders (evaluation) are kept apart, as phases.
+(the one a synchronous job waits for), and the rank whose data the others wait for at the collectives is
+named (``collectives``); other loaders (evaluation) are kept apart, as phases.
 
 When ``--steps`` cuts an epoch short, the epoch reads only a share of the data: the roofline weighs that
 share of the dataset's bytes, and what-if predictions, which speak of whole datasets and caches, are left
@@ -11,12 +12,14 @@ out (run without ``--steps`` to get them).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from statistics import fmean
 from typing import TYPE_CHECKING
 
 from stallbench.analysis import work
 from stallbench.analysis.breakdown import breakdown
+from stallbench.analysis.collectives import rank_waits
 from stallbench.analysis.loader_report import Measurement, loader_report
 from stallbench.analysis.results import (
     LoaderReport,
@@ -47,7 +50,13 @@ def user_report(
     """The report of the three runs (``ingestion``, ``prep``, ``cold``) of loader ``kind``: its column is
     named so; where the batches came from another class, the advice says so first."""
     per_rank = rank_runs(runs, cold_condition(job.limits))
-    ranks = tuple(RankBreakdown(rank, breakdown(p, job.dataset_bytes)) for rank, p in per_rank.items())
+    waits = rank_waits({rank: p["cold"].timeline for rank, p in per_rank.items()})
+    ranks = tuple(
+        RankBreakdown(rank, breakdown(p, job.dataset_bytes), **dataclasses.asdict(waits[rank]))
+        if rank in waits
+        else RankBreakdown(rank, breakdown(p, job.dataset_bytes))
+        for rank, p in per_rank.items()
+    )
     slowest = max(ranks, key=lambda r: r.breakdown.epoch_seconds)
     phases = per_rank[slowest.rank]
     cold_rows = train_epochs(runs["cold"].records)[slowest.rank]
@@ -60,6 +69,7 @@ def user_report(
     extra = {
         "ranks": ranks,
         "slowest_rank": slowest.rank,
+        "holding_rank": _holding(ranks),
         "other_loaders": other_loaders(runs["cold"].records, slowest.rank),
         "useful": work.useful_work(
             steady(list(phases["cold"].epochs)), target=next(iter(runs["cold"].targets), None)
@@ -71,6 +81,12 @@ def user_report(
         note=note if made_by != loader else "", extra=extra,
     )  # fmt: skip
     return loader_report(measurement)
+
+
+def _holding(ranks: Sequence[RankBreakdown]) -> int | None:
+    """The rank whose data the others waited for most at the collectives; None where none was waited for."""
+    most = max(ranks, key=lambda r: r.holds_others_seconds)
+    return most.rank if most.holds_others_seconds > 0 else None
 
 
 def _workload(job: UserJob, cold_rows: Sequence[LoaderEpoch]) -> tuple[Workload, float]:

@@ -18,7 +18,7 @@ from typing import Any
 from stallbench._files import write_atomic
 from stallbench._grid import plain_table
 from stallbench.analysis import results
-from stallbench.analysis.results import SCHEMA, LoaderReport, RunRecord
+from stallbench.analysis.results import SCHEMA, LoaderReport, RankBreakdown, RunRecord
 from stallbench.analysis.work import TimeToTarget, UsefulWork
 from stallbench.report import plot, table
 from stallbench.report._schema import DRAFT, array, check, fields, free_map, kind, obj, or_null
@@ -56,6 +56,16 @@ _LOADER = obj(
                 }
             )
         ),
+        "ranks": array(
+            obj(
+                {
+                    "rank": kind("integer"),
+                    **fields(results.Breakdown)["properties"],
+                    **dict.fromkeys(("waits_for_others_seconds", "holds_others_seconds"), _NUM),
+                }
+            )
+        ),
+        **dict.fromkeys(("slowest_rank", "holding_rank"), kind("integer|null")),
         "runs": array(
             obj(
                 {
@@ -141,11 +151,21 @@ def _loader_json(r: LoaderReport) -> dict[str, Any]:
         "advice": r.advice,
         "useful": dataclasses.asdict(r.useful) if r.useful is not None else None,
         "runs": [_run_json(run) for run in r.runs],
-        "ranks": [{"rank": rb.rank, **dataclasses.asdict(rb.breakdown)} for rb in r.ranks],
+        "ranks": [_rank_json(rb) for rb in r.ranks],
         "slowest_rank": r.slowest_rank,
+        "holding_rank": r.holding_rank,
         "other_loaders": [dataclasses.asdict(o) for o in r.other_loaders],
         "prefetch_predictions": [dataclasses.asdict(p) for p in r.prefetch_predictions],
         "nodes_predictions": [dataclasses.asdict(p) for p in r.nodes_predictions],
+    }
+
+
+def _rank_json(rb: RankBreakdown) -> dict[str, Any]:
+    return {
+        "rank": rb.rank,
+        **dataclasses.asdict(rb.breakdown),
+        "waits_for_others_seconds": rb.waits_for_others_seconds,
+        "holds_others_seconds": rb.holds_others_seconds,
     }
 
 

@@ -178,17 +178,33 @@ def _workload_lines(w: Workload) -> list[str]:
     return head + textwrap.wrap(", ".join(parts), WIDTH, initial_indent="  ", subsequent_indent="  ")
 
 
+def _holding_line(r: LoaderReport) -> list[str]:
+    """The rank whose data holds the others at the collectives, and for how long (its last epoch)."""
+    holding = next((rb for rb in r.ranks if rb.rank == r.holding_rank), None)
+    if holding is None:
+        return []
+    return textwrap.wrap(
+        f"rank {holding.rank}'s data holds the others: they wait {sec(holding.holds_others_seconds)} an "
+        "epoch at the steps' collectives for its batches (counted in their compute)",
+        WIDTH,
+        initial_indent="  ",
+        subsequent_indent="  ",
+    )
+
+
 def _rank_lines(r: LoaderReport, label: str) -> list[str]:
     """Each rank's split (torchrun) with the slowest named, and the loaders other than the training one."""
     lines = []
     if len(r.ranks) > 1:
-        lines.append(f"ranks{label}: epoch s / compute / prep stall / fetch stall (the slowest is reported)")
+        lines.append(f"ranks{label}: epoch s / compute / prep stall / fetch stall / waited for other ranks")
         for rb in r.ranks:
             b, mark = rb.breakdown, "  <- slowest" if rb.rank == r.slowest_rank else ""
             lines.append(
                 f"  rank {rb.rank}: {sec(b.epoch_seconds)}  {sec(b.compute_seconds)}  "
-                f"{sec(b.prep_stall_seconds)}  {sec(b.fetch_stall_seconds)}{mark}"
+                f"{sec(b.prep_stall_seconds)}  {sec(b.fetch_stall_seconds)}  "
+                f"{sec(rb.waits_for_others_seconds)}{mark}"
             )
+        lines += _holding_line(r)
     cold = [run for run in r.runs if run.phase == "cold"]
     sync = [e.cuda_sync_seconds for run in cold for e in run.epochs[1:]]
     if sync and max(sync) > 0:
