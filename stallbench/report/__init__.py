@@ -17,11 +17,10 @@ from typing import Any
 
 from stallbench._files import write_atomic
 from stallbench._grid import plain_table
-from stallbench.analysis import results
 from stallbench.analysis.results import SCHEMA, LoaderReport, RankBreakdown, RunRecord
-from stallbench.analysis.work import TimeToTarget, UsefulWork
 from stallbench.report import plot, table
-from stallbench.report._schema import DRAFT, array, check, fields, free_map, kind, obj, or_null
+from stallbench.report._schema import check
+from stallbench.report.report_schema import RATIO_KEYS, REPORT_SCHEMA
 from stallbench.report.work import column_name
 
 __all__ = [
@@ -33,64 +32,6 @@ __all__ = [
     "write_json",
     "write_plot",
 ]
-
-_RATIO_KEYS = ("epoch_seconds", "fetch_stall_seconds", "storage_bytes")
-
-_NUM = kind("number|null")  # every measured float: null where it was not finite
-_LOADER = obj(
-    {
-        "loader": kind("string"),
-        **fields(results.Breakdown)["properties"],
-        **dict.fromkeys(("prep_stall_percent", "fetch_stall_percent"), _NUM),
-        **dict.fromkeys(("storage_bytes", "dataset_bytes", "record_bytes"), kind("integer")),
-        **dict.fromkeys(("hit_rate", "cpu_utilisation", "samples_per_s"), _NUM),
-        "machine": fields(results.Machine),
-        "roofline": fields(results.Roofline),
-        "predictions": array(fields(results.Prediction)),
-        "advice": kind("string"),
-        "useful": or_null(
-            obj(
-                {
-                    **fields(UsefulWork, but=("time_to_target",))["properties"],
-                    "time_to_target": or_null(fields(TimeToTarget)),
-                }
-            )
-        ),
-        "ranks": array(
-            obj(
-                {
-                    "rank": kind("integer"),
-                    **fields(results.Breakdown)["properties"],
-                    **dict.fromkeys(("waits_for_others_seconds", "holds_others_seconds"), _NUM),
-                }
-            )
-        ),
-        **dict.fromkeys(("slowest_rank", "holding_rank"), kind("integer|null")),
-        "runs": array(
-            obj(
-                {
-                    "phase": kind("string"),
-                    "condition": kind("string"),
-                    "stage_seconds": free_map(_NUM),
-                    "epochs": array(fields(results.EpochRecord)),
-                    "other_load_cores": _NUM,
-                }
-            )
-        ),
-    }
-)
-REPORT_SCHEMA: dict[str, Any] = {
-    "$schema": DRAFT,
-    "title": f"stallbench report ({SCHEMA}): analyze and compare --json",
-    **obj(
-        {
-            "schema": {"const": SCHEMA},
-            "workload": fields(results.Workload),
-            "loaders": array(_LOADER),
-            "ratios_to_baseline": free_map(obj(dict.fromkeys(_RATIO_KEYS, _NUM))),
-        }
-    ),
-}
 
 
 def _check_reports(reports: Sequence[LoaderReport]) -> None:
@@ -177,9 +118,7 @@ def report_to_json(reports: Sequence[LoaderReport]) -> dict[str, Any]:
     """The documented JSON object (``docs/stallbench-json.md``); null where a number is not finite."""
     _check_reports(reports)
     loaders = [_loader_json(r) for r in reports]
-    ratios = {
-        ours["loader"]: {k: _ratio(ours[k], loaders[0][k]) for k in _RATIO_KEYS} for ours in loaders[1:]
-    }
+    ratios = {ours["loader"]: {k: _ratio(ours[k], loaders[0][k]) for k in RATIO_KEYS} for ours in loaders[1:]}
     return _clean(
         {
             "schema": SCHEMA,
