@@ -21,6 +21,7 @@ from stallbench.pytest_plugin import LoaderStalls, _batch_samples, measure_stall
 from stallbench.workloads import make_jpeg_folder
 
 pytest_plugins = ["pytester"]
+pytestmark = pytest.mark.serial  # runs pytest inside, which pytest-benchmark turns off under xdist
 
 # Loaders for the inner sessions: a fast one, whose waits are tiny next to a 5 ms step, and one whose
 # dataset sleeps 3 ms per sample with nothing to do per step, so it waits nearly all of the time.

@@ -19,6 +19,8 @@ from stallbench.jobs._transitions import reading, since
 from stallbench.workloads import make_jpeg_folder
 from tests.test_bootstrap import REPO, SCRIPTS, _ok, _run
 
+pytestmark = pytest.mark.serial  # holds figures to a witness within 10%: alone on the machine
+
 SCRIPT = REPO / "examples" / "eval_every_steps.py"
 TRAIN, EVAL = "0:Slow", "1:Slow"
 
