@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Literal, NamedTuple
 
 from loader._fetched import admitting, kept_out, served
+from loader._held_reads import Held, HeldReads
 from loader.cache import Admission, CacheInfo, MinIOCache
 from loader.cache._layout import index_bytes
 from loader.sources._file_records import file_identity
@@ -31,7 +32,6 @@ from loader.system.sizing import sized_cache_bytes
 __all__ = ["LARGEST_FILE", "CachedFiles", "FileRead"]
 
 LARGEST_FILE = 64 << 20  # bigger files are not served: read whole, they would cost more than they save
-HELD_BYTES = 8 << 20  # reads held for admission at a batch's end at most (``hold_admissions``): then at once
 
 PathArg = str | bytes | os.PathLike
 
@@ -76,10 +76,7 @@ class CachedFiles:
         warn = cache_bytes != "auto"
         pairs = zip(self.sources, capacities, strict=True)
         self._caches = [_open_store(source, capacity, cache_dir, warn) for source, capacity in pairs]
-        self._held: dict[tuple[int, int], _Held] | None = (
-            None  # reads waiting for admission, by (store, index)
-        )
-        self._held_bytes = 0
+        self._held: HeldReads | None = None  # reads waiting for admission (hold_admissions)
 
     def read(self, path: PathArg) -> FileRead | None:
         """The file's bytes, whether the store had them and whether this read admitted them (a ``FileRead``);
@@ -98,8 +95,12 @@ class CachedFiles:
         if not stat.S_ISREG(st.st_mode) or st.st_size > self.largest:
             return None
         cache, identity = self._caches[k], file_identity(st)
-        held = self._held
-        if held is not None and (h := held.get((k, i))) is not None and h.record.identity == identity:
+        holding = self._held
+        if (
+            holding is not None
+            and (h := holding.reads.get((k, i))) is not None
+            and h.record.identity == identity
+        ):
             return FileRead(h.record.payload, True, False)  # read before in this batch
         evict = functools.partial(evict_file, name)
         corrupt = False
@@ -110,23 +111,25 @@ class CachedFiles:
         return self._fetch(k, i, name, st, corrupt, evict)
 
     def hold_admissions(self) -> None:
-        """Admit what is read from now on at ``admit_held``, together: one hold of each store's lock and one
-        write, where each read admitting at once took the lock, wrote, and ran the code that does it with
-        the processor's caches cold from the decode between two reads (a batch of the digits job without
-        workers, page cache warm: ~45 against ~15 us a file). Up to ``HELD_BYTES``: past it, at once."""
+        """Admit what is read from now on at ``admit_held``, together: one hold of each store's lock and a
+        ``pwritev`` per run of records, where each read admitting at once takes the lock and writes, with
+        the processor's caches cold from the decode between two reads (the digits job without workers,
+        page cache warm: 5 us a file against 11). Up to ``_held_reads.HELD_BYTES``: past it, those held
+        are admitted at once. Safe for a Dataset that reads from threads of its own meanwhile."""
         if self._held is None:
-            self._held, self._held_bytes = {}, 0
+            self._held = HeldReads()
 
     def admit_held(self) -> int:
-        """Admit the reads held since ``hold_admissions`` (and stop holding); how many were admitted. A read
-        that brought its pages into the page cache and is not admitted (the store crowded) is evicted, as
-        at once."""
-        held, self._held = self._held, None
-        if not held:
-            return 0
+        """Admit the reads held since ``hold_admissions`` (and stop holding); how many were admitted since
+        then. A read that brought its pages into the page cache and is not admitted (the store crowded) is
+        evicted, as at once. Never raises: a store that cannot be written is turned off in this process."""
+        holding, self._held = self._held, None
+        return 0 if holding is None else self._admit(holding.take()) + holding.admitted
+
+    def _admit(self, reads: dict[tuple[int, int], Held]) -> int:
         admitted = 0
         for k, cache in enumerate(self._caches):
-            mine = [h for (store, _), h in held.items() if store == k]
+            mine = [h for (store, _), h in reads.items() if store == k]
             if cache is None or not mine:
                 continue
             for h, ok in zip(mine, cache.admit_many([h.record for h in mine]), strict=True):
@@ -184,31 +187,22 @@ class CachedFiles:
             admit = admitting(cache, i, evict, identity)
         else:
             admit = functools.partial(self._hold, k, i, identity, evict)
+        holding = self._held
+        held = 0 if holding is None else holding.nbytes
         raw, admitted = read_admitting(
             name,
             lambda raw, ours: len(raw) == st.st_size and admit(raw, ours),
-            lambda nbytes: nbytes == st.st_size and cache.takes(i, nbytes),
+            lambda nbytes: nbytes == st.st_size and cache.takes(i, nbytes, held),
         )
         return FileRead(raw, False, admitted)
 
     def _hold(self, k: int, i: int, identity: int, evict: Callable[[], None], raw: bytes, ours: bool) -> bool:
         """Hold a read for ``admit_held`` (a later read of the file in the batch is served from it); False:
         not admitted by this read."""
-        held = self._held
-        if held is not None:  # (another thread's admit_held may have taken them meanwhile)
-            held[k, i] = _Held(Admission(i, raw, ours, identity), evict)
-            self._held_bytes += len(raw)
-            if self._held_bytes > HELD_BYTES:
-                self.admit_held()
-                self.hold_admissions()
+        holding = self._held
+        if holding is not None and holding.hold((k, i), Held(Admission(i, raw, ours, identity), evict)):
+            holding.count(self._admit(holding.take()))
         return False
-
-
-class _Held(NamedTuple):
-    """A read held for admission: the record, how to evict the pages it brought in."""
-
-    record: Admission
-    evict: Callable[[], None]
 
 
 def _normal_absolute(name: str) -> bool:

@@ -147,7 +147,9 @@ def test_the_slow_rank_how_to_runs_as_written_and_names_the_rank_that_holds_the_
     assert sorted(ranks) == [0, 1] and loader["holding_rank"] == 1
     assert loader["slowest_rank"] == max(ranks.values(), key=lambda r: r["epoch_seconds"])["rank"]
     assert ranks[0]["waits_for_others_seconds"] > 0.2 > ranks[1]["waits_for_others_seconds"]
-    assert ranks[1]["holds_others_seconds"] == pytest.approx(ranks[0]["waits_for_others_seconds"])
+    last = [json.loads((tmp_path / f"witness-{r}.jsonl").read_text().splitlines()[-1]) for r in (0, 1)]
+    held = last[0]["collective"] - last[1]["collective"]  # the cold run's last epoch, timed by the script
+    assert abs(ranks[1]["holds_others_seconds"] - held) <= max(0.1 * held, 0.005), (ranks, last)
     assert "<- slowest" in done.stdout and "rank 1's data holds the others: they wait" in done.stdout
 
 

@@ -145,6 +145,23 @@ def test_a_short_write_admits_the_records_written_whole_and_stops_admitting(shm_
     assert cache.info().full and not cache.admit(5, record(5))
 
 
+def test_admitting_many_asks_memory_for_each_counting_those_before_it(shm_dir, monkeypatch):
+    cache = open_store(shm_dir, 1 << 20)
+    asked = []
+    monkeypatch.setattr(
+        cache._gate, "memory_short", lambda n, used: asked.append(n) or n > 2 * len(record(0))
+    )
+    assert cache.admit_many([Admission(i, record(i)) for i in range(5)]) == [True, True, False, False, False]
+    assert asked == [len(record(0)) * k for k in (1, 2, 3)]  # the third would leave memory short: stop there
+
+
+def test_a_reader_holding_records_is_told_the_store_takes_no_more_than_room_for_them(shm_dir):
+    cache = open_store(shm_dir, index_bytes(N) + 40 * len(record(0)))
+    size = len(record(0))
+    assert cache.takes(0, size) and cache.takes(0, size, held=24 * size)
+    assert not cache.takes(0, size, held=25 * size)  # 16 more records' room beyond what is held
+
+
 def _fill(path_dir, start: int, step: int) -> None:
     cache = open_store(path_dir, 1 << 22)
     for i in range(start, N, step):

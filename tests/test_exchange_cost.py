@@ -17,8 +17,10 @@ import pytest
 
 from stallbench.analysis import exchange_cost as module
 from stallbench.analysis.exchange_cost import ExchangeCost, exchange_cost, measure_exchange_cost
+from stallbench.jobs.leftovers import RUN_PREFIX
 
 SHM = Path("/dev/shm")
+pytestmark = pytest.mark.multiproc  # each probe starts two processes
 
 
 def probe_processes() -> list[psutil.Process]:
@@ -28,8 +30,9 @@ def probe_processes() -> list[psutil.Process]:
 
 
 def shm() -> set[str]:
-    """What /dev/shm holds: the probe's scratch folder of inboxes is gone after it, whatever happened."""
-    return {p.name for p in SHM.iterdir()}
+    """The run folders of this process in /dev/shm (other tests and users make theirs beside them): the
+    probe's scratch folder of inboxes is gone after it, whatever happened."""
+    return {p.name for p in SHM.glob(f"{RUN_PREFIX}-{os.getpid()}-*")}
 
 
 def test_a_record_from_a_peer_costs_cpu_per_record_and_per_byte():

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import multiprocessing as mp
 import os
 import pickle
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-import loader.files
+import loader._held_reads
 from loader import CachedFiles
 from loader.cache._layout import index_bytes
 
@@ -94,12 +96,36 @@ def test_a_held_file_rewritten_in_the_batch_is_read_again_and_the_new_bytes_kept
 
 def test_reads_held_past_held_bytes_are_admitted_at_once(tree, files, monkeypatch):
     _, paths = tree
-    monkeypatch.setattr(loader.files, "HELD_BYTES", 2 * SIZE)
+    monkeypatch.setattr(loader._held_reads, "HELD_BYTES", 2 * SIZE)
     files.hold_admissions()
     for k, path in enumerate(paths[:5]):
         files.read(path)
         assert files._caches[0].info().records_cached == (3 if k >= 2 else 0)
-    assert files.admit_held() == 2 and files._caches[0].info().records_cached == 5
+    assert files.admit_held() == 5 == files._caches[0].info().records_cached  # those at once counted too
+
+
+def test_reads_held_from_many_threads_are_each_admitted_once(tree, files, monkeypatch):
+    _, paths = tree
+    monkeypatch.setattr(loader._held_reads, "HELD_BYTES", 2 * SIZE)  # threads' reads taken while others add
+    files.hold_admissions()
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(files.read, paths * 4))
+    assert [raw for raw, _, _ in got] == [stored(p) for p in paths * 4]
+    assert files.admit_held() == files._caches[0].info().records_cached == N // 2  # room for half
+
+
+def test_a_store_that_cannot_be_written_at_the_batch_s_end_is_turned_off_not_raised(tree, files, monkeypatch):
+    _, paths = tree
+
+    def broken(*args):
+        raise OSError(errno.EIO, "I/O error")
+
+    files.hold_admissions()
+    assert [files.read(p).raw for p in paths[:3]] == [stored(p) for p in paths[:3]]
+    monkeypatch.setattr(os, "pwritev", broken)
+    with pytest.warns(RuntimeWarning, match="cannot be used in this process"):
+        assert files.admit_held() == 0
+    assert [files.read(p) for p in paths[:3]] == [(stored(p), False, False) for p in paths[:3]]
 
 
 def test_a_file_changed_after_the_listing_is_read_from_storage(tree, files):

@@ -96,6 +96,11 @@ def test_each_framework_job_is_analyzed_and_agrees_with_its_own_witness(folder, 
     others = loader["other_loaders"]  # the evaluation: one loader, however often the framework rebuilds it
     assert len(others) == 1 and others[0]["epochs"] >= 3, others
     assert "± " in text and "steady epoch" in text
+    if section == "accelerate":  # --accumulate 4: the updates the optimizer made, not the batches
+        assert loader["useful"]["updates"] == fmean(e["updates"] for e in cold[1:]) == 3, (
+            loader["useful"],
+            cold,
+        )
 
 
 def test_lightning_validations_and_checkpoints_inside_an_epoch_agree_with_its_witness(folder):

@@ -39,6 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-ms", type=float, default=0.0, help="extra sleep per sample, in milliseconds")
     p.add_argument("--val-fraction", type=float, default=0.1, help="share of the files held out")
     p.add_argument("--witness", type=Path, default=None, help="append one JSON line per training epoch")
+    p.add_argument("--accumulate", type=int, default=1, help="batches per optimizer update")
     return p.parse_args(argv)
 
 
@@ -103,21 +104,25 @@ def tiny_cnn(num_classes: int) -> nn.Module:
 def train_epoch(
     accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader
 ) -> dict[str, float]:
-    """One pass over ``loader``, hand-timed: time waiting for each batch versus time in training steps."""
+    """One pass over ``loader``, hand-timed: time waiting for each batch versus time in training steps, and
+    the optimizer updates made (one per ``gradient_accumulation_steps`` batches)."""
     model.train()
     wait = step = 0.0
-    batches = 0
+    batches = updates = 0
     start = last = time.perf_counter()
     for x, y in loader:
         step_start = time.perf_counter()
         wait += step_start - last
-        optimizer.zero_grad()
-        accelerator.backward(nn.functional.cross_entropy(model(x), y))
-        optimizer.step()
+        with accelerator.accumulate(model):
+            accelerator.backward(nn.functional.cross_entropy(model(x), y))
+            optimizer.step()
+            optimizer.zero_grad()
+            updates += accelerator.sync_gradients
         last = time.perf_counter()
         step += last - step_start
         batches += 1
-    return {"seconds": last - start, "wait_seconds": wait, "step_seconds": step, "batches": batches}
+    timing = {"seconds": last - start, "wait_seconds": wait, "step_seconds": step}
+    return {**timing, "batches": batches, "updates": updates}
 
 
 @torch.no_grad()
@@ -139,7 +144,7 @@ def write_witness(path: Path, epoch: int, timing: dict[str, float]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.manual_seed(0)
-    accelerator = Accelerator(cpu=True)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=args.accumulate)
     train_dl, eval_dl, num_classes = make_loaders(args)
     model = tiny_cnn(num_classes)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

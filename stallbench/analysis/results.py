@@ -30,7 +30,7 @@ __all__ = [
     "Workload",
 ]
 
-SCHEMA = "stallbench.report/5"
+SCHEMA = "stallbench.report/6"
 
 
 @dataclass(frozen=True)
