@@ -142,11 +142,14 @@ def test_a_stopped_job_holds_the_others_no_longer_than_its_patience(tmp_path, sh
     victim_epochs, victim_stats, victim_err = finish(victim)
     assert all(len(r[0]) == 3 for r in results)
     assert all(every_sample_once(e) for r in (*results, (victim_epochs,)) for e in r[0])
+    assert len(victim_epochs) == 3
     locked_out = any("held the lock" in r[2] for r in results)  # stopped inside the lock: each went alone,
-    if not locked_out:  # from where it was, so their later orders are their own; else they stay one group
+    if not locked_out:  # from where it was, so their later orders are their own, and the victim, found a
+        # member still when it goes on, finishes as one; else they stay one group and it was detached
         assert results[0][0] == results[1][0]
         assert all(r[1]["batches_consumed"] == 36 and r[1]["status"] == "member" for r in results)
-    assert "goes on alone" in victim_err and victim_stats["status"].startswith("alone")
+        said = (victim_err, victim_stats, [r[2] for r in results])
+        assert "goes on alone" in victim_err and victim_stats["status"].startswith("alone"), said
     assert not list(shm_dir.iterdir())
 
 
