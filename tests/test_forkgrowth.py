@@ -22,10 +22,12 @@ _shared = bytearray()  # the parent's memory, inherited by forked children
 
 
 @pytest.fixture(autouse=True)
-def no_earlier_workers_ending():
+def no_earlier_workers_ending(monkeypatch):
     """Earlier tests' loaders collected now, their workers shut down: children ending during a test would
-    take their memory out of the family's."""
+    take their memory out of the family's. Every fork of a test is measured (no budget)."""
     gc.collect()
+    monkeypatch.setattr(forkgrowth, "BUDGET", float("inf"))
+    monkeypatch.setattr(forkgrowth, "_next_reading", 0.0)
 
 
 def _allocate_then_wait(nbytes: int, ready, done) -> None:
@@ -154,3 +156,18 @@ def test_a_killed_and_a_stopped_worker_leave_the_measure_whole_and_nothing_waits
         done[0].set()
         stopped.join(30)
     assert (stopped.exitcode, killed.exitcode) == (0, -signal.SIGKILL)
+
+
+def test_forks_are_measured_within_their_budget_of_the_process_s_time(monkeypatch):
+    readings = []
+    monkeypatch.setattr(forkgrowth, "family_anon", lambda: readings.append(1) or 100 * MIB)
+    monkeypatch.setattr(forkgrowth, "BUDGET", 0.01)
+    monkeypatch.setattr(forkgrowth, "_most_per_worker", 8 * MIB)
+    clock = iter([10.0, 10.0, 10.02, 10.1, 10.12, 10.5, 13.99, 14.0, 14.0, 14.02])  # a reading: 20 ms
+    monkeypatch.setattr(forkgrowth.time, "monotonic", lambda: next(clock))
+    assert forkgrowth.growth_for(2) == 16 * MIB and len(readings) == 1  # due: read, then 2 s not due
+    assert forkgrowth.measure_growth() == 8 * MIB and len(readings) == 2  # its shutdown: read, 2 s more
+    assert forkgrowth.growth_for(2) == 16 * MIB and len(readings) == 2  # 10.5 s: not measured
+    assert forkgrowth._last_fork is None and forkgrowth.measure_growth() == 8 * MIB and len(readings) == 2
+    assert forkgrowth.growth_for(1) == 8 * MIB and len(readings) == 2  # 13.99 s: not yet
+    assert forkgrowth.growth_for(1) == 8 * MIB and len(readings) == 3  # 14 s: due again
