@@ -31,17 +31,20 @@ class HeldReads:
         self.nbytes = self.admitted = 0
 
     def hold(self, key: tuple[int, int], read: Held) -> bool:
-        """Hold ``read``; whether those held now pass ``HELD_BYTES`` (take them and admit them)."""
+        """Hold ``read`` (in place of one held for the same key); whether those held now pass ``HELD_BYTES``
+        (``flush`` them)."""
         with _LOCK:
+            before = self.reads.get(key)
             self.reads[key] = read
-            self.nbytes += len(read.record.payload)
+            self.nbytes += len(read.record.payload) - (0 if before is None else len(before.record.payload))
             return self.nbytes > HELD_BYTES
 
-    def take(self) -> dict[tuple[int, int], Held]:
+    def flush(self, admit: Callable[[dict[tuple[int, int], Held]], int]) -> int:
+        """Admit those held now (``admit`` says how many it admitted); how many have been admitted since the
+        first was held. One flush at a time, so a thread's admissions are counted before another's flush
+        reads the count; a read held after the last flush (by a thread still reading) is not admitted."""
         with _LOCK:
             reads, self.reads, self.nbytes = self.reads, {}, 0
-        return reads
-
-    def count(self, admitted: int) -> None:
-        with _LOCK:
-            self.admitted += admitted
+            if reads:
+                self.admitted += admit(reads)
+            return self.admitted

@@ -124,7 +124,7 @@ class CachedFiles:
         then. A read that brought its pages into the page cache and is not admitted (the store crowded) is
         evicted, as at once. Never raises: a store that cannot be written is turned off in this process."""
         holding, self._held = self._held, None
-        return 0 if holding is None else self._admit(holding.take()) + holding.admitted
+        return 0 if holding is None else holding.flush(self._admit)
 
     def _admit(self, reads: dict[tuple[int, int], Held]) -> int:
         admitted = 0
@@ -201,7 +201,7 @@ class CachedFiles:
         not admitted by this read."""
         holding = self._held
         if holding is not None and holding.hold((k, i), Held(Admission(i, raw, ours, identity), evict)):
-            holding.count(self._admit(holding.take()))
+            holding.flush(self._admit)
         return False
 
 

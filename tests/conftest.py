@@ -78,6 +78,7 @@ def fresh_fork_growth(monkeypatch):
 
     monkeypatch.setattr(forkgrowth, "_most_per_worker", 0)
     monkeypatch.setattr(forkgrowth, "_last_fork", None)
+    monkeypatch.setattr(forkgrowth, "_next_reading", 0.0)  # its first fork measured, as a process's is
 
 
 _MAKER = re.compile(r"^(?:stallbench-run-|torch_|pym-)(\d+)[-_]")

@@ -145,14 +145,16 @@ def test_a_short_write_admits_the_records_written_whole_and_stops_admitting(shm_
     assert cache.info().full and not cache.admit(5, record(5))
 
 
-def test_admitting_many_asks_memory_for_each_counting_those_before_it(shm_dir, monkeypatch):
+def test_admitting_many_asks_memory_for_each_as_one_admission_asks(shm_dir, monkeypatch):
     cache = open_store(shm_dir, 1 << 20)
-    asked = []
-    monkeypatch.setattr(
-        cache._gate, "memory_short", lambda n, used: asked.append(n) or n > 2 * len(record(0))
-    )
-    assert cache.admit_many([Admission(i, record(i)) for i in range(5)]) == [True, True, False, False, False]
-    assert asked == [len(record(0)) * k for k in (1, 2, 3)]  # the third would leave memory short: stop there
+    gauge, size = cache._gate._gauge, len(record(0))
+    monkeypatch.setattr(gauge, "_due", lambda adding: False)  # the memory as read: 2.5 records spare
+    monkeypatch.setattr(cache._gate, "_memory_left", lambda: "test")
+    gauge.last, gauge.spare, gauge.reserve, gauge._noted = object(), 10 * size // 4, 0, 0
+    with pytest.warns(RuntimeWarning, match="memory is short"):
+        admitted = cache.admit_many([Admission(i, record(i)) for i in range(5)])
+    assert admitted == [True, True, False, False, False]
+    assert gauge._noted == 2 * size  # each counted once as taken; the third would leave memory short
 
 
 def test_a_reader_holding_records_is_told_the_store_takes_no_more_than_room_for_them(shm_dir):

@@ -163,7 +163,7 @@ def test_forks_are_measured_within_their_budget_of_the_process_s_time(monkeypatc
     monkeypatch.setattr(forkgrowth, "family_anon", lambda: readings.append(1) or 100 * MIB)
     monkeypatch.setattr(forkgrowth, "BUDGET", 0.01)
     monkeypatch.setattr(forkgrowth, "_most_per_worker", 8 * MIB)
-    clock = iter([10.0, 10.0, 10.02, 10.1, 10.12, 10.5, 13.99, 14.0, 14.0, 14.02])  # a reading: 20 ms
+    clock = iter([10.0, 10.0, 10.02, 10.1, 10.12, 10.5, 13.99, 14.0, 14.0, 14.02, 14.1, 14.12])  # 20 ms
     monkeypatch.setattr(forkgrowth.time, "monotonic", lambda: next(clock))
     assert forkgrowth.growth_for(2) == 16 * MIB and len(readings) == 1  # due: read, then 2 s not due
     assert forkgrowth.measure_growth() == 8 * MIB and len(readings) == 2  # its shutdown: read, 2 s more
@@ -171,3 +171,15 @@ def test_forks_are_measured_within_their_budget_of_the_process_s_time(monkeypatc
     assert forkgrowth._last_fork is None and forkgrowth.measure_growth() == 8 * MIB and len(readings) == 2
     assert forkgrowth.growth_for(1) == 8 * MIB and len(readings) == 2  # 13.99 s: not yet
     assert forkgrowth.growth_for(1) == 8 * MIB and len(readings) == 3  # 14 s: due again
+    assert forkgrowth.growth_for(1) == 8 * MIB and len(readings) == 4  # 14.1 s: the last fork's still open
+
+
+def test_a_fork_while_a_measured_fork_s_workers_run_is_measured_whatever_the_budget(monkeypatch):
+    """A persistent loader's workers forked, then an evaluation loader's soon after: the second reading is
+    the first fork's growth, not lost to the budget."""
+    anon = iter([100 * MIB, 140 * MIB, 150 * MIB])
+    monkeypatch.setattr(forkgrowth, "family_anon", lambda: next(anon))
+    monkeypatch.setattr(forkgrowth, "BUDGET", 1e-9)  # no reading would ever be due again
+    assert forkgrowth.growth_for(2) == 0  # the process's first fork: read
+    assert forkgrowth.growth_for(1) == 20 * MIB  # read though not due: 40 MiB over the 2 workers before
+    assert forkgrowth.measure_growth() == 20 * MIB and forkgrowth._last_fork is None

@@ -154,14 +154,14 @@ class MinIOCache(GivesBack):
         """``admit`` for each of ``records`` in order, with one hold of the lock for them all and one
         ``pwritev`` for each run of them whose space lies together: what a batch read without workers admits
         at its end (``FileReads.one_batch``: 5 us a file in the digits job, against 11 admitting each as it
-        was read). Memory is asked for each as ``admit`` asks, counting those before it: the first that would
-        leave memory under its reserve pauses admission, and neither it nor any after it is admitted."""
+        was read). Memory is asked for each as ``admit`` asks (the gauge counts those before it as taken): the
+        first that would leave memory under its reserve pauses admission, and neither it nor any after it is
+        admitted."""
         admitted = [False] * len(records)
-        wanted, nbytes = [], 0
+        wanted = []
         for k, record in enumerate(records):
             if self.accepting(record.index):
-                nbytes += len(record.payload)
-                if self._gate.memory_short(nbytes, self._used):
+                if self._gate.memory_short(len(record.payload), self._used):
                     break
                 wanted.append(k)
         if not wanted:

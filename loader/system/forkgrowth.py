@@ -23,7 +23,9 @@ with an evaluation loader twice, ~17 ms each with the family's five readings. In
 epochs (360 images, 2 workers, a validation each epoch) that made ours 25-35% slower than torch's loader. So
 the readings of a fork, and of its workers' shutdown, take at most ``BUDGET`` of the process's time: a fork
 that comes sooner after the last measured one is not measured, and the most measured before stands for it.
-A process's first fork is always measured.
+A process's first fork is always measured, and so is one made while the growth of a measured fork is still
+to be read (a persistent loader's workers running when an evaluation loader forks): its reading is that one's
+too.
 """
 
 from __future__ import annotations
@@ -64,11 +66,12 @@ def measure_growth(now: int | None = None) -> int:
     """What the family grew by since this process last forked workers, where that fork was measured (its
     anonymous memory ``now``, read where not given), per worker of that fork, noted where more than any
     measure before; the most noted (bytes; 0 before a fork)."""
-    global _most_per_worker
+    global _most_per_worker, _last_fork
     if _last_fork is not None:
         anon_then, workers = _last_fork
         now = _read() if now is None else now
         _most_per_worker = max(_most_per_worker, (now - anon_then) // workers)
+        _last_fork = None  # read: a reading after its workers have gone would say nothing of them
     return _most_per_worker
 
 
@@ -77,9 +80,8 @@ def growth_for(workers: int) -> int:
     workers did; they are noted as the last fork (the family read once for both), where a reading is due
     (``BUDGET``)."""
     global _last_fork
-    if time.monotonic() < _next_reading:
-        _last_fork = None  # this fork is not measured: the most measured before stands for it
-        return workers * _most_per_worker
+    if _last_fork is None and time.monotonic() < _next_reading:
+        return workers * _most_per_worker  # not measured: the most measured before stands for it
     now = _read()
     growth = workers * measure_growth(now)
     _last_fork = (now, workers) if workers else None
