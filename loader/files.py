@@ -183,12 +183,11 @@ class CachedFiles:
                 return FileRead(f.readall(), False, False)
         # admitted only at the size stat'ed: a file rewritten between our stat and our read is not stored
         identity = file_identity(st)
-        if self._held is None:
-            admit = admitting(cache, i, evict, identity)
-        else:
-            admit = functools.partial(self._hold, k, i, identity, evict)
         holding = self._held
-        held = 0 if holding is None else holding.nbytes
+        if holding is None:
+            admit, held = admitting(cache, i, evict, identity), 0
+        else:
+            admit, held = functools.partial(self._hold, k, i, identity, evict), holding.nbytes
         raw, admitted = read_admitting(
             name,
             lambda raw, ours: len(raw) == st.st_size and admit(raw, ours),

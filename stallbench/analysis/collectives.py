@@ -31,12 +31,11 @@ def rank_waits(timelines: Mapping[int, Sequence[tuple[float, float]]]) -> dict[i
     """Per rank, its ``RankWaits`` from each rank's ``timelines`` ((wait, step) per batch, in order), over
     the batches every rank made; none for a single rank."""
     ranks = sorted(timelines)
-    steps = min((len(timelines[r]) for r in ranks), default=0)
-    waits_for = dict.fromkeys(ranks, 0.0)
-    holds = dict.fromkeys(ranks, 0.0)
     if len(ranks) < 2:
         return {}
-    for k in range(steps):
+    waits_for = dict.fromkeys(ranks, 0.0)
+    holds = dict.fromkeys(ranks, 0.0)
+    for k in range(min(len(timelines[r]) for r in ranks)):
         waits = {r: timelines[r][k][0] for r in ranks}
         late = max(ranks, key=waits.__getitem__)
         quickest = min(timelines[r][k][1] for r in ranks)

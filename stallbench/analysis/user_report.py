@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from stallbench.analysis import work
 from stallbench.analysis.breakdown import breakdown
-from stallbench.analysis.collectives import rank_waits
+from stallbench.analysis.collectives import RankWaits, rank_waits
 from stallbench.analysis.loader_report import Measurement, loader_report
 from stallbench.analysis.results import (
     LoaderReport,
@@ -51,10 +51,9 @@ def user_report(
     named so; where the batches came from another class, the advice says so first."""
     per_rank = rank_runs(runs, cold_condition(job.limits))
     waits = rank_waits({rank: p["cold"].timeline for rank, p in per_rank.items()})
+    none = RankWaits(0.0, 0.0)  # one process: no collective
     ranks = tuple(
-        RankBreakdown(rank, breakdown(p, job.dataset_bytes), **dataclasses.asdict(waits[rank]))
-        if rank in waits
-        else RankBreakdown(rank, breakdown(p, job.dataset_bytes))
+        RankBreakdown(rank, breakdown(p, job.dataset_bytes), **dataclasses.asdict(waits.get(rank, none)))
         for rank, p in per_rank.items()
     )
     slowest = max(ranks, key=lambda r: r.breakdown.epoch_seconds)
