@@ -102,6 +102,13 @@ class _CountingMultiProcessingIter(_Counting, _MultiProcessingDataLoaderIter):
     def _base_seed(self, drawn: int) -> None:
         self._started_from = drawn if self._seed is None else self._seed
 
+    def __next__(self) -> Any:
+        try:
+            return super().__next__()
+        except RuntimeError:  # torch's SIGCHLD handler names a dead worker wherever the main process is
+            forget_segments_of_failed(self._workers)
+            raise
+
     def _try_get_data(self, timeout: float = _utils.MP_STATUS_CHECK_INTERVAL) -> tuple[bool, Any]:
         """Torch's, naming a worker that died while the main process took a tensor's descriptor from it as
         torch names a dead worker: the connection breaks (``EOFError``, ``ConnectionError``) a moment before
