@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -14,11 +13,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from stallbench._held_signals import signals_held
+from stallbench.conditions.mounts import StorageConditionUnavailable, block_device, mounts
+
 __all__ = [
     "StorageConditionUnavailable",
     "StorageLimits",
-    "block_device",
-    "filesystem_type",
     "controller_roots",
     "remove_cgroup",
     "try_cgroup",
@@ -28,57 +28,16 @@ _SETTINGS = {"memory": "memory.limit_in_bytes", "blkio": "blkio.throttle.read_bp
 _counter = itertools.count()
 
 
-class StorageConditionUnavailable(RuntimeError):
-    """A storage condition cannot be set up here; the message says what was not possible and why."""
-
-
-def _mounts() -> list[tuple[str, str, set[str]]]:
-    """(mount point, filesystem type, super options) of each mount, from /proc/self/mountinfo."""
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError as e:
-        raise StorageConditionUnavailable(
-            f"cannot read /proc/self/mountinfo ({e.strerror}): not Linux?"
-        ) from e
-    mounts = []
-    for line in lines:
-        fields, tail = line.split(" - ", 1)
-        fstype, _, opts = tail.split(" ", 2)
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields.split()[4])  # \040 is a space
-        mounts.append((point, fstype, set(opts.split(","))))
-    return mounts
-
-
-def filesystem_type(path: str | os.PathLike) -> str:
-    """Type of the filesystem that holds ``path`` (ext4, xfs, tmpfs, overlay, nfs4, ...)."""
-    real = os.path.realpath(path)
-    inside = [(p, t) for p, t, _ in _mounts() if real == p or real.startswith(p.rstrip("/") + "/")]
-    return max(inside, key=lambda m: len(m[0]))[1]
-
-
 def _controller_root(controller: str) -> Path:
-    mounts = _mounts()
-    for point, fstype, opts in mounts:
+    table = mounts()
+    for point, fstype, opts in table:
         if fstype == "cgroup" and controller in opts:
             return Path(point)
-    v2 = [p for p, t, _ in mounts if t == "cgroup2"]
+    v2 = [p for p, t, _ in table if t == "cgroup2"]
     hint = (
         f"; this machine has only cgroup v2 (at {v2[0]}), which stallbench does not drive yet" if v2 else ""
     )
     raise StorageConditionUnavailable(f"the cgroup v1 {controller!r} controller is not mounted{hint}")
-
-
-def block_device(path: str | os.PathLike) -> str:
-    """``"major:minor"`` of the whole disk that holds ``path`` (a partition maps to its disk)."""
-    dev = os.stat(path).st_dev
-    node = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
-    if os.major(dev) == 0 or not node.exists():
-        raise StorageConditionUnavailable(
-            f"{path} is on {filesystem_type(path)}, which has no block device to throttle"
-        )
-    if (node / "partition").exists():
-        return (node.resolve().parent / "dev").read_text().strip()
-    return f"{os.major(dev)}:{os.minor(dev)}"
 
 
 def _make_cgroup(controller: str, name: str) -> Path:
@@ -101,18 +60,19 @@ def _write(path: Path, value: str) -> None:
 
 def try_cgroup(controller: str, setting: str | None = None) -> str | None:
     """Make a scratch cgroup, apply ``setting`` to it, remove it: None if that worked, else the reason."""
-    try:
-        path = _make_cgroup(controller, f"stallbench-probe-{os.getpid()}-{next(_counter)}")
-    except StorageConditionUnavailable as e:
-        return str(e)
-    try:
-        if setting is not None:
-            _write(path / _SETTINGS[controller], setting)
-        return None
-    except StorageConditionUnavailable as e:
-        return str(e)
-    finally:
-        path.rmdir()
+    with signals_held():
+        try:
+            path = _make_cgroup(controller, f"stallbench-probe-{os.getpid()}-{next(_counter)}")
+        except StorageConditionUnavailable as e:
+            return str(e)
+        try:
+            if setting is not None:
+                _write(path / _SETTINGS[controller], setting)
+            return None
+        except StorageConditionUnavailable as e:
+            return str(e)
+        finally:
+            path.rmdir()
 
 
 def _pids(path: Path) -> list[int]:
@@ -152,11 +112,12 @@ class StorageLimits:
         self._final: dict[str, int] = {}
 
     def __enter__(self) -> StorageLimits:
-        try:
-            self._create()
-        except BaseException:
-            self.close()
-            raise
+        with signals_held():  # a stop between a cgroup's mkdir and its noting would leave it
+            try:
+                self._create()
+            except BaseException:
+                self.close()
+                raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -279,7 +240,11 @@ class StorageLimits:
         return stats
 
     def close(self) -> None:
-        """Kill every process left in the cgroup and remove it. Safe to call again after an interruption."""
+        """Kill every process left in the cgroup and remove it; a stop meanwhile acts once that is done."""
+        with signals_held():
+            self._remove()
+
+    def _remove(self) -> None:
         if self._dirs and not self._final:
             self._final = self._read_stats()
         deadline = time.monotonic() + self.kill_timeout
@@ -301,7 +266,7 @@ class StorageLimits:
 def controller_roots() -> list[Path]:
     """Where the cgroup v1 controllers stallbench uses are mounted (those that are)."""
     ours = set(_SETTINGS)
-    mounted = {c: point for point, fstype, opts in _mounts() if fstype == "cgroup" for c in opts & ours}
+    mounted = {c: point for point, fstype, opts in mounts() if fstype == "cgroup" for c in opts & ours}
     return [Path(mounted[c]) for c in _SETTINGS if c in mounted]
 
 

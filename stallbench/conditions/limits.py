@@ -11,13 +11,8 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from stallbench.conditions.cgroup import (
-    StorageConditionUnavailable,
-    StorageLimits,
-    block_device,
-    filesystem_type,
-    try_cgroup,
-)
+from stallbench.conditions.cgroup import StorageConditionUnavailable, StorageLimits, try_cgroup
+from stallbench.conditions.mounts import block_device, filesystem_type
 from stallbench.conditions.sizes import format_bytes
 
 __all__ = ["AUTO", "NONE", "Limits", "probe_storage_conditions"]

@@ -14,18 +14,16 @@ import glob
 import os
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import psutil
 
+from stallbench._held_signals import hold_signals, release_signals
 from stallbench.jobs.watchdog import ensure_started, unwatch, watch
 
 __all__ = ["end_session", "remove_torch_segments", "session"]
-
-_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each ends stallbench (``stallbench.cli.stops``)
 
 
 @contextlib.contextmanager
@@ -34,16 +32,16 @@ def session(argv: Sequence[str], **options: Any) -> Iterator[subprocess.Popen]:
     when the block ends, however it ends. Ctrl-C, SIGTERM and SIGHUP are held back while the process starts:
     landing between its start and this block, they would leave the process running, unkilled."""
     ensure_started()
-    held = _hold_signals()
+    held = hold_signals()
     try:
         proc = subprocess.Popen(list(argv), start_new_session=True, **options)
     except BaseException:
-        _release_signals(held)
+        release_signals(held)
         raise
     with proc:
         try:
             watch(proc.pid)
-            _release_signals(held)  # a signal held back acts here, where the kill below is armed
+            release_signals(held)  # a signal held back acts here, where the kill below is armed
             yield proc
         finally:
             end_session(proc.pid, reap=proc.wait)
@@ -97,33 +95,3 @@ def remove_torch_segments(pids: Iterable[int], shm: str = "/dev/shm") -> None:
             with contextlib.suppress(OSError):
                 if os.lstat(path).st_uid == os.getuid():
                     os.unlink(path)
-
-
-def _hold_signals() -> tuple[dict[int, Any], list[int]] | None:
-    """Ctrl-C, SIGTERM and SIGHUP noted, not acted on, until ``_release_signals`` (Python runs handlers in the
-    main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    noted: list[int] = []
-    handlers = {signum: signal.getsignal(signum) for signum in _HELD}
-    handlers = {signum: h for signum, h in handlers.items() if h is not None}  # one set outside Python: as is
-    for signum in handlers:
-        signal.signal(signum, lambda signum, frame: noted.append(signum))
-    return handlers, noted
-
-
-def _release_signals(held: tuple[dict[int, Any], list[int]] | None) -> None:
-    """Put the handlers back, and act on a signal noted meanwhile as they would have."""
-    if held is None:
-        return
-    handlers, noted = held
-    for signum, handler in handlers.items():
-        signal.signal(signum, handler)
-    for signum in dict.fromkeys(noted):
-        handler = handlers[signum]
-        if callable(handler):
-            handler(signum, None)
-        elif handler == signal.SIG_DFL and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        elif handler == signal.SIG_DFL:
-            os.kill(os.getpid(), signum)  # its default: the process ends
