@@ -1,6 +1,5 @@
 """Torch's own iterator classes, as ``loader.DataLoader`` runs them: each batch handed to the training loop is
-told to the loader (it counts them for ``state_dict``, and keeps the random states its worker stamped on it,
-``_worker_random``), a batch that is only ``skip`` (all its records bad and skipped) is dropped, a Dataset's
+told to the loader (``_tracking``), a batch that is only ``skip`` (all its records bad and skipped) is dropped, a Dataset's
 own file reads are served (``cache_files``), a restored loader's workers start where the saved ones were, and
 what a killed worker left of torch's shared memory in /dev/shm is removed.
 """
@@ -10,8 +9,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from torch.utils.data import _utils
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
@@ -20,46 +18,14 @@ from loader._dead_workers import forget_segments_of_failed
 from loader._ring_collate import ring_collate
 from loader._serving import FileReads, ServingWorkerInit, serving
 from loader._shared_heap import heap_ready_for_fork
-from loader._worker_random import RandomStates, RestoringWorkerInit, Stamped, StampingCollate
+from loader._tracking import Tracking
+from loader._worker_random import RestoringWorkerInit, StampingCollate
 from loader.cache._attached import make_room_for_workers
 from loader.system.forkgrowth import measure_growth
 
-__all__ = ["Tracking", "counting_iterator"]
+__all__ = ["counting_iterator"]
 
 REAP_WAIT_S = 1.0  # how long a broken connection to the workers waits for a dying one to be reaped
-
-
-class Tracked(Protocol):
-    """A resumable loader, as its iterators tell it of each batch handed out."""
-
-    def _count_delivered(self) -> None: ...
-
-    def _keep_states(self, worker: int, states: RandomStates) -> None: ...
-
-
-@dataclass(frozen=True)
-class Tracking:
-    """A resumable loader's side of its iterator: ``loader`` (held weakly, so that it is freed while an
-    iterator outlives it) is told of each batch handed out and of the random states stamped on it. New
-    workers start from ``restore`` (states by worker id) and ``seed`` (a base seed, instead of the one drawn;
-    None: the drawn one), and the first epoch's first batch goes to worker ``turn``: a resumed epoch's
-    workers start as the saved ones were, and are dealt the batches the saved ones would have been."""
-
-    loader: weakref.ReferenceType[Tracked]
-    restore: dict[int, RandomStates] = field(default_factory=dict)
-    turn: int = 0
-    seed: int | None = None
-
-    def handed(self, batch: Any) -> Any:
-        """``batch`` as the training loop gets it: counted, its stamp kept and taken off."""
-        loader = self.loader()
-        if loader is not None:
-            loader._count_delivered()
-        if not isinstance(batch, Stamped):
-            return batch
-        if loader is not None:
-            loader._keep_states(batch.worker, batch.states)
-        return batch.batch
 
 
 class _Counting:

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from loader._iterators import Tracking
 from loader._resume import generator_states, restore_generators
+from loader._tracking import Tracking
 from loader._worker_random import RandomStates
 
 __all__ = ["STATE_VERSION", "ResumableEpochs"]
