@@ -232,6 +232,27 @@ def test_a_headline_whose_steps_alone_moved_is_not_compared(pair, step_alone, sa
     assert [line for line in text.splitlines() if line.startswith("  epoch time")][-1].endswith(said)
 
 
+@pytest.mark.parametrize(
+    ("step_alone", "said"), [(7.75, "1.65x faster"), (8.0, "busy machine, not comparable")]
+)
+def test_a_headline_whose_steps_ran_faster_beside_the_loader_than_alone_is_not_compared(
+    pair, step_alone, said
+):
+    """Both columns' steps alone slowed alike (a burner in both ingestion runs), one cold run quiet: its
+    compute (6.25 s) 25% below its steps alone; a loader only slows the step, so the load left that column."""
+    slowed = [
+        dataclasses.replace(r, breakdown=dataclasses.replace(r.breakdown, step_alone_seconds=step_alone))
+        for r in pair
+    ]
+    text = format_report(slowed)
+    assert [line for line in text.splitlines() if line.startswith("  epoch time")][-1].endswith(said)
+    noisy = [  # compute's own spread covers the gap: noise, compared as it is
+        dataclasses.replace(r, breakdown=dataclasses.replace(r.breakdown, compute_spread_seconds=2.0))
+        for r in slowed
+    ]
+    assert [line for line in format_report(noisy).splitlines() if "epoch time" in line][-1].endswith("faster")
+
+
 def test_wide_compare_wraps_to_100_columns(pair):
     reports = [*pair, make_report("partitioned", 8.0, 0.75, GB // 2), make_report("other", 9.0, 1.75, GB)]
     text = format_report(reports)

@@ -61,8 +61,9 @@ STEP_MOVED = 0.25  # the steps alone of two columns this far apart: the machine'
 def _speedup(base: LoaderReport, r: LoaderReport) -> str:
     """The headline: how much faster or slower the epoch, with the range its spreads allow; "within noise"
     where the spreads cover the difference, and "busy machine, not comparable" where the steps alone (the
-    ingestion run's: no loader at work) moved between the two columns, which only other load does."""
-    if _step_moved(base, r):
+    ingestion run's: no loader at work) moved between the two columns, or a column's steps ran faster beside
+    its loader than alone, which only other load does."""
+    if _step_moved(base, r) or _load_left(base) or _load_left(r):
         return "busy machine, not comparable"
     values = _noisy(base, r, _epoch)
     if values is None:
@@ -91,6 +92,18 @@ def _step_moved(a: LoaderReport, b: LoaderReport) -> bool:
         return False
     low, high = sorted((a.breakdown.step_alone_seconds, b.breakdown.step_alone_seconds))
     return low > 0 and high > low * (1 + STEP_MOVED)
+
+
+def _load_left(r: LoaderReport) -> bool:
+    """Whether the column's steps beside its loader (compute) took ``STEP_MOVED`` less than its steps alone,
+    beyond compute's own spread: a loader only adds to a step (contention), so the load that slowed the
+    steps alone had gone by the real run, and the headline would compare one column's load with another's
+    quiet."""
+    b = r.breakdown
+    alone, compute = b.step_alone_seconds, b.compute_seconds
+    if not (finite(compute) and compute > 0) or alone <= compute * (1 + STEP_MOVED):
+        return False
+    return not within_noise(alone, 0.0, compute, b.compute_spread_seconds)
 
 
 def _batches(r: LoaderReport) -> tuple[int, ...]:
