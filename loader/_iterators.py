@@ -1,7 +1,8 @@
 """Torch's own iterator classes, as ``loader.DataLoader`` runs them: each batch handed to the training loop is
-told to the loader (``_tracking``), a batch that is only ``skip`` (all its records bad and skipped) is dropped, a Dataset's
-own file reads are served (``cache_files``), a restored loader's workers start where the saved ones were, and
-what a killed worker left of torch's shared memory in /dev/shm is removed.
+told to the loader (``_tracking``), a batch that is only ``skip`` (all its records bad and skipped) is
+dropped, a Dataset's own file reads are served (``cache_files``), a restored loader's workers start where the
+saved ones were, batches are made of the samples ready first where asked (``_ready_first``), and what a
+killed worker left of torch's shared memory in /dev/shm is removed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch.utils.data import _utils
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
 from loader._dead_workers import forget_segments_of_failed
+from loader._ready_first import PieceSamples, ReadyFirst, one_index_queue
 from loader._ring_collate import ring_collate
 from loader._serving import FileReads, ServingWorkerInit, serving
 from loader._shared_heap import heap_ready_for_fork
@@ -128,6 +130,10 @@ class _CountingMultiProcessingIter(_Counting, _MultiProcessingDataLoaderIter):
         self._turn, self._deal = 0, cycle
 
 
+class _ReadyFirstIter(ReadyFirst, _CountingMultiProcessingIter):
+    """Batches of the samples ready first (``ready_first=True``)."""
+
+
 def counting_iterator(
     loader: Any, tracking: Tracking | None, skip: Any, serve: FileReads | None = None
 ) -> Any:
@@ -149,8 +155,12 @@ def _with_workers(loader: Any, tracking: Tracking | None, serve: FileReads | Non
     init: Callable[[int], Any] | None = (
         ServingWorkerInit(serve, user_init) if serve is not None else user_init
     )
-    iterator = _CountingMultiProcessingIter.__new__(_CountingMultiProcessingIter)
-    ring = ring_collate(loader)
+    ready_first = getattr(loader, "ready_first", False)
+    kind = _ReadyFirstIter if ready_first else _CountingMultiProcessingIter
+    iterator = kind.__new__(kind)
+    ring = None if ready_first else ring_collate(loader)
+    if ready_first:
+        iterator._collate, loader.collate_fn = user_collate, PieceSamples()
     if ring is not None:
         iterator._batch_ring, loader.collate_fn = ring
         weakref.finalize(iterator, ring[0].close)
@@ -161,7 +171,7 @@ def _with_workers(loader: Any, tracking: Tracking | None, serve: FileReads | Non
     loader.worker_init_fn = init
     make_room_for_workers(loader.num_workers)
     try:
-        with heap_ready_for_fork():
+        with heap_ready_for_fork(), one_index_queue(loader, ready_first):
             iterator.__init__(loader)
     finally:
         loader.worker_init_fn, loader.collate_fn = user_init, user_collate

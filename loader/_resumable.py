@@ -52,11 +52,17 @@ class ResumableEpochs:
         # a restored epoch not drawn again yet (no batch taken since load_state_dict): saved as it was loaded
         pending = None if started else self._replay.pending()
         draw_states, delivered = pending or (self._replay.saved_draw() if started else {}, self._delivered)
+        finished = started and self._epoch_finished()
+        if self.ready_first and started and delivered and not finished:
+            raise ValueError(
+                "state_dict() with ready_first=True is exact between epochs only: mid-epoch, a batch holds "
+                "samples of several of the order's batches, so the epoch's rest is not a count of batches"
+            )
         return {
             "version": STATE_VERSION,
             "draw_states": draw_states,
             "batches_delivered": delivered,
-            "epoch_finished": started and self._epoch_finished(),
+            "epoch_finished": finished,
             "generators": generator_states(self._generators()),
             # an iterator made whose order is not drawn yet: its base seed is drawn, the order comes next
             "order_next": self._made_iterator and not started and pending is None,

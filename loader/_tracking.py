@@ -38,8 +38,13 @@ class Tracking:
         loader = self.loader()
         if loader is not None:
             loader._count_delivered()
-        if not isinstance(batch, Stamped):
-            return batch
+        return self.unstamped(batch)
+
+    def unstamped(self, made: Any) -> Any:
+        """What a worker made (a batch, or a piece of one: ``ready_first``), its stamp kept and taken off."""
+        if not isinstance(made, Stamped):
+            return made
+        loader = self.loader()
         if loader is not None:
-            loader._keep_states(batch.worker, batch.states)
-        return batch.batch
+            loader._keep_states(made.worker, made.states)
+        return made.batch

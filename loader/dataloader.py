@@ -13,6 +13,7 @@ from torch.utils.data.dataloader import _DatasetKind
 
 from loader._iterators import counting_iterator
 from loader._opening import open_options
+from loader._ready_first import check_ready_first
 from loader._resumable import ResumableEpochs
 from loader._resume import ReplayableSampler
 from loader.board import StatsBoard
@@ -52,6 +53,10 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
       cache_files: the folder (or folders) a Dataset that opens its own files reads from: its plain reads
         of files under them go through a cache of ``cache_bytes`` in every worker, never stale (size and
         mtime checked; docs/how-to/your-own-dataset.md).
+      ready_first: batches made of the samples ready first: each batch is dealt to the workers in pieces
+        and the main process collates the samples of the pieces in the order they arrive, so a slow sample
+        holds only its piece (its samples go into a later batch), not its batch and those after it. Every
+        sample still once an epoch; off by default: torch's batches and order (docs/how-to/slow-samples.md).
       partition_cache: True or a ``loader.Partition``: under torch.distributed with a DistributedSampler,
         each node caches its share of the records and sends it to the other nodes ahead of need, so N
         nodes cache N times as much (docs/how-to/multi-node.md).
@@ -86,6 +91,7 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         partition_cache: bool | Partition = False,
         cache_files: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
         cache_form: Literal["auto", "raw", "prepared"] = "auto",
+        ready_first: bool = False,
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -130,6 +136,11 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
             in_order=in_order,
         )
         self._board = board
+        self.ready_first = ready_first is True
+        if ready_first not in (True, False):
+            raise ValueError(f"ready_first must be True or False, got {ready_first!r}")
+        if self.ready_first:
+            check_ready_first(self, coordination is not None or opened.partition is not None)
         drawn_again = self._resumable_kind  # a map-style order; an IterableDataset's comes from the dataset
         self._replay = ReplayableSampler(super()._index_sampler, self._generators) if drawn_again else None
         coordinated = coordination is not None

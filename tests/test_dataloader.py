@@ -36,6 +36,7 @@ def test_our_options_are_keyword_only():
         "partition_cache",
         "cache_form",
         "cache_files",
+        "ready_first",
     }
     assert {p.name for p in extra} == expected
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in extra)

@@ -1,0 +1,147 @@
+"""``DataLoader(ready_first=True)``: batches made of the samples ready first, so a slow sample holds no batch.
+
+Torch deals each batch whole to one worker and hands batches out in order: one sample that takes 50 times
+the others (a huge image, a slow read) holds its batch, and every batch after it, while the other workers
+run out of work (head-of-line blocking; Lotus measured 5-15% of batch time from it). MinatoLoader builds
+batches from the samples that are ready and finishes slow ones in the background. Here each batch of the
+sampler is dealt to the workers in ``PIECES`` pieces through one queue that every worker reads, so a piece
+goes to whichever worker is free, and the main process makes each batch of ``batch_size`` from the samples of
+the pieces in the order they arrive, collated there with the loader's ``collate_fn``. A slow sample holds
+only its piece, whose samples go into a later batch; every sample is still handed out once an epoch, and
+every batch but the epoch's last has ``batch_size`` samples (the last the rest, unless ``drop_last``).
+
+The price: the batches' make-up depends on timing (not torch's order), the samples cross from the workers
+uncollated (tensors by value, not through the batch ring), and the main process collates. Off by default.
+Written by hand: torch has no such dispatch, and the peers that have one (MinatoLoader) are not libraries.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.utils.data import _utils
+from torch.utils.data.dataloader import _DatasetKind
+
+from loader._ring_collate import by_value
+
+__all__ = ["PIECES", "PieceSamples", "ReadyFirst", "check_ready_first", "one_index_queue"]
+
+PIECES = 4  # a batch is dealt in this many pieces: a slow sample holds back a quarter of a batch's samples
+
+
+def check_ready_first(loader: Any, planned: bool) -> None:
+    """Refuse ``ready_first=True`` where there is no batch of samples to make, or where the epoch's batches
+    are planned (``planned``: ``coordinate=``, ``partition_cache=``): ValueError naming why."""
+    if planned:
+        raise ValueError("ready_first=True cannot go with coordinate= or partition_cache=: they plan batches")
+    if loader.num_workers == 0:
+        raise ValueError("ready_first=True needs workers (num_workers > 0): without them no sample overtakes")
+    if loader.batch_size is None:
+        raise ValueError(
+            "ready_first=True needs batch_size (a batch_sampler's batches are kept as the sampler made them)"
+        )
+    if loader._dataset_kind == _DatasetKind.Iterable:
+        raise ValueError("ready_first=True needs a map-style dataset: an IterableDataset makes its batches")
+
+
+class PieceSamples:
+    """The workers' ``collate_fn`` under ``ready_first``: a piece's samples as they are, each plain tensor
+    in them sent by value (the main process collates the batch they go into)."""
+
+    def __call__(self, samples: list[Any]) -> list[Any]:
+        return [_by_value(sample) for sample in samples]
+
+
+def _by_value(item: Any) -> Any:
+    if type(item) is torch.Tensor and not item.requires_grad:
+        return by_value(item)
+    if isinstance(item, Mapping):
+        try:
+            return type(item)({key: _by_value(value) for key, value in item.items()})  # type: ignore[call-arg]
+        except TypeError:  # a Mapping that cannot be made from a dict: as default_collate, a dict
+            return {key: _by_value(value) for key, value in item.items()}
+    if isinstance(item, tuple) and hasattr(item, "_fields"):  # a namedtuple
+        return type(item)(*(_by_value(value) for value in item))
+    if type(item) in (list, tuple):
+        return type(item)(_by_value(value) for value in item)
+    return item
+
+
+class ReadyFirst:
+    """Mixed in before torch's multiprocessing iterator: pieces out, batches of the samples ready first in.
+    ``_collate`` is the loader's ``collate_fn`` (the workers run ``PieceSamples``)."""
+
+    _collate: Any
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        self._prefetch_factor = loader.prefetch_factor * PIECES  # as many samples ahead as whole batches
+        self._in_order = False  # a piece to a worker with room, handed on as it arrives
+        self._batch_size = loader.batch_size
+        self._pieces: collections.deque[list[int]] = collections.deque()
+        self._ready: list[Any] = []
+        super()._reset(loader, first_iter)  # type: ignore[misc]
+
+    def _next_index(self) -> list[int]:
+        while not self._pieces:
+            batch = list(super()._next_index())  # type: ignore[misc]  # StopIteration: the epoch is dealt
+            size = -(-len(batch) // PIECES)
+            self._pieces.extend(batch[start : start + size] for start in range(0, len(batch), size))
+        return self._pieces.popleft()
+
+    def _next_data(self) -> Any:
+        while len(self._ready) < self._batch_size:
+            try:
+                piece = super()._next_data()  # type: ignore[misc]
+                tracking = self._tracking  # type: ignore[attr-defined]
+                self._ready.extend(piece if tracking is None else tracking.unstamped(piece))
+            except StopIteration:
+                if not self._ready:
+                    raise
+                break
+        samples, self._ready = self._ready[: self._batch_size], self._ready[self._batch_size :]
+        batch = self._collate(samples)
+        if self._pin_memory:  # type: ignore[attr-defined]
+            batch = _utils.pin_memory.pin_memory(batch, self._pin_memory_device)  # type: ignore[attr-defined]
+        return batch
+
+
+@contextlib.contextmanager
+def one_index_queue(loader: Any, shared: bool) -> Iterator[None]:
+    """While torch's iterator starts its workers (``shared``): every worker reads its pieces from one queue
+    (``_OneIndexQueue``), the loader's context put back after."""
+    if not shared:
+        yield
+        return
+    attribute = "_DataLoader__multiprocessing_context"  # torch's setter takes no wrapper: set behind it
+    context = getattr(loader, attribute)
+    setattr(loader, attribute, _OneIndexQueue(context or torch.multiprocessing))
+    try:
+        yield
+    finally:
+        setattr(loader, attribute, context)
+
+
+class _OneIndexQueue:
+    """A multiprocessing context whose ``Queue()`` is one queue for every worker after its first call (torch
+    makes its result queue first): a free worker takes the next piece, so no piece waits in the queue of a
+    worker held by a slow sample. Torch's end of an epoch still works: each worker takes one of the
+    ``None`` put for each, and a persistent worker's restart, which recreates a map-style fetcher, may be
+    taken twice by one worker."""
+
+    def __init__(self, context: Any) -> None:
+        self.context, self.made, self.shared = context, 0, None
+
+    def Queue(self) -> Any:  # (multiprocessing's name)
+        self.made += 1
+        if self.made == 1:
+            return self.context.Queue()
+        if self.shared is None:
+            self.shared = self.context.Queue()
+        return self.shared
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.context, name)
