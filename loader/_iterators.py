@@ -15,8 +15,9 @@ from typing import Any
 from torch.utils.data import _utils
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
+from loader._collated_pieces import PieceSamples, piece_collate
 from loader._dead_workers import forget_segments_of_failed
-from loader._ready_first import PieceSamples, ReadyFirst, one_index_queue
+from loader._ready_first import PIECES, ReadyFirst, one_index_queue
 from loader._ring_collate import ring_collate
 from loader._serving import FileReads, ServingWorkerInit, serving
 from loader._shared_heap import heap_ready_for_fork
@@ -158,9 +159,11 @@ def _with_workers(loader: Any, tracking: Tracking | None, serve: FileReads | Non
     ready_first = getattr(loader, "ready_first", False)
     kind = _ReadyFirstIter if ready_first else _CountingMultiProcessingIter
     iterator = kind.__new__(kind)
-    ring = None if ready_first else ring_collate(loader)
+    ring = ring_collate(loader, PIECES if ready_first else 1)
     if ready_first:
-        iterator._collate, loader.collate_fn = user_collate, PieceSamples()
+        pieces = piece_collate(user_collate)
+        iterator._collate = user_collate if pieces is None else None  # (None: the workers collate)
+        loader.collate_fn = PieceSamples() if pieces is None else pieces
     if ring is not None:
         iterator._batch_ring, loader.collate_fn = ring
         weakref.finalize(iterator, ring[0].close)

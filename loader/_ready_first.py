@@ -6,12 +6,14 @@ run out of work (head-of-line blocking; Lotus measured 5-15% of batch time from 
 batches from the samples that are ready and finishes slow ones in the background. Here each batch of the
 sampler is dealt to the workers in ``PIECES`` pieces through one queue that every worker reads, so a piece
 goes to whichever worker is free, and the main process makes each batch of ``batch_size`` from the samples of
-the pieces in the order they arrive, collated there with the loader's ``collate_fn``. A slow sample holds
-only its piece, whose samples go into a later batch; every sample is still handed out once an epoch, and
-every batch but the epoch's last has ``batch_size`` samples (the last the rest, unless ``drop_last``).
+the pieces in the order they arrive (``_collated_pieces``: collated in the workers and joined, or collated
+there with the loader's own ``collate_fn``). A slow sample holds only its piece, whose samples go into a
+later batch; every sample is still handed out once an epoch, and every batch but the epoch's last has
+``batch_size`` samples (the last the rest, unless ``drop_last``).
 
-The price: the batches' make-up depends on timing (not torch's order), the samples cross from the workers
-uncollated (tensors by value, not through the batch ring), and the main process collates. Off by default.
+The price: the batches' make-up depends on timing (not torch's order), so does which worker prepares a
+sample (a random augmentation drawn in the workers differs from run to run); the pieces do not go through
+the batch ring, and the main process joins them (a copy of each batch) or collates. Off by default.
 Written by hand: torch has no such dispatch, and the peers that have one (MinatoLoader) are not libraries.
 """
 
@@ -19,16 +21,16 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import _utils
 from torch.utils.data.dataloader import _DatasetKind
 
-from loader._ring_collate import by_value
+from loader._collated_pieces import cut, joined, rows
 
-__all__ = ["PIECES", "PieceSamples", "ReadyFirst", "check_ready_first", "one_index_queue"]
+__all__ = ["PIECES", "ReadyFirst", "check_ready_first", "one_index_queue"]
 
 PIECES = 4  # a batch is dealt in this many pieces: a slow sample holds back a quarter of a batch's samples
 
@@ -48,41 +50,20 @@ def check_ready_first(loader: Any, planned: bool) -> None:
         raise ValueError("ready_first=True needs a map-style dataset: an IterableDataset makes its batches")
 
 
-class PieceSamples:
-    """The workers' ``collate_fn`` under ``ready_first``: a piece's samples as they are, each plain tensor
-    in them sent by value (the main process collates the batch they go into)."""
-
-    def __call__(self, samples: list[Any]) -> list[Any]:
-        return [_by_value(sample) for sample in samples]
-
-
-def _by_value(item: Any) -> Any:
-    if type(item) is torch.Tensor and not item.requires_grad:
-        return by_value(item)
-    if isinstance(item, Mapping):
-        try:
-            return type(item)({key: _by_value(value) for key, value in item.items()})  # type: ignore[call-arg]
-        except TypeError:  # a Mapping that cannot be made from a dict: as default_collate, a dict
-            return {key: _by_value(value) for key, value in item.items()}
-    if isinstance(item, tuple) and hasattr(item, "_fields"):  # a namedtuple
-        return type(item)(*(_by_value(value) for value in item))
-    if type(item) in (list, tuple):
-        return type(item)(_by_value(value) for value in item)
-    return item
-
-
 class ReadyFirst:
     """Mixed in before torch's multiprocessing iterator: pieces out, batches of the samples ready first in.
-    ``_collate`` is the loader's ``collate_fn`` (the workers run ``PieceSamples``)."""
+    ``_collate``: None where the workers collate the pieces (``collated_in_workers``), else the loader's
+    ``collate_fn``, for the samples the workers hand on (``PieceSamples``)."""
 
     _collate: Any
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
         self._prefetch_factor = loader.prefetch_factor * PIECES  # as many samples ahead as whole batches
-        self._in_order = False  # a piece to a worker with room, handed on as it arrives
+        self._in_order = False  # a piece handed on as it arrives
         self._batch_size = loader.batch_size
         self._pieces: collections.deque[list[int]] = collections.deque()
-        self._ready: list[Any] = []
+        self._ready: collections.deque[Any] = collections.deque()  # pieces come, not yet in a batch
+        self._ready_rows = 0
         super()._reset(loader, first_iter)  # type: ignore[misc]
 
     def _next_index(self) -> list[int]:
@@ -93,20 +74,39 @@ class ReadyFirst:
         return self._pieces.popleft()
 
     def _next_data(self) -> Any:
-        while len(self._ready) < self._batch_size:
+        while self._ready_rows < self._batch_size:
             try:
                 piece = super()._next_data()  # type: ignore[misc]
-                tracking = self._tracking  # type: ignore[attr-defined]
-                self._ready.extend(piece if tracking is None else tracking.unstamped(piece))
             except StopIteration:
                 if not self._ready:
                     raise
                 break
-        samples, self._ready = self._ready[: self._batch_size], self._ready[self._batch_size :]
-        batch = self._collate(samples)
+            tracking = self._tracking  # type: ignore[attr-defined]
+            piece = piece if tracking is None else tracking.unstamped(piece)
+            self._ready.append(piece)
+            self._ready_rows += len(piece) if self._collate is not None else rows(piece)
+        batch = self._batch_of_ready()
         if self._pin_memory:  # type: ignore[attr-defined]
             batch = _utils.pin_memory.pin_memory(batch, self._pin_memory_device)  # type: ignore[attr-defined]
         return batch
+
+    def _batch_of_ready(self) -> Any:
+        """``batch_size`` samples (or the epoch's rest) of the pieces come, in the order they came; a piece
+        with more than the batch's room is cut, its rest the next batch's first."""
+        samples = self._collate is not None
+        parts, room = [], self._batch_size
+        while room and self._ready:
+            piece = self._ready.popleft()
+            size = len(piece) if samples else rows(piece)
+            if size > room:
+                self._ready.appendleft(piece[room:] if samples else cut(piece, room, size))
+                piece, size = (piece[:room] if samples else cut(piece, 0, room)), room
+            parts.append(piece)
+            room -= size
+        self._ready_rows -= self._batch_size - room
+        if samples:
+            return self._collate([sample for part in parts for sample in part])
+        return joined(parts)
 
 
 @contextlib.contextmanager

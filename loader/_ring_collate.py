@@ -25,6 +25,7 @@ from loader._batch_ring import SLOT_BYTES, BatchRing, handed
 __all__ = ["MIN_TENSOR_BYTES", "RingCollate", "ring_collate"]
 
 MIN_TENSOR_BYTES = 256 << 10  # smaller tensors go by value: a copy through the pipe costs less than a segment
+PIECE_MIN_BYTES = 16 << 10  # a piece's smaller tensors go by value: one short message
 SLOTS_BEYOND_PREFETCH = 2  # the batch the loop holds, and the one before it that autograd may still hold
 _ALIGN = 64
 
@@ -32,8 +33,8 @@ _ALIGN = 64
 class _Stacking:
     """One batch's stacking in a worker: the slot it took (if any) and the tensors it put there."""
 
-    def __init__(self, ring: BatchRing, worker: int) -> None:
-        self.ring, self.worker = ring, worker
+    def __init__(self, ring: BatchRing, worker: int, min_bytes: int) -> None:
+        self.ring, self.worker, self.min_bytes = ring, worker, min_bytes
         self.slot: int | None = None
         self.used = 0  # bytes of the slot this batch's tensors take
 
@@ -43,7 +44,7 @@ class _Stacking:
             return collate_tensor_fn(batch)
         shape = (len(batch), *elem.shape)
         nbytes = elem.element_size() * elem.numel() * len(batch)
-        if nbytes < MIN_TENSOR_BYTES:  # stacked into the first sample's dtype, as torch's collate does
+        if nbytes < self.min_bytes:  # stacked into the first sample's dtype, as torch's collate does
             return by_value(torch.stack(batch, 0, out=torch.empty(shape, dtype=elem.dtype)))
         if self.slot is None:
             self.slot = self.ring.take(self.worker)
@@ -116,16 +117,17 @@ class _RingTensor(torch.Tensor):
 
 
 class RingCollate:
-    """``default_collate`` in a worker, stacking large tensors into ``ring``'s slots; as is elsewhere."""
+    """``default_collate`` in a worker, stacking tensors of ``min_bytes`` or more into ``ring``'s slots; as
+    is elsewhere."""
 
-    def __init__(self, ring: BatchRing) -> None:
-        self.ring = ring
+    def __init__(self, ring: BatchRing, min_bytes: int = MIN_TENSOR_BYTES) -> None:
+        self.ring, self.min_bytes = ring, min_bytes
 
     def __call__(self, samples: Any) -> Any:
         info = get_worker_info()
         if info is None or default_collate_fn_map.get(torch.Tensor) is not collate_tensor_fn:
             return default_collate(samples)  # not in a worker, or the user set torch's map's tensor entry
-        stacking = _Stacking(self.ring, info.id)
+        stacking = _Stacking(self.ring, info.id, self.min_bytes)
         fns: dict[Any, Callable] = {kind: _sent_by_value(fn) for kind, fn in default_collate_fn_map.items()}
         fns[torch.Tensor] = lambda batch, *, collate_fn_map: stacking.stack(batch)
         try:
@@ -147,10 +149,12 @@ def _sent_by_value(fn: Callable) -> Callable:
     return collate_and_mark
 
 
-def ring_collate(loader: Any) -> tuple[BatchRing, Any] | None:
+def ring_collate(loader: Any, pieces: int = 1) -> tuple[BatchRing, Any] | None:
     """A ring for ``loader``'s workers and its ``collate_fn`` with torch's ``default_collate`` (itself, or
     inside our timed collate) stacking into it; None where the workers are not forked or the collate is
-    the user's own."""
+    the user's own. ``pieces``: each batch is collated in that many pieces (``ready_first``), each its own
+    slot, and tensors of ``PIECE_MIN_BYTES`` already go into the ring: a piece by value whose message
+    outgrows the pipe's 64 kB waits on the main process to read it (a piece of 98 kB took ~3 reads)."""
     from loader.collate import TimedCollate
 
     context = loader.multiprocessing_context
@@ -164,10 +168,10 @@ def ring_collate(loader: Any) -> tuple[BatchRing, Any] | None:
     if method != "fork" or inner is not default_collate:
         return None
     try:
-        ring = BatchRing(loader.num_workers, (loader.prefetch_factor or 2) + SLOTS_BEYOND_PREFETCH)
+        ring = BatchRing(loader.num_workers, (loader.prefetch_factor or 2) * pieces + SLOTS_BEYOND_PREFETCH)
     except OSError:  # no address space for it (a strict overcommit, a ulimit): torch's path
         return None
-    stacking = RingCollate(ring)
+    stacking = RingCollate(ring, MIN_TENSOR_BYTES if pieces == 1 else PIECE_MIN_BYTES)
     if isinstance(collate_fn, TimedCollate):
         return ring, TimedCollate(stacking, collate_fn.board, collate_fn.batched)
     return ring, stacking

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, Dataset, IterableDataset, SequentialSampler
+from torch.utils.data import BatchSampler, Dataset, IterableDataset, SequentialSampler, default_collate
 
 import loader
 
@@ -214,3 +215,46 @@ def test_a_killed_worker_ends_the_epoch_with_torch_s_error_and_leaves_nothing_in
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     left = [name for name in os.listdir("/dev/shm") if name.startswith(tuple(f"torch_{p}_" for p in pids))]
     assert not left
+
+
+Point = collections.namedtuple("Point", ["x", "y"])
+
+
+class Mixed(Dataset):
+    """Each kind ``default_collate`` makes: tensors (small and past the pieces' by-value size), numbers,
+    strings, a namedtuple, a tuple of fields."""
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> dict:
+        return {
+            "i": i,
+            "small": torch.full((2,), i),
+            "large": torch.full((64, 64), float(i)),
+            "name": f"sample-{i}",
+            "point": Point(i, float(i) / 2),
+            "pair": (i, str(i)),
+        }
+
+
+def same(a, b) -> bool:
+    """Whole values equal: tensors by dtype, shape and every element; containers by type and content."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return type(a) is type(b) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("batch_size", [BATCH, 30])  # pieces of 4, or of 8 8 8 6: some batches join a cut
+def test_each_batch_is_default_collate_of_its_samples(batch_size):
+    ds = Mixed()
+    dl = loader.DataLoader(ds, batch_size=batch_size, num_workers=2, shuffle=True, ready_first=True)
+    batches = list(dl)
+    for batch in batches:
+        assert same(batch, default_collate([ds[int(i)] for i in batch["i"]]))
+    assert sorted(int(i) for b in batches for i in b["i"]) == list(range(N))
