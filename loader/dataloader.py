@@ -225,6 +225,7 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         stores = self._files.files.infos() if self._files is not None else []
         stores += [store.info() for store in self._opened.stores]
         totals = self._board.totals(stores, self._opened.sizing, self._opened.form_now)
+        totals = dataclasses.replace(totals, ready_first=self.ready_first)
         if self._coordinated is not None:
             totals = dataclasses.replace(totals, coordination=self._coordinated.member.stats())
         if self._partition is not None:

@@ -67,6 +67,7 @@ class LoaderStats:
     cache_form: str = ""  # "raw", "prepared" or "mixed": what the cache holds ("" without a cache)
     cache_form_reason: str = ""  # why, with the measured numbers
     cache_form_epochs: dict[str, float] = dataclasses.field(default_factory=dict)  # the seconds weighed
+    ready_first: bool = False  # batches made of the samples ready first (``DataLoader(ready_first=True)``)
     coordination: CoordinationStats | None = None
     partition: dict[str, float] | None = None
 

@@ -153,6 +153,30 @@ def test_the_slow_rank_how_to_runs_as_written_and_names_the_rank_that_holds_the_
     assert "<- slowest" in done.stdout and "rank 1's data holds the others: they wait" in done.stdout
 
 
+def test_the_slow_samples_how_to_runs_as_written_and_names_ready_first(tmp_path):
+    """The how-to's two commands: torch's loader, whose few slow batches make most of the wait, is told of
+    ``ready_first=True``; ours with it on is told what is left is the slow samples' own prep."""
+    page = (REPO / "docs" / "how-to" / "slow-samples.md").read_text()
+    block = re.search(r"## See it.*?```bash\n(.*?)```", page, flags=re.S)[1]
+    make_jpeg_folder(tmp_path / "my-images", num_images=10, record_bytes=6000, width=64, height=48)
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    reports = []
+    for line in block.strip().splitlines():
+        argv = [sys.executable if a == "python" else a for a in shlex.split(line)]
+        argv = [sys.executable, "-m", "stallbench", argv[1], "--json", "r.json", *argv[2:]]
+        done = subprocess.run(argv, cwd=tmp_path, env=env, text=True, capture_output=True, timeout=300)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        reports.append((json.loads((tmp_path / "r.json").read_text())["loaders"][0], done.stdout))
+    (torch_report, torch_text), (ours, ours_text) = reports
+    assert torch_report["slow_batches"] > 0 and torch_report["slow_batches_wait_share"] >= 0.5, torch_text
+    assert "which loader.DataLoader with ready_first=True keeps them from" in " ".join(torch_text.split())
+    assert "slow batches (4x p50)" in torch_text
+    words = " ".join(ours_text.split())
+    assert "ready_first=True keeps" not in words
+    assert "with ready_first=True on" in words or ours["slow_batches_wait_share"] < 0.5, ours_text
+
+
 def _left_by(pid: int) -> list[str]:
     """What stallbench process ``pid`` could leave: its cgroups, scratch folders, caches in /dev/shm."""
     places = [

@@ -80,3 +80,12 @@ def test_the_staged_transform_example_prepares_once_and_augments_each_time():
     prepared = transform.prepare(buf.getvalue())
     assert is_staged(transform) and transform.identity == "grey decode v1"
     assert prepared.shape == (6, 8) and transform(buf.getvalue()).tolist() == [[90] * 8] * 6
+
+
+@pytest.mark.multiproc
+def test_the_slow_samples_example_gives_every_sample_once_an_epoch():
+    (block,) = python_blocks(DOCS / "how-to" / "slow-samples.md")
+    namespace: dict = {}
+    exec(compile(block, "slow-samples.md", "exec"), namespace)
+    assert namespace["seen"] == sorted(i % 10 for i in range(512))
+    assert namespace["train"].ready_first and namespace["train"].stats().ready_first

@@ -106,7 +106,7 @@ def test_the_cache_advice_written_into_the_script_reads_through_the_cache(
     """The arguments stallbench's advice gives this script (its Dataset opens each JPEG itself), written in
     as a user would: one import changed and the two arguments added. Its reads go through the cache."""
     from loader import CachedFiles
-    from stallbench.analysis.advice import cache_arguments
+    from stallbench.analysis.arguments import cache_arguments
     from stallbench.analysis.results import Workload
 
     sizes = dict(dataset_bytes=1 << 22, record_bytes=1 << 22, samples=200, batch_size=32, workers=2, epochs=2)

@@ -174,3 +174,12 @@ def test_a_few_slow_batches_show_in_the_waits_tail():
     b = breakdown({"ingestion": _run("ingestion", 5.0, 2.0), "prep": _run("prep", 7.0, 3.0), "cold": cold})
     assert b.batch_wait_p50_seconds == pytest.approx(0.001) and b.batch_wait_max_seconds == 0.2
     assert b.batch_wait_p99_seconds > 10 * b.batch_wait_p90_seconds
+    assert b.slow_batches == 2 and b.slow_batches_excess_seconds == pytest.approx(2 * 0.199)
+    assert b.slow_batches_wait_share == pytest.approx(0.398 / (98 * 0.001 + 0.4))
+
+
+def test_a_wait_of_microseconds_has_no_slow_batches():
+    """4x a median of 10 us is 40 us: under a millisecond, no toll worth naming."""
+    cold = replace(_run("cold", 9.0, 5.0), timeline=((3.0, 0.1), *[(1e-5, 0.01)] * 98, *[(5e-4, 0.01)] * 2))
+    b = breakdown({"ingestion": _run("ingestion", 5.0, 2.0), "prep": _run("prep", 7.0, 3.0), "cold": cold})
+    assert (b.slow_batches, b.slow_batches_excess_seconds, b.slow_batches_wait_share) == (0, 0.0, 0.0)

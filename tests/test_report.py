@@ -293,7 +293,7 @@ def _roundtrip(obj: dict) -> dict:
 def test_json_round_trip_holds_the_schema(pair):
     obj = _roundtrip(report_to_json(pair))
     validate_report_json(obj)
-    assert obj["schema"] == SCHEMA == "stallbench.report/6"
+    assert obj["schema"] == SCHEMA == "stallbench.report/7"
     assert [entry["loader"] for entry in obj["loaders"]] == ["torch", "cached"]
     torch, cached = obj["loaders"]
     assert torch["fetch_stall_seconds"] == 8.0 and torch["fetch_stall_percent"] == pytest.approx(52.459, 1e-3)
@@ -360,7 +360,7 @@ def _set(obj: dict, path: tuple, value=None, delete: bool = False) -> dict:
         (("loaders", 0, "runs", 2, "stage_seconds", "fetch"), "1", False, "stage_seconds.fetch"),
         (("loaders", 1, "predictions"), {}, False, "loaders[1].predictions must be list"),
         (("ratios_to_baseline", "cached", "storage_bytes"), [], False, "cached.storage_bytes"),
-        (("schema",), "stallbench.report/1", False, "schema must be 'stallbench.report/6'"),
+        (("schema",), "stallbench.report/1", False, "schema must be 'stallbench.report/7'"),
         (("loaders", 0, "record_bytes"), None, True, "loaders[0].record_bytes is missing"),
         (("workload", "record_bytes"), 1.5, False, "workload.record_bytes must be integer"),
         (("loaders", 1, "roofline", "bound_ratio"), None, True, "loaders[1].roofline.bound_ratio is missing"),

@@ -268,6 +268,33 @@ def test_advice_for_a_prep_stall_names_a_worker_count_and_the_decode_rate():
     )
 
 
+SLOW_TORCH = (
+    "; 3 slow batches (4x the median wait) make 80% of the wait: a few slow samples hold their batches, "
+    "which loader.DataLoader with ready_first=True keeps them from"
+)
+SLOW_CACHED = "make 60% of the wait: a few slow samples hold their batches, which ready_first=True"
+
+
+@pytest.mark.parametrize(
+    ("loader", "share", "said"),
+    [("torch", 0.8, SLOW_TORCH), ("cached", 0.6, SLOW_CACHED), ("torch", 0.4, None)],
+)
+def test_advice_names_ready_first_where_a_few_slow_batches_make_most_of_the_stall(loader, share, said):
+    m = measured(loader=loader, rate=500.0, t1=60.0, t2=110.0, prep_stall=50.0, storage=10e9)
+    slow = {"slow_batches": 3, "slow_batches_excess_seconds": 40.0, "slow_batches_wait_share": share}
+    m = dataclasses.replace(m, breakdown=dataclasses.replace(m.breakdown, **slow))
+    text = advise(m, what_if(m))
+    assert text.startswith("prep stall is 45% of the epoch")
+    assert (said in text) if said else ("ready_first" not in text)
+    on = dataclasses.replace(m, ready_first=True)  # the loader had it on: what is left is their own prep
+    assert (
+        "with ready_first=True on: the slow samples' own prep is what is left" in advise(on, what_if(on))
+    ) == (said is not None)
+    quiet = measured(t1=100.0, t2=105.0, prep_stall=2.0)  # no stall worth acting on: nothing to say of it
+    quiet = dataclasses.replace(quiet, breakdown=dataclasses.replace(quiet.breakdown, **slow))
+    assert "ready_first" not in advise(quiet, what_if(quiet))
+
+
 def test_advice_without_a_stall_worth_acting_on():
     m = measured(t1=100.0, t2=105.0, prep_stall=2.0)
     assert advise(m, what_if(m)) == "no stall worth acting on: the epoch is compute-bound (stalls 5%)"

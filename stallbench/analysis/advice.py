@@ -9,18 +9,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stallbench.analysis.arguments import FORM_ARGUMENT, cache_arguments, form_argument
 from stallbench.analysis.hits import cache_budget
-from stallbench.analysis.results import FormPrediction, Prediction, Workload
+from stallbench.analysis.results import FormPrediction, Prediction
+from stallbench.analysis.slow_samples import slow_samples_said
 from stallbench.analysis.whatif import Measured, predict, roofline
 from stallbench.conditions.sizes import format_bytes
 from stallbench.jobs.kinds import CACHED, KINDS
 
-__all__ = ["Advised", "advise", "advised", "cache_arguments", "form_argument"]
+__all__ = ["Advised", "advise", "advised"]
 
 ACT_ON = 10.0  # a stall under this % of the epoch is not worth acting on
 MIN_GAIN = 0.02  # an action must cut the epoch by at least this fraction to be advised
 FORM_GAIN = 0.10  # a form of record must cut the weighed epoch by this much (the loader's own margin)
-FORM_ARGUMENT = {"raw": "raw", "prepared": "prepared", "mixed": "auto"}  # a mix is only weighed, not forced
 
 
 @dataclass(frozen=True)
@@ -57,16 +58,6 @@ def _fetch_action(m: Measured, predictions: tuple[Prediction, ...]) -> tuple[Pre
     return best, what if KINDS[m.loader].cached else what + format_bytes(best.cache_bytes), m.loader
 
 
-def cache_arguments(cache: int, workload: Workload) -> str:
-    """The arguments as a script writes them (``cache_bytes=344_064_000``, its size beside it), with
-    ``cache_files=`` the data's folders where the command's Dataset opens its own files."""
-    said = f"cache_bytes={cache:_} ({format_bytes(cache)})"
-    if workload.opens_own_files:
-        roots = workload.data.split(",")
-        said += f", cache_files={roots[0]!r}" if len(roots) == 1 else f", cache_files={roots!r}"
-    return said
-
-
 def _prep_action(m: Measured, predictions: tuple[Prediction, ...]) -> Prediction | None:
     """The fewest workers that give the fastest epoch, if that is worth it."""
     worth = (1.0 - MIN_GAIN) * m.breakdown.epoch_seconds
@@ -84,12 +75,6 @@ def _form_action(forms: tuple[FormPrediction, ...], workers: Prediction | None) 
     if best.epoch_seconds >= (1.0 - FORM_GAIN) * held.epoch_seconds:
         return None
     return best if workers is None or best.epoch_seconds < workers.epoch_seconds else None
-
-
-def form_argument(form: FormPrediction) -> str:
-    """The argument that holds ``form`` (a mix is held by ``"auto"``, which weighs the split itself)."""
-    said = f"cache_form={FORM_ARGUMENT[form.form]!r}"
-    return said + " (a mix of prepared and raw records)" if form.form == "mixed" else said
 
 
 def _dominant(m: Measured, prep: float, fetch: float) -> str:
@@ -172,8 +157,13 @@ def _no_stall(m: Measured, stalls: float, form: FormPrediction | None) -> str:
 
 def advise(m: Measured, predictions: tuple[Prediction, ...], forms: tuple[FormPrediction, ...] = ()) -> str:
     """One line: the stall that bounds the epoch and the action that cuts it, with numbers; ``forms``: the
-    what-if of our cache's forms of record, where it weighed them."""
+    what-if of our cache's forms of record, where it weighed them. Where a few slow batches make most of a
+    stall worth acting on, it says so and names the setting that keeps slow samples from holding batches."""
     c = _choose(m, predictions, forms)
+    return _stall_advice(m, c) + ("" if c.stall == "none" else slow_samples_said(m))
+
+
+def _stall_advice(m: Measured, c: _Choice) -> str:
     prep, fetch = c.prep, c.fetch
     if c.stall == "none":
         return _no_stall(m, prep + fetch, c.form)

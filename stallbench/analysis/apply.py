@@ -13,6 +13,7 @@ from statistics import fmean
 from typing import IO
 
 from stallbench.analysis import advice, whatif
+from stallbench.analysis.arguments import cache_arguments
 from stallbench.analysis.results import LoaderReport, steady
 from stallbench.analysis.training import train_epochs
 from stallbench.analysis.user_analysis import UserJob, run_once
@@ -88,5 +89,5 @@ def _said(chosen: advice.Advised, report: LoaderReport, cache: int | None) -> st
     if chosen.cache_form is not None:
         return f"{where}, {KINDS[CACHED].label} with cache_form={chosen.cache_form!r}"
     if KINDS[chosen.loader].cached:
-        where += f", {KINDS[CACHED].label} with {advice.cache_arguments(cache, report.workload)}"
+        where += f", {KINDS[CACHED].label} with {cache_arguments(cache, report.workload)}"
     return where

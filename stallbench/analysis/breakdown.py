@@ -21,7 +21,8 @@ run's spread); NaN, unknown, with a single steady epoch. A difference smaller th
 (:func:`within_noise`).
 
 Beside the parts, how the wait spreads over the batches (p50, p90, p99, max of the cold run's last epoch):
-a wait that is all in a few batches is a few slow samples, not a slow pipeline.
+a wait that is all in a few batches is a few slow samples, not a slow pipeline; the slow batches (4x the
+median or more) are counted, with what they waited beyond the median and its share of the epoch's wait.
 
 ``T1`` and the warm epoch ``T3`` (with its wait for the first batch) are kept beside the parts, and so are
 the CPU the step took alone (the ingestion run's) and the CPU prep took (the warm run's beyond it), each per
@@ -38,6 +39,7 @@ from statistics import fmean
 import numpy as np
 
 from stallbench.analysis.results import Breakdown, EpochRecord, RunRecord, steady
+from stallbench.analysis.slow_samples import slow_batches
 
 __all__ = ["READ_NOTHING_BYTES", "breakdown", "within_noise"]
 
@@ -151,7 +153,8 @@ def _beyond(
 
 def _wait_spread(timeline: Sequence[tuple[float, float]]) -> dict[str, float]:
     """The batch wait's p50, p90, p99 and max over a run's last epoch, its first batch (workers starting)
-    left out: a few slow samples show as a p99 or max far above the p50."""
+    left out: a few slow samples show as a p99 or max far above the p50, and as slow batches
+    (``slow_samples``)."""
     waits = np.array([wait for wait, _ in timeline[1:]], dtype=float)
     if not len(waits):
         return {}
@@ -161,6 +164,7 @@ def _wait_spread(timeline: Sequence[tuple[float, float]]) -> dict[str, float]:
         "batch_wait_p90_seconds": float(p90),
         "batch_wait_p99_seconds": float(p99),
         "batch_wait_max_seconds": float(waits.max()),
+        **slow_batches(waits, float(p50)),
     }
 
 

@@ -30,7 +30,7 @@ __all__ = [
     "Workload",
 ]
 
-SCHEMA = "stallbench.report/6"
+SCHEMA = "stallbench.report/7"
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,7 @@ class RunRecord:
     other_load_cores: float = 0.0  # cores other work on the machine kept busy during the run, on average
     cache_form: str = ""  # our loader: the form of record its cache held (``stats().cache_form``)
     cache_form_epochs: dict[str, float] = field(default_factory=dict)  # and the epoch it weighed per form
+    ready_first: bool = False  # our loader: batches made of the samples ready first
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,11 @@ class Breakdown:
     batch_wait_p90_seconds: float = math.nan
     batch_wait_p99_seconds: float = math.nan
     batch_wait_max_seconds: float = math.nan
+    # of those, the batches that waited SLOW_BATCH times the median or more: how many, and what they waited
+    # beyond the median, in seconds and as a share of all that epoch's wait (a few slow samples' toll)
+    slow_batches: int = 0
+    slow_batches_excess_seconds: float = 0.0
+    slow_batches_wait_share: float = 0.0
 
     @property
     def transition_seconds(self) -> float:

@@ -11,7 +11,7 @@ from statistics import fmean
 
 from stallbench.analysis.results import EpochRecord, OtherLoader, RunRecord, steady
 from stallbench.jobs.command import CommandRun
-from stallbench.jobs.spec import CACHE_FORM_FIELDS, LoaderEpoch
+from stallbench.jobs.spec import SETTING_FIELDS, LoaderEpoch
 
 __all__ = [
     "NoTrainingLoader",
@@ -90,7 +90,7 @@ def run_record(
 ) -> RunRecord:
     """One run of the training loader from its complete ``epochs`` (in order): each epoch's figures, the
     stage times of the steady epochs where the loader times them, the last epoch's timeline and the form of
-    record our cache held."""
+    record our cache held and whether batches were made of the samples ready first."""
     records = tuple(EpochRecord(**{k: getattr(r, k) for k in _EPOCH_FIELDS}) for r in epochs)
     last = epochs[-1].stats
     stages = {
@@ -99,8 +99,8 @@ def run_record(
         if k in last
     }
     timeline = tuple((float(w), float(s)) for w, s in epochs[-1].timeline)
-    forms = {k: last[k] for k in CACHE_FORM_FIELDS if k in last}
-    return RunRecord(phase, records, condition, stages, timeline, other_load_cores, **forms)
+    settings = {k: last[k] for k in SETTING_FIELDS if k in last}
+    return RunRecord(phase, records, condition, stages, timeline, other_load_cores, **settings)
 
 
 def rank_runs(runs: Mapping[str, CommandRun], cold: str) -> dict[int, dict[str, RunRecord]]:

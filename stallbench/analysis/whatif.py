@@ -68,6 +68,7 @@ class Measured:
     loader: Loader
     storage_bytes: int | None = None  # measured per steady epoch (kernel count); None: use the model alone
     cpu_seconds: float | None = None  # measured per steady epoch, the job and its workers; None: not known
+    ready_first: bool = False  # the loader made batches of the samples ready first
 
     def __post_init__(self) -> None:
         check_kind(self.loader)

@@ -24,7 +24,7 @@ from stallbench.jobs.kinds import SWAPPABLE, check_kind
 
 __all__ = [
     "AS_IS",
-    "CACHE_FORM_FIELDS",
+    "SETTING_FIELDS",
     "GENERATED_STATS",
     "JOB_ENV",
     "RECORDS_GLOB",
@@ -41,7 +41,8 @@ JOB_ENV = "STALLBENCH_JOB"  # the path of the JobSpec's JSON file
 GENERATED_STATS = "stallbench_stats"  # on a generated job's torch loader: its stage counters (``kinds``)
 RECORDS_GLOB = "records-*.jsonl"
 AS_IS = "as-is"  # a run of the user's command that leaves its loader classes alone
-CACHE_FORM_FIELDS = ("cache_form", "cache_form_epochs")  # our loader's stats() a run hands back as they are
+# our loader's stats() a run hands back as they are: how its cache held records, how it made batches
+SETTING_FIELDS = ("cache_form", "cache_form_epochs", "ready_first")
 TRANSFORMS = ("train", "eval", "none")
 CACHE_FORMS = ("auto", "raw", "prepared")  # loader.DataLoader's cache_form, named without importing torch
 PACKINGS = ("ffd", "spfhp", "nextfit")  # loader.packing's algorithms, named here without importing torch

@@ -138,6 +138,18 @@ def _wait_spread(r: LoaderReport) -> str:
     return " / ".join(f"{1000 * v:.1f}" for v in values) + " ms"
 
 
+def _slow_batches(r: LoaderReport) -> str:
+    """How many batches waited 4x the median or more, and what they waited beyond it: a few slow samples'
+    toll, in seconds and as a share of the epoch's wait."""
+    b = r.breakdown
+    if not finite(b.batch_wait_p50_seconds):
+        return "-"
+    if not b.slow_batches:
+        return "none"
+    toll = f"+{sec(b.slow_batches_excess_seconds)}, {pct(b.slow_batches_wait_share)} of the wait"
+    return f"{b.slow_batches} ({toll})"
+
+
 def _storage(r: LoaderReport) -> float:
     return r.storage_bytes
 
@@ -159,6 +171,7 @@ def epoch_rows(reports: Sequence[LoaderReport]) -> Spec:
         ("warm-up (apart)", lambda r: sec(r.breakdown.warmup_seconds), None),
         *warmup_rows(reports),
         ("wait p50/p90/p99/max", _wait_spread, None),
+        ("  slow batches (4x p50)", _slow_batches, None),
         ("storage read", lambda r: format_bytes(r.storage_bytes), _change(_storage)),
         (
             "  of the dataset",
