@@ -11,6 +11,7 @@ collate but not its inverse.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_
 
 from loader._ring_collate import MIN_TENSOR_BYTES, _sent_by_value, by_value
 
-__all__ = ["PieceSamples", "cut", "joined", "piece_collate", "rows"]
+__all__ = ["PieceSamples", "cut", "joined", "piece_collate", "rows", "samples_apart"]
 
 
 def piece_collate(collate_fn: Any) -> Any | None:
@@ -33,6 +34,17 @@ def piece_collate(collate_fn: Any) -> Any | None:
     if (collate_fn.collate_fn if timed else collate_fn) is not default_collate:
         return None
     return TimedCollate(_collate_piece, collate_fn.board, collate_fn.batched) if timed else _collate_piece
+
+
+def samples_apart(collate_fn: Any) -> tuple[Any, Any]:
+    """For the user's own ``collate_fn``: the workers' (the samples handed on, ``PieceSamples``, timed and
+    counted into the loader's stats where the loader times its collate) and the main process's (the
+    user's own)."""
+    from loader.collate import TimedCollate
+
+    if isinstance(collate_fn, TimedCollate):
+        return TimedCollate(PieceSamples(), collate_fn.board, collate_fn.batched), collate_fn.collate_fn
+    return PieceSamples(), collate_fn
 
 
 def _collate_piece(samples: list[Any]) -> Any:
@@ -52,14 +64,24 @@ def _stacked(batch: list[torch.Tensor], *, collate_fn_map: dict) -> torch.Tensor
 
 
 def rows(piece: Any) -> int:
-    """How many samples a collated piece holds."""
+    """How many samples a collated piece holds: the first dimension of its first leaf that has one."""
+    found = _rows(piece)
+    if found is None:
+        raise ValueError(
+            f"a collated piece of {type(piece).__name__} has no tensor or string to count rows by"
+        )
+    return found
+
+
+def _rows(piece: Any) -> int | None:
     if isinstance(piece, torch.Tensor):
-        return piece.shape[0]
-    if isinstance(piece, Mapping):
-        return rows(next(iter(piece.values())))
+        return piece.shape[0] if piece.dim() else None
     if _strings(piece):
         return len(piece)
-    return rows(piece[0])
+    parts = (
+        piece.values() if isinstance(piece, Mapping) else piece if isinstance(piece, (list, tuple)) else ()
+    )
+    return next((n for n in map(_rows, parts) if n is not None), None)
 
 
 def cut(piece: Any, start: int, stop: int) -> Any:
@@ -78,6 +100,8 @@ def joined(pieces: Sequence[Any]) -> Any:
         return _like(first, {key: joined([p[key] for p in pieces]) for key in first})
     if _strings(first):
         return type(first)(s for p in pieces for s in p)
+    if any(len(p) != len(first) for p in pieces):
+        raise RuntimeError("each element in list of batch should be of equal size")  # torch's words
     fields = [joined([p[i] for p in pieces]) for i in range(len(first))]
     return type(first)(*fields) if hasattr(first, "_fields") else type(first)(fields)
 
@@ -113,15 +137,18 @@ def _each(piece: Any, inner: Callable[[Any], Any], leaf: Callable[[Any], Any]) -
 
 def _strings(piece: Any) -> bool:
     """Whether ``piece`` is collated strings: a list of them (a batch of strings), or a tuple (a field of a
-    batch of tuples, as ``zip`` made it)."""
-    return type(piece) in (list, tuple) and all(isinstance(s, (str, bytes)) for s in piece)
+    batch of tuples, as ``zip`` made it); an empty list is a field of no fields, not strings."""
+    return type(piece) in (list, tuple) and bool(piece) and all(isinstance(s, (str, bytes)) for s in piece)
 
 
 def _like(mapping: Mapping, values: dict) -> Any:
-    """``values`` in ``mapping``'s type where it can be made from a dict, as ``default_collate`` keeps it."""
+    """``values`` in a copy of ``mapping`` (its type and state: a ``defaultdict``'s factory), as
+    ``default_collate`` keeps a mapping; a plain dict where it cannot be copied and updated."""
     try:
-        return type(mapping)(values)  # type: ignore[call-arg]
-    except TypeError:
+        like = copy.copy(mapping)
+        like.update(values)  # type: ignore[attr-defined]
+        return like
+    except (TypeError, AttributeError):
         return values
 
 

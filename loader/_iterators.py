@@ -15,7 +15,7 @@ from typing import Any
 from torch.utils.data import _utils
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 
-from loader._collated_pieces import PieceSamples, piece_collate
+from loader._collated_pieces import piece_collate, samples_apart
 from loader._dead_workers import forget_segments_of_failed
 from loader._ready_first import PIECES, ReadyFirst, one_index_queue
 from loader._ring_collate import ring_collate
@@ -160,10 +160,11 @@ def _with_workers(loader: Any, tracking: Tracking | None, serve: FileReads | Non
     kind = _ReadyFirstIter if ready_first else _CountingMultiProcessingIter
     iterator = kind.__new__(kind)
     ring = ring_collate(loader, PIECES if ready_first else 1)
-    if ready_first:
+    if ready_first:  # the main process's collate None: it joins the pieces the workers collated
         pieces = piece_collate(user_collate)
-        iterator._collate = user_collate if pieces is None else None  # (None: the workers collate)
-        loader.collate_fn = PieceSamples() if pieces is None else pieces
+        loader.collate_fn, iterator._collate = (
+            samples_apart(user_collate) if pieces is None else (pieces, None)
+        )
     if ring is not None:
         iterator._batch_ring, loader.collate_fn = ring
         weakref.finalize(iterator, ring[0].close)

@@ -29,6 +29,8 @@ from torch.utils.data import _utils
 from torch.utils.data.dataloader import _DatasetKind
 
 from loader._collated_pieces import cut, joined, rows
+from loader._dead_workers import forget_segments_of_failed
+from loader.datasets import SKIPPED
 
 __all__ = ["PIECES", "ReadyFirst", "check_ready_first", "one_index_queue"]
 
@@ -58,6 +60,8 @@ class ReadyFirst:
     _collate: Any
 
     def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        if not first_iter:
+            self._drain()
         self._prefetch_factor = loader.prefetch_factor * PIECES  # as many samples ahead as whole batches
         self._in_order = False  # a piece handed on as it arrives
         self._batch_size = loader.batch_size
@@ -65,6 +69,25 @@ class ReadyFirst:
         self._ready: collections.deque[Any] = collections.deque()  # pieces come, not yet in a batch
         self._ready_rows = 0
         super()._reset(loader, first_iter)  # type: ignore[misc]
+
+    def _drain(self) -> None:
+        """Receive and drop the pieces of an epoch left before its end (a loop's ``break``), before torch
+        restarts persistent workers: with one index queue, a worker may take every worker's restart while
+        another still makes an old piece, which would come in the new epoch (torch's queue per worker keeps
+        each worker's old pieces before its restart)."""
+        while self._tasks_outstanding > 0:  # type: ignore[has-type]
+            self._get_data()  # type: ignore[attr-defined]
+            self._tasks_outstanding -= 1
+
+    def _mark_worker_as_unavailable(self, worker_id: int, shutdown: bool = False) -> None:
+        """Torch's, but a worker found dead is only marked: torch also puts ``None`` in its index queue, to
+        end a worker whose IterableDataset ran out, and in the one queue every worker reads a live worker
+        would take it and fail."""
+        if shutdown:
+            super()._mark_worker_as_unavailable(worker_id, shutdown)  # type: ignore[misc]
+            return
+        self._workers_status[worker_id] = False  # type: ignore[attr-defined]
+        forget_segments_of_failed([self._workers[worker_id]])  # type: ignore[attr-defined]
 
     def _next_index(self) -> list[int]:
         while not self._pieces:
@@ -83,6 +106,8 @@ class ReadyFirst:
                 break
             tracking = self._tracking  # type: ignore[attr-defined]
             piece = piece if tracking is None else tracking.unstamped(piece)
+            if piece is SKIPPED:  # every record of the piece bad and skipped (``on_error="skip"``)
+                continue
             self._ready.append(piece)
             self._ready_rows += len(piece) if self._collate is not None else rows(piece)
         batch = self._batch_of_ready()

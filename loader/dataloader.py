@@ -136,9 +136,9 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
             in_order=in_order,
         )
         self._board = board
-        self.ready_first = ready_first is True
-        if ready_first not in (True, False):
+        if not isinstance(ready_first, bool):
             raise ValueError(f"ready_first must be True or False, got {ready_first!r}")
+        self.ready_first = ready_first
         if self.ready_first:
             check_ready_first(self, coordination is not None or opened.partition is not None)
         drawn_again = self._resumable_kind  # a map-style order; an IterableDataset's comes from the dataset

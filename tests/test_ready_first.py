@@ -126,6 +126,7 @@ class Endless(IterableDataset):
         ),
         ({"coordinate": True}, "coordinate= or partition_cache="),
         ({"ready_first": "yes"}, "ready_first must be True or False"),
+        ({"ready_first": 1}, "ready_first must be True or False"),
     ],
 )
 def test_where_no_batch_of_samples_can_be_made_the_error_says_why(options, said):
@@ -222,20 +223,25 @@ Point = collections.namedtuple("Point", ["x", "y"])
 
 class Mixed(Dataset):
     """Each kind ``default_collate`` makes: tensors (small and past the pieces' by-value size), numbers,
-    strings, a namedtuple, a tuple of fields."""
+    strings, a namedtuple, a tuple of fields, an empty list (first: no rows to count by), in a defaultdict
+    (kept as one)."""
 
     def __len__(self) -> int:
         return N
 
     def __getitem__(self, i: int) -> dict:
-        return {
-            "i": i,
-            "small": torch.full((2,), i),
-            "large": torch.full((64, 64), float(i)),
-            "name": f"sample-{i}",
-            "point": Point(i, float(i) / 2),
-            "pair": (i, str(i)),
-        }
+        return collections.defaultdict(
+            int,
+            {
+                "empty": [],
+                "i": i,
+                "small": torch.full((2,), i),
+                "large": torch.full((64, 64), float(i)),
+                "name": f"sample-{i}",
+                "point": Point(i, float(i) / 2),
+                "pair": (i, str(i)),
+            },
+        )
 
 
 def same(a, b) -> bool:
@@ -258,3 +264,36 @@ def test_each_batch_is_default_collate_of_its_samples(batch_size):
     for batch in batches:
         assert same(batch, default_collate([ds[int(i)] for i in batch["i"]]))
     assert sorted(int(i) for b in batches for i in b["i"]) == list(range(N))
+
+
+@pytest.mark.multiproc
+def test_an_epoch_left_early_leaves_nothing_in_the_next(tmp_path):
+    """A ``break`` with a slow sample's piece still being made, persistent workers: with one index queue a
+    worker may take every worker's restart while another makes the old piece; the next epoch gets every
+    sample once and none of the old."""
+    gate = tmp_path / "gate"
+    dl = loader.DataLoader(Numbers(64, held=30, gate=gate), batch_size=8, num_workers=2,
+                           persistent_workers=True, ready_first=True)  # fmt: skip
+    it = iter(dl)
+    next(it)
+    time.sleep(0.5)  # a worker is inside sample 30 (piece 15 of the 16 dealt), the other idle
+    threading.Timer(0.5, gate.touch).start()  # the old piece comes after the restart
+    try:
+        assert sorted(indices(list(dl))) == list(range(64))
+    finally:
+        gate.touch()
+
+
+@pytest.mark.multiproc
+def test_a_piece_of_only_skipped_records_is_dropped_and_the_batches_stay_full():
+    from helpers import MemorySource, first_index
+
+    source = MemorySource(40)
+    for i in range(8, 12):
+        source.records[i] = None
+    dl = loader.DataLoader(loader.SourceDataset(source, transform=first_index), batch_size=4, num_workers=2,
+                           on_error="skip", ready_first=True)  # fmt: skip
+    batches = list(dl)
+    got = sorted(int(i) for b in batches for i in b[0])
+    assert got == [i for i in range(40) if not 8 <= i < 12]
+    assert [len(b[0]) for b in batches] == [4] * 9 and dl.stats().records_skipped == 4

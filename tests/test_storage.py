@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from stallbench.cli.stops import Stopped, stops_as_ctrl_c
+from stallbench.conditions import cgroup
 from stallbench.conditions.cgroup import StorageConditionUnavailable, StorageLimits
 from stallbench.conditions.limits import probe_storage_conditions
 from stallbench.conditions.sizes import format_bytes, parse_size
@@ -281,6 +284,32 @@ def test_cleanup_on_an_exception(conditions: dict[str, str | None], error: type[
         raise error("interrupted")
     assert child.returncode is not None
     assert not any(d.exists() for d in dirs)
+
+
+@pytest.mark.parametrize("when", ["made", "removed"])
+def test_a_stop_while_a_cgroup_is_made_or_removed_leaves_no_cgroup(conditions, monkeypatch, when):
+    """SIGTERM (stallbench's stop) right after a cgroup's mkdir, or inside its removal: it acts once the
+    cgroup is noted, or gone, and nothing is left."""
+    need(conditions, "memory_limit")
+    made: list[Path] = []
+    making, removing = cgroup._make_cgroup, cgroup.remove_cgroup
+
+    def make_then_stop(controller: str, name: str) -> Path:
+        made.append(making(controller, name))
+        if when == "made":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return made[-1]
+
+    def stop_then_remove(path: Path, deadline: float) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        removing(path, deadline)
+
+    monkeypatch.setattr(cgroup, "_make_cgroup", make_then_stop)
+    if when == "removed":
+        monkeypatch.setattr(cgroup, "remove_cgroup", stop_then_remove)
+    with stops_as_ctrl_c(), pytest.raises(Stopped), StorageLimits(memory_limit=256 * MB):
+        pass
+    assert made and not any(p.exists() for p in made)
 
 
 def test_resident_bytes_in_whole_pages_counts_the_memory_a_small_file_takes(tmp_path):

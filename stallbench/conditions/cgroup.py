@@ -112,12 +112,12 @@ class StorageLimits:
         self._final: dict[str, int] = {}
 
     def __enter__(self) -> StorageLimits:
-        with signals_held():  # a stop between a cgroup's mkdir and its noting would leave it
-            try:
+        try:
+            with signals_held():  # a stop between a cgroup's mkdir and its noting would leave it
                 self._create()
-            except BaseException:
-                self.close()
-                raise
+        except BaseException:  # a stop held meanwhile raises here, as the block ends: removed all the same
+            self.close()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
