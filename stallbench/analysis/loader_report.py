@@ -65,6 +65,8 @@ def loader_report(m: Measurement) -> LoaderReport:
         prefetch_predictions=whatif.prefetch_what_if(measured) if m.what_if else (),
         nodes_predictions=nodes.nodes_what_if(measured) if m.what_if else (),
         form_predictions=forms,
+        slow_sample_count=m.runs["cold"].slow_sample_count,
+        slow_samples=m.runs["cold"].slow_samples,
         **m.extra,
     )  # fmt: skip
 

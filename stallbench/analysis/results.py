@@ -87,6 +87,15 @@ class EpochRecord:
 
 
 @dataclass(frozen=True)
+class SlowSample:
+    """A sample whose prep took 4x its process's mean (``stallbench.jobs._sample_times``)."""
+
+    index: int
+    seconds: float
+    path: str | None = None  # the file it is read from, where the Dataset lists its files
+
+
+@dataclass(frozen=True)
 class RunRecord:
     """One of the three differential runs: "ingestion", "prep" or "cold"."""
 
@@ -99,6 +108,9 @@ class RunRecord:
     cache_form: str = ""  # our loader: the form of record its cache held (``stats().cache_form``)
     cache_form_epochs: dict[str, float] = field(default_factory=dict)  # and the epoch it weighed per form
     ready_first: bool = False  # our loader: batches made of the samples ready first
+    # the last epoch's samples whose prep took 4x their process's mean: how many, the slowest
+    slow_sample_count: int = 0
+    slow_samples: tuple[SlowSample, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -264,6 +276,9 @@ class LoaderReport:
     nodes_predictions: tuple[NodesPrediction, ...] = ()  # the cached loader only
     form_predictions: tuple[FormPrediction, ...] = ()  # the cached loader, where it weighed the forms
     useful: UsefulWork | None = None  # what a steady epoch bought: updates, tokens, energy
+    # the cold run's last epoch: samples whose prep took 4x their process's mean, how many and the slowest
+    slow_sample_count: int = 0
+    slow_samples: tuple[SlowSample, ...] = ()
 
 
 def steady(epochs: list) -> list:

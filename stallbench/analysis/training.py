@@ -9,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from statistics import fmean
 
-from stallbench.analysis.results import EpochRecord, OtherLoader, RunRecord, steady
+from stallbench.analysis.results import EpochRecord, OtherLoader, RunRecord, SlowSample, steady
 from stallbench.jobs.command import CommandRun
 from stallbench.jobs.spec import SETTING_FIELDS, LoaderEpoch
 
@@ -100,6 +100,10 @@ def run_record(
     }
     timeline = tuple((float(w), float(s)) for w, s in epochs[-1].timeline)
     settings = {k: last[k] for k in SETTING_FIELDS if k in last}
+    settings["slow_sample_count"] = epochs[-1].slow_sample_count
+    settings["slow_samples"] = tuple(
+        SlowSample(i, s, p) for i, s, p in epochs[-1].slow_samples if type(i) is int
+    )
     return RunRecord(phase, records, condition, stages, timeline, other_load_cores, **settings)
 
 

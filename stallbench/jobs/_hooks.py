@@ -2,8 +2,8 @@
 imported (a ``sys.meta_path`` hook), so a process that never imports torch pays nothing and a swapped class
 is in place before the script's own ``from torch.utils.data import DataLoader``: ``DataLoader.__iter__``
 (and every subclass's own) calls the measuring side, ``__len__`` says at most ``steps``, the classes are
-swapped as the spec asks (``stallbench.jobs._swap``), and checkpoint writes and compilations are timed
-(``stallbench.jobs._transitions``).
+swapped as the spec asks (``stallbench.jobs._swap``), checkpoint writes and compilations are timed
+(``stallbench.jobs._transitions``), and so is each sample's prep (``stallbench.jobs._sample_times``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stallbench.jobs._overrides import override_arguments
+from stallbench.jobs._sample_times import time_samples
 from stallbench.jobs._swap import cached_class, cached_maker, stand_in, torch_taking_ours
 from stallbench.jobs._timed import say
 from stallbench.jobs._transitions import watched_modules
@@ -40,6 +41,7 @@ def install_hooks(spec: JobSpec, iterate: Iterate) -> None:
     cached = functools.cache(functools.partial(cached_class, spec))  # one class for the whole run
 
     def torch_imported(module: Any) -> None:
+        time_samples(sys.modules["torch.utils.data._utils.fetch"], spec.out_dir)
         cls = originals[_TORCH] = module.DataLoader
         _patch_iter(cls, iterate, source=True)
         _patch_len(cls, spec.steps)

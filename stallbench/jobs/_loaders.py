@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from stallbench.jobs._sample_times import slowest
 from stallbench.jobs._timed import Counters, EpochMeter, say
 from stallbench.jobs.spec import LoaderEpoch, records_path
 
@@ -55,9 +56,10 @@ class LoaderState:
 
 
 def epoch_record(
-    state: LoaderState, meter: EpochMeter, complete: bool, end: float, after: Counters
+    state: LoaderState, meter: EpochMeter, complete: bool, end: float, after: Counters, out_dir: str
 ) -> LoaderEpoch:
-    """The epoch ``meter`` timed, with the counters' change from its start to ``after``."""
+    """The epoch ``meter`` timed, with the counters' change from its start to ``after`` and the slow samples
+    its processes wrote down in ``out_dir`` meanwhile (``_sample_times``)."""
     before = meter.before
     stats = after.stats_since(before) if state.stats is not None else {}
     hits, misses = int(stats.get("hits", 0)), int(stats.get("misses", 0))
@@ -67,6 +69,7 @@ def epoch_record(
     joules = None if before.joules is None or after.joules is None else after.joules - before.joules
     tokens = meter.token_slots > 0
     updates = None if after.optimizer_steps is None else after.optimizer_steps - (before.optimizer_steps or 0)
+    end_time = meter.start_time + (end - meter.start)
     return LoaderEpoch(
         loader=state.id,
         rank=_rank(),
@@ -89,7 +92,7 @@ def epoch_record(
         cuda_sync_seconds=meter.cuda_sync,
         stats=stats,
         start_time=meter.start_time,
-        end_time=meter.start_time + (end - meter.start),
+        end_time=end_time,
         valid_tokens=meter.valid_tokens if tokens else None,
         token_slots=meter.token_slots if tokens else None,
         unique_samples=state.seen.unique if state.seen is not None else None,
@@ -99,6 +102,7 @@ def epoch_record(
         timeline=meter.timeline(),
         transitions=dict(meter.transitions),
         transitions_before=meter.before_start,
+        **slowest(out_dir, state.dataset_id, meter.start_time, end_time),
     )
 
 

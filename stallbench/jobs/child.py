@@ -293,7 +293,7 @@ class _Run:
         state.complete += complete
         after = read_counters(state.stats) if after is None else after
         end = end if end is not None else meter.last_activity
-        record = epoch_record(state, meter, complete, end, after)
+        record = epoch_record(state, meter, complete, end, after, self.spec.out_dir)
         write_record(self.spec.out_dir, record)
         span_end = time.perf_counter() if span_end is None else span_end
         if nested or not self._ahead(state):  # the training loader's epochs are no one's evaluation

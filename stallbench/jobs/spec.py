@@ -251,6 +251,10 @@ class LoaderEpoch:
     # inside the epoch's steps (and taken out of step_seconds), and since the loader's previous epoch ended
     transitions: dict[str, list[float]] = field(default_factory=dict)
     transitions_before: dict[str, list[float]] = field(default_factory=dict)
+    # samples whose prep took 4x their process's mean (``jobs._sample_times``): how many, the slowest
+    # [index, seconds, path or None]
+    slow_sample_count: int = 0
+    slow_samples: list[list[Any]] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

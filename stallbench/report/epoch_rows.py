@@ -4,6 +4,7 @@ the two spreads together is said to be within noise, the headline ratio included
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 
 from stallbench.analysis.breakdown import within_noise
@@ -150,6 +151,17 @@ def _slow_batches(r: LoaderReport) -> str:
     return f"{b.slow_batches} ({toll})"
 
 
+def _slowest_samples(r: LoaderReport) -> str:
+    """The samples whose prep took 4x their process's mean: the slowest, with their files, and how many."""
+    if not r.slow_samples:
+        return "none"
+    named = [
+        f"#{s.index} {1000 * s.seconds:.1f} ms" + (f" ({os.path.basename(s.path)})" if s.path else "")
+        for s in r.slow_samples[:3]
+    ]
+    return ", ".join(named) + f"; {r.slow_sample_count} in all"
+
+
 def _storage(r: LoaderReport) -> float:
     return r.storage_bytes
 
@@ -172,6 +184,7 @@ def epoch_rows(reports: Sequence[LoaderReport]) -> Spec:
         *warmup_rows(reports),
         ("wait p50/p90/p99/max", _wait_spread, None),
         ("  slow batches (4x p50)", _slow_batches, None),
+        ("  slowest samples", _slowest_samples, None),
         ("storage read", lambda r: format_bytes(r.storage_bytes), _change(_storage)),
         (
             "  of the dataset",

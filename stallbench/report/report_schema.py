@@ -44,6 +44,8 @@ _LOADER = obj(
             )
         ),
         **dict.fromkeys(("slowest_rank", "holding_rank"), kind("integer|null")),
+        "slow_sample_count": kind("integer"),
+        "slow_samples": array(fields(results.SlowSample)),
         "runs": array(
             obj(
                 {

@@ -1,0 +1,123 @@
+"""Each sample's prep, timed where it is made: the ``dataset[index]`` calls of torch's map-style fetcher, in
+every worker and in a main process that loads batches itself.
+
+A sample that took ``SLOW`` times this process's running mean for its Dataset (and ``FLOOR`` or more) is
+written down, one appended line of ``OUT/samples-<pid>.jsonl`` each: the Dataset's ``id()`` (a forked
+worker's is its parent's), the index, the seconds, when (``time.monotonic``: one clock for every process of
+the machine) and the file it names where the Dataset says (``path_of``). At an epoch's end the measuring side
+reads the lines of that loader's Dataset within the epoch's span (``slowest``). A Dataset with
+``__getitems__`` makes its batch in one call: its samples are not timed apart.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FLOOR", "KEPT", "SLOW", "path_of", "slowest", "time_samples"]
+
+SLOW = 4.0  # a sample this many times its process's running mean for the Dataset is written down
+FLOOR = 0.001  # and at least this long
+WARM = 16  # samples of the Dataset in the process before the mean is trusted
+KEPT = 5  # the slowest an epoch's record keeps
+_PATH_ATTRIBUTES = ("samples", "imgs", "paths", "files", "image_paths", "filenames")
+
+_out: str | None = None
+_means: dict[int, tuple[int, float]] = {}  # id(dataset): (samples timed, their mean seconds)
+
+
+def time_samples(fetch_module: Any, out_dir: str) -> None:
+    """Time ``fetch_module._MapDatasetFetcher.fetch``'s samples from now on, slow ones written in
+    ``out_dir``."""
+    global _out
+    _out = out_dir
+    fetcher = fetch_module._MapDatasetFetcher
+    original = fetcher.fetch
+    if getattr(original, "__stallbench__", False):
+        return
+
+    @functools.wraps(original)
+    def fetch(self: Any, possibly_batched_index: Any) -> Any:
+        dataset = self.dataset
+        if self.auto_collation:
+            if getattr(dataset, "__getitems__", None):
+                return original(self, possibly_batched_index)
+            return self.collate_fn([_timed(dataset, index) for index in possibly_batched_index])
+        return self.collate_fn(_timed(dataset, possibly_batched_index))
+
+    fetch.__stallbench__ = True  # type: ignore[attr-defined]
+    fetcher.fetch = fetch
+
+
+def _timed(dataset: Any, index: Any) -> Any:
+    start = time.perf_counter()
+    sample = dataset[index]
+    seconds = time.perf_counter() - start
+    key = id(dataset)
+    count, mean = _means.get(key, (0, 0.0))
+    if count >= WARM and seconds >= max(SLOW * mean, FLOOR):
+        _write(key, index, seconds, path_of(dataset, index))
+    _means[key] = (count + 1, mean + (seconds - mean) / (count + 1))
+    return sample
+
+
+def _write(key: int, index: Any, seconds: float, path: str | None) -> None:
+    """One line, one ``write`` on a file opened to append: lines of several workers never interleave.
+    Never raises: the script's sample is made whatever the writing does."""
+    if _out is None:
+        return
+    index = index if isinstance(index, int) else repr(index)
+    line = {"dataset": key, "index": index, "seconds": seconds, "at": time.monotonic(), "path": path}
+    try:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+        fd = os.open(Path(_out) / f"samples-{os.getpid()}.jsonl", flags, 0o600)
+        try:
+            os.write(fd, (json.dumps(line) + "\n").encode())
+        finally:
+            os.close(fd)
+    except (OSError, TypeError, ValueError):
+        pass
+
+
+def path_of(dataset: Any, index: Any) -> str | None:
+    """The file sample ``index`` is read from, where the Dataset lists its files (an ``ImageFolder``'s
+    ``samples``, a ``paths`` or ``files`` list; through a ``Subset``); None where it does not say."""
+    if hasattr(dataset, "indices") and hasattr(dataset, "dataset"):  # a Subset
+        try:
+            return path_of(dataset.dataset, dataset.indices[index])
+        except (IndexError, KeyError, TypeError):
+            return None
+    for name in _PATH_ATTRIBUTES:
+        try:
+            item = getattr(dataset, name)[index]
+        except (AttributeError, IndexError, KeyError, TypeError):
+            continue
+        item = item[0] if isinstance(item, (tuple, list)) and item else item
+        if isinstance(item, (str, os.PathLike)):
+            return os.fspath(item)
+    return None
+
+
+def slowest(out_dir: str, dataset: int, start: float, end: float) -> dict[str, Any]:
+    """The slow samples written down for Dataset ``dataset`` (its ``id()``) between ``start`` and ``end``
+    (``time.monotonic``), as a LoaderEpoch's fields: how many, and the ``KEPT`` slowest as
+    ``[index, seconds, path]``."""
+    found = []
+    for path in Path(out_dir).glob("samples-*.jsonl"):
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            continue
+        for text in lines:
+            try:
+                line = json.loads(text)
+            except ValueError:  # a line a killed worker cut short
+                continue
+            if line.get("dataset") == dataset and start <= line.get("at", -1.0) <= end:
+                found.append([line["index"], line["seconds"], line.get("path")])
+    found.sort(key=lambda f: -f[1])
+    return {"slow_sample_count": len(found), "slow_samples": found[:KEPT]}

@@ -1,0 +1,78 @@
+"""Each sample's prep timed where it is made (``stallbench.jobs._sample_times``): the slow ones written down,
+named by index and file, and read back by the epoch they fell in."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from torch.utils.data import Subset
+
+from stallbench.jobs._sample_times import path_of, slowest
+
+
+class Listed:
+    """A Dataset that lists its files as an ``ImageFolder`` does: ``samples`` of (path, class)."""
+
+    def __init__(self) -> None:
+        self.samples = [(f"/data/{i}.jpg", i % 2) for i in range(10)]
+
+
+def test_a_sample_is_named_by_the_file_its_dataset_lists():
+    assert path_of(Listed(), 3) == "/data/3.jpg"
+    assert path_of(Subset(Listed(), [7, 2]), 1) == "/data/2.jpg"  # through a Subset, to its own index
+    paths = type("Paths", (), {"paths": [Path("/x/a.png"), Path("/x/b.png")]})()
+    assert path_of(paths, 1) == "/x/b.png"
+    assert path_of(object(), 0) is None and path_of(Listed(), 99) is None
+
+
+def test_the_epoch_reads_its_own_dataset_s_slow_samples_within_its_span(tmp_path):
+    lines = [
+        {"dataset": 1, "index": 5, "seconds": 0.02, "at": 10.0, "path": "/d/5"},
+        {"dataset": 1, "index": 9, "seconds": 0.05, "at": 11.0, "path": None},
+        {"dataset": 2, "index": 3, "seconds": 0.09, "at": 10.5, "path": None},  # another loader's Dataset
+        {"dataset": 1, "index": 4, "seconds": 0.08, "at": 20.0, "path": None},  # after the epoch
+    ]
+    (tmp_path / "samples-1.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"datas')
+    assert slowest(str(tmp_path), 1, 9.0, 12.0) == {
+        "slow_sample_count": 2,
+        "slow_samples": [[9, 0.05, None], [5, 0.02, "/d/5"]],
+    }
+
+
+TIMED = """
+import sys, time, torch
+sys.path.insert(0, {repo!r})
+from stallbench.jobs import _sample_times
+import torch.utils.data._utils.fetch as fetch
+_sample_times.time_samples(fetch, {out!r})
+
+class Slow(torch.utils.data.Dataset):
+    paths = ["/data/%d.jpg" % i for i in range(64)]
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        time.sleep(0.03 if i == 40 else 0.001)
+        return i
+
+dl = torch.utils.data.DataLoader(Slow(), batch_size=8, num_workers={workers})
+print(sum(len(b) for b in dl))
+"""
+
+
+def test_a_worker_writes_down_the_sample_that_took_many_times_its_mean(tmp_path):
+    repo = str(Path(__file__).resolve().parents[1])
+    for workers in (0, 2):
+        out = tmp_path / f"out-{workers}"
+        out.mkdir()
+        start = time.monotonic()
+        script = TIMED.format(repo=repo, out=str(out), workers=workers)
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stdout.split() == ["64"], done.stderr[-2000:]
+        (made,) = out.glob("samples-*.jsonl")  # the one process that made sample 40: a worker, or the main
+        written = [json.loads(line) for line in made.read_text().splitlines()]
+        assert [(w["index"], w["path"]) for w in written] == [(40, "/data/40.jpg")], written
+        assert written[0]["seconds"] >= 0.03 and start <= written[0]["at"] <= time.monotonic()
