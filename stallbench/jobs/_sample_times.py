@@ -2,17 +2,19 @@
 every worker and in a main process that loads batches itself.
 
 A sample that took ``SLOW`` times this process's running mean for its Dataset (and ``FLOOR`` or more) is
-written down, one appended line of ``OUT/samples-<pid>.jsonl`` each: the Dataset's ``id()`` (a forked
-worker's is its parent's), the index, the seconds, when (``time.monotonic``: one clock for every process of
-the machine) and the file it names where the Dataset says (``path_of``). At an epoch's end the measuring side
-reads the lines of that loader's Dataset within the epoch's span (``slowest``). A Dataset with
-``__getitems__`` makes its batch in one call: its samples are not timed apart.
+written down (a process's first ``WARM`` samples once its mean is known: a fresh worker's first ones too),
+one appended line of ``OUT/samples-<pid>.jsonl`` each: the Dataset's ``id()`` (a forked worker's is its
+parent's), the index, the seconds, when (``time.monotonic``: one clock for every process of the machine)
+and the file it names where the Dataset says (``path_of``). At an epoch's end the measuring side reads the
+lines of that loader's Dataset within the epoch's span (``slowest``). A Dataset with ``__getitems__`` makes
+its batch in one call: its samples are not timed apart.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import multiprocessing
 import os
 import time
 from pathlib import Path
@@ -27,14 +29,16 @@ KEPT = 5  # the slowest an epoch's record keeps
 _PATH_ATTRIBUTES = ("samples", "imgs", "paths", "files", "image_paths", "filenames")
 
 _out: str | None = None
+_armed_in = 0  # the process that called ``time_samples``
 _means: dict[int, tuple[int, float]] = {}  # id(dataset): (samples timed, their mean seconds)
+_early: dict[int, list[tuple[Any, float, float]]] = {}  # id(dataset): its first samples (index, s, when)
 
 
 def time_samples(fetch_module: Any, out_dir: str) -> None:
     """Time ``fetch_module._MapDatasetFetcher.fetch``'s samples from now on, slow ones written in
     ``out_dir``."""
-    global _out
-    _out = out_dir
+    global _out, _armed_in
+    _out, _armed_in = out_dir, os.getpid()
     fetcher = fetch_module._MapDatasetFetcher
     original = fetcher.fetch
     if getattr(original, "__stallbench__", False):
@@ -59,19 +63,28 @@ def _timed(dataset: Any, index: Any) -> Any:
     seconds = time.perf_counter() - start
     key = id(dataset)
     count, mean = _means.get(key, (0, 0.0))
-    if count >= WARM and seconds >= max(SLOW * mean, FLOOR):
-        _write(key, index, seconds, path_of(dataset, index))
-    _means[key] = (count + 1, mean + (seconds - mean) / (count + 1))
+    count, mean = count + 1, mean + (seconds - mean) / (count + 1)
+    _means[key] = (count, mean)
+    if count < WARM:  # the mean is not trusted yet: kept, and judged against it once it is
+        _early.setdefault(key, []).append((index, seconds, time.monotonic()))
+        return sample
+    for early, took, at in _early.pop(key, ()):
+        if took >= max(SLOW * mean, FLOOR):
+            _write(key, early, took, path_of(dataset, early), at)
+    if seconds >= max(SLOW * mean, FLOOR):
+        _write(key, index, seconds, path_of(dataset, index), time.monotonic())
     return sample
 
 
-def _write(key: int, index: Any, seconds: float, path: str | None) -> None:
+def _write(key: int, index: Any, seconds: float, path: str | None, at: float) -> None:
     """One line, one ``write`` on a file opened to append: lines of several workers never interleave.
-    Never raises: the script's sample is made whatever the writing does."""
-    if _out is None:
+    Never raises: the script's sample is made whatever the writing does. Nothing from a process that
+    multiprocessing started and that armed the timing itself: a spawned worker, whose Dataset is a copy with
+    an ``id()`` no loader of the measured process has (a forked worker inherits its parent's timing)."""
+    if _out is None or (_armed_in == os.getpid() and multiprocessing.parent_process() is not None):
         return
     index = index if isinstance(index, int) else repr(index)
-    line = {"dataset": key, "index": index, "seconds": seconds, "at": time.monotonic(), "path": path}
+    line = {"dataset": key, "index": index, "seconds": seconds, "at": at, "path": path}
     try:
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
         fd = os.open(Path(_out) / f"samples-{os.getpid()}.jsonl", flags, 0o600)

@@ -4,7 +4,6 @@ the two spreads together is said to be within noise, the headline ratio included
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 
 from stallbench.analysis.breakdown import within_noise
@@ -141,25 +140,20 @@ def _wait_spread(r: LoaderReport) -> str:
 
 def _slow_batches(r: LoaderReport) -> str:
     """How many batches waited 4x the median or more, and what they waited beyond it: a few slow samples'
-    toll, in seconds and as a share of the epoch's wait."""
+    toll, in seconds and (in brackets) as a share of the epoch's wait."""
     b = r.breakdown
     if not finite(b.batch_wait_p50_seconds):
         return "-"
     if not b.slow_batches:
         return "none"
-    toll = f"+{sec(b.slow_batches_excess_seconds)}, {pct(b.slow_batches_wait_share)} of the wait"
-    return f"{b.slow_batches} ({toll})"
+    return f"{b.slow_batches}, +{sec(b.slow_batches_excess_seconds)} ({pct(b.slow_batches_wait_share)})"
 
 
-def _slowest_samples(r: LoaderReport) -> str:
-    """The samples whose prep took 4x their process's mean: the slowest, with their files, and how many."""
+def _slow_samples(r: LoaderReport) -> str:
+    """How many samples' prep took 4x their process's mean, and the slowest's (named below the table)."""
     if not r.slow_samples:
         return "none"
-    named = [
-        f"#{s.index} {1000 * s.seconds:.1f} ms" + (f" ({os.path.basename(s.path)})" if s.path else "")
-        for s in r.slow_samples[:3]
-    ]
-    return ", ".join(named) + f"; {r.slow_sample_count} in all"
+    return f"{r.slow_sample_count} (slowest {1000 * r.slow_samples[0].seconds:.1f} ms)"
 
 
 def _storage(r: LoaderReport) -> float:
@@ -184,7 +178,7 @@ def epoch_rows(reports: Sequence[LoaderReport]) -> Spec:
         *warmup_rows(reports),
         ("wait p50/p90/p99/max", _wait_spread, None),
         ("  slow batches (4x p50)", _slow_batches, None),
-        ("  slowest samples", _slowest_samples, None),
+        ("  slow samples (4x mean)", _slow_samples, None),
         ("storage read", lambda r: format_bytes(r.storage_bytes), _change(_storage)),
         (
             "  of the dataset",

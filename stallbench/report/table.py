@@ -192,9 +192,21 @@ def _holding_line(r: LoaderReport) -> list[str]:
     )
 
 
+def _slow_sample_lines(r: LoaderReport, label: str) -> list[str]:
+    """The slowest samples by index, prep time and file (where the Dataset lists its files)."""
+    if not r.slow_samples:
+        return []
+    named = ", ".join(
+        f"#{s.index} {1000 * s.seconds:.1f} ms" + (f" ({s.path})" if s.path else "") for s in r.slow_samples
+    )
+    said = f"slowest samples{label}: {named}; {r.slow_sample_count} took 4x their process's mean or more"
+    return textwrap.wrap(said, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
+
+
 def _rank_lines(r: LoaderReport, label: str) -> list[str]:
-    """Each rank's split (torchrun) with the slowest named, and the loaders other than the training one."""
-    lines = []
+    """Each rank's split (torchrun) with the slowest named, the slowest samples, and the loaders other than
+    the training one."""
+    lines = _slow_sample_lines(r, label)
     if len(r.ranks) > 1:
         lines.append(f"ranks{label}: epoch s / compute / prep stall / fetch stall / waited for other ranks")
         for rb in r.ranks:
