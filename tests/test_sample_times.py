@@ -11,7 +11,9 @@ from pathlib import Path
 
 from torch.utils.data import Subset
 
+from stallbench.analysis.training import slow_again
 from stallbench.jobs._sample_times import path_of, slowest
+from stallbench.jobs.spec import LoaderEpoch
 
 
 class Listed:
@@ -40,7 +42,18 @@ def test_the_epoch_reads_its_own_dataset_s_slow_samples_within_its_span(tmp_path
     assert slowest(str(tmp_path), 1, 9.0, 12.0) == {
         "slow_sample_count": 2,
         "slow_samples": [[9, 0.05, None], [5, 0.02, "/d/5"]],
+        "slow_indices": [5, 9],
     }
+
+
+def _epoch(indices: list[int]) -> LoaderEpoch:
+    return LoaderEpoch("0:D", 0, 1, 1, 1.0, 0.5, 0.5, 0.1, 4, 32, 0, 1.0, True, "torch", slow_indices=indices)
+
+
+def test_slow_again_is_the_share_of_an_epoch_s_slow_samples_slow_the_epoch_before():
+    assert slow_again([_epoch([100, 200, 300]), _epoch([100, 200, 300, 400])]) == 0.75  # the data's own
+    assert slow_again([_epoch([1, 2]), _epoch([3, 4])]) == 0.0  # other samples each epoch: chance
+    assert slow_again([_epoch([100])]) == 0.0 and slow_again([_epoch([1]), _epoch([])]) == 0.0
 
 
 TIMED = """

@@ -49,7 +49,10 @@ def loader_report(m: Measurement) -> LoaderReport:
     storage = int(fmean(e.storage_bytes for e in cold))
     hits, misses = sum(e.hits for e in cold), sum(e.misses for e in cold)
     cpu = fmean(e.cpu_seconds for e in cold)
-    measured = whatif.Measured(w, b, machine, m.model, storage, cpu, m.runs["cold"].ready_first)
+    cold_run = m.runs["cold"]
+    measured = whatif.Measured(
+        w, b, machine, m.model, storage, cpu, cold_run.ready_first, cold_run.slow_again
+    )
     predictions = whatif.what_if(measured) if m.what_if else ()
     forms = whatif.form_what_if(measured, m.runs["cold"]) if m.what_if else ()
     said = advice.advise(measured, predictions, forms) if m.what_if else m.said
@@ -67,6 +70,7 @@ def loader_report(m: Measurement) -> LoaderReport:
         form_predictions=forms,
         slow_sample_count=m.runs["cold"].slow_sample_count,
         slow_samples=m.runs["cold"].slow_samples,
+        slow_again=m.runs["cold"].slow_again,
         **m.extra,
     )  # fmt: skip
 

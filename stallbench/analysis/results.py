@@ -111,6 +111,7 @@ class RunRecord:
     # the last epoch's samples whose prep took 4x their process's mean: how many, the slowest
     slow_sample_count: int = 0
     slow_samples: tuple[SlowSample, ...] = ()
+    slow_again: float = 0.0  # the share of them that were slow the epoch before too: the data's, not chance
 
 
 @dataclass(frozen=True)
@@ -276,9 +277,11 @@ class LoaderReport:
     nodes_predictions: tuple[NodesPrediction, ...] = ()  # the cached loader only
     form_predictions: tuple[FormPrediction, ...] = ()  # the cached loader, where it weighed the forms
     useful: UsefulWork | None = None  # what a steady epoch bought: updates, tokens, energy
-    # the cold run's last epoch: samples whose prep took 4x their process's mean, how many and the slowest
+    # the cold run's last epoch: samples whose prep took 4x their process's mean, how many and the slowest,
+    # and the share of them slow the epoch before too
     slow_sample_count: int = 0
     slow_samples: tuple[SlowSample, ...] = ()
+    slow_again: float = 0.0
 
 
 def steady(epochs: list) -> list:

@@ -10,11 +10,12 @@ import numpy as np
 from stallbench.analysis.whatif import Measured
 from stallbench.jobs.kinds import CACHED, KINDS
 
-__all__ = ["SLOW_BATCH", "SLOW_BATCH_FLOOR", "SLOW_SHARE", "slow_batches", "slow_samples_said"]
+__all__ = ["SLOW_AGAIN", "SLOW_BATCH", "SLOW_BATCH_FLOOR", "SLOW_SHARE", "slow_batches", "slow_samples_said"]
 
 SLOW_BATCH = 4.0  # a batch that waited this many times the median is a slow one: a few slow samples' doing
 SLOW_BATCH_FLOOR = 0.001  # and at least this long: 4x a wait of microseconds is no toll
 SLOW_SHARE = 0.5  # slow batches that make this share of the wait are a few slow samples' doing
+SLOW_AGAIN = 0.5  # when this share of the slow samples was slow the epoch before too (else: chance, load)
 
 
 def slow_batches(waits: np.ndarray, median: float) -> dict[str, float]:
@@ -31,11 +32,12 @@ def slow_batches(waits: np.ndarray, median: float) -> dict[str, float]:
 
 
 def slow_samples_said(m: Measured) -> str:
-    """``; N slow batches ... make X% of the wait: ...`` where they make ``SLOW_SHARE`` of it or more,
+    """``; N slow batches ... make X% of the wait: ...`` where they make ``SLOW_SHARE`` of it or more and
+    the same samples were slow epoch after epoch (``SLOW_AGAIN``: the data's, not a busy machine's),
     naming ``ready_first=True`` (our loader's), or, where the loader had it on, saying that what is left
     is the slow samples' own prep."""
     b = m.breakdown
-    if b.slow_batches_wait_share < SLOW_SHARE:
+    if b.slow_batches_wait_share < SLOW_SHARE or m.slow_again < SLOW_AGAIN:
         return ""
     share = b.slow_batches_wait_share
     said = f"; {b.slow_batches} slow batches (4x the median wait) make {share:.0%} of the wait"

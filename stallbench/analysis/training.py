@@ -100,6 +100,7 @@ def run_record(
     }
     timeline = tuple((float(w), float(s)) for w, s in epochs[-1].timeline)
     settings = {k: last[k] for k in SETTING_FIELDS if k in last}
+    settings["slow_again"] = slow_again(epochs)
     settings["slow_sample_count"] = epochs[-1].slow_sample_count
     settings["slow_samples"] = tuple(
         SlowSample(i, s, p) for i, s, p in epochs[-1].slow_samples if type(i) is int
@@ -140,3 +141,12 @@ def replay_lengths(records: Sequence[LoaderEpoch]) -> dict[str, tuple[int, ...]]
         if r.pid == main and r.complete:
             lengths.setdefault(r.loader, []).append(r.batches)
     return {loader: tuple(counts) for loader, counts in lengths.items()}
+
+
+def slow_again(epochs: Sequence[LoaderEpoch]) -> float:
+    """The share of the last epoch's slow samples that were slow in the epoch before too: near 1, the same
+    samples are slow every epoch (a huge image, a slow file); near 0, chance (a worker preempted)."""
+    if len(epochs) < 2 or not epochs[-1].slow_indices:
+        return 0.0
+    last, before = set(epochs[-1].slow_indices), set(epochs[-2].slow_indices)
+    return len(last & before) / len(last)

@@ -26,6 +26,7 @@ SLOW = 4.0  # a sample this many times its process's running mean for the Datase
 FLOOR = 0.001  # and at least this long
 WARM = 16  # samples of the Dataset in the process before the mean is trusted
 KEPT = 5  # the slowest an epoch's record keeps
+ALL_KEPT = 1000  # and the indices of that many of them: the next epoch tells whether the same are slow
 _PATH_ATTRIBUTES = ("samples", "imgs", "paths", "files", "image_paths", "filenames")
 
 _out: str | None = None
@@ -117,8 +118,8 @@ def path_of(dataset: Any, index: Any) -> str | None:
 
 def slowest(out_dir: str, dataset: int, start: float, end: float) -> dict[str, Any]:
     """The slow samples written down for Dataset ``dataset`` (its ``id()``) between ``start`` and ``end``
-    (``time.monotonic``), as a LoaderEpoch's fields: how many, and the ``KEPT`` slowest as
-    ``[index, seconds, path]``."""
+    (``time.monotonic``), as a LoaderEpoch's fields: how many, the ``KEPT`` slowest as
+    ``[index, seconds, path]``, and the indices of ``ALL_KEPT`` of them."""
     found = []
     for path in Path(out_dir).glob("samples-*.jsonl"):
         try:
@@ -133,4 +134,5 @@ def slowest(out_dir: str, dataset: int, start: float, end: float) -> dict[str, A
             if line.get("dataset") == dataset and start <= line.get("at", -1.0) <= end:
                 found.append([line["index"], line["seconds"], line.get("path")])
     found.sort(key=lambda f: -f[1])
-    return {"slow_sample_count": len(found), "slow_samples": found[:KEPT]}
+    indices = sorted({f[0] for f in found if type(f[0]) is int})[:ALL_KEPT]
+    return {"slow_sample_count": len(found), "slow_samples": found[:KEPT], "slow_indices": indices}

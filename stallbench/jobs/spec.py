@@ -255,6 +255,7 @@ class LoaderEpoch:
     # [index, seconds, path or None]
     slow_sample_count: int = 0
     slow_samples: list[list[Any]] = field(default_factory=list)
+    slow_indices: list[int] = field(default_factory=list)  # all of them (1,000 at most), by index
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -97,6 +97,7 @@ def _loader_json(r: LoaderReport) -> dict[str, Any]:
         "holding_rank": r.holding_rank,
         "slow_sample_count": r.slow_sample_count,
         "slow_samples": [dataclasses.asdict(s) for s in r.slow_samples],
+        "slow_again": r.slow_again,
         "other_loaders": [dataclasses.asdict(o) for o in r.other_loaders],
         "prefetch_predictions": [dataclasses.asdict(p) for p in r.prefetch_predictions],
         "nodes_predictions": [dataclasses.asdict(p) for p in r.nodes_predictions],

@@ -150,10 +150,12 @@ def _slow_batches(r: LoaderReport) -> str:
 
 
 def _slow_samples(r: LoaderReport) -> str:
-    """How many samples' prep took 4x their process's mean, and the slowest's (named below the table)."""
+    """How many samples' prep took 4x their process's mean, the share of them slow the epoch before too, and
+    the slowest's time (named below the table)."""
     if not r.slow_samples:
         return "none"
-    return f"{r.slow_sample_count} (slowest {1000 * r.slow_samples[0].seconds:.1f} ms)"
+    slowest = 1000 * r.slow_samples[0].seconds
+    return f"{r.slow_sample_count}, {pct(r.slow_again)} again (slowest {slowest:.1f} ms)"
 
 
 def _storage(r: LoaderReport) -> float:

@@ -46,6 +46,7 @@ _LOADER = obj(
         **dict.fromkeys(("slowest_rank", "holding_rank"), kind("integer|null")),
         "slow_sample_count": kind("integer"),
         "slow_samples": array(fields(results.SlowSample)),
+        "slow_again": kind("number|null"),
         "runs": array(
             obj(
                 {
