@@ -179,7 +179,7 @@ def test_the_slow_samples_how_to_runs_as_written_and_names_ready_first(tmp_path)
     assert "keeps them from" not in " ".join(ours_text.split())
     # every 100th sample is the script's slow one (25 ms against 0.5): each found, the slowest named
     assert torch_report["slow_sample_count"] >= 1600 // 100, torch_report["slow_samples"]
-    assert torch_report["slow_again"] >= 0.9  # the same samples, epoch after epoch: the data's own
+    assert torch_report["slow_again"] >= 0.5  # mostly the same samples, epoch after epoch: the data's own
     assert all(s["index"] % 100 == 0 and s["seconds"] > 0.01 for s in torch_report["slow_samples"])
     assert f"#{torch_report['slow_samples'][0]['index']} " in torch_text
 
