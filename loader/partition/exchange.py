@@ -138,11 +138,13 @@ class Exchange:
             dist.recv(payload, src=leader, group=self.group)
         if plan.abandoned:
             return
+        # counted before the records are put where the loader takes them: counted after, a job that took
+        # them and read its stats at once could see hits from peers not yet received (seen under load)
+        self._add(bytes_received=len(payload), records_received=len(chunk))
         view, at = memoryview(payload.numpy()), 0
         for index, size in zip(chunk, sizes.tolist(), strict=True):
             self.inbox.put(index, view[at : at + size])
             at += size
-        self._add(bytes_received=at, records_received=len(chunk))
 
     def _payload(self, size: int) -> torch.Tensor:
         """``size`` bytes of this thread's message buffer, kept from message to message: a fresh one costs
