@@ -54,7 +54,7 @@ def check_ready_first(loader: Any, planned: bool) -> None:
 
 class ReadyFirst:
     """Mixed in before torch's multiprocessing iterator: pieces out, batches of the samples ready first in.
-    ``_collate``: None where the workers collate the pieces (``collated_in_workers``), else the loader's
+    ``_collate``: None where the workers collate the pieces (``piece_collate``), else the loader's
     ``collate_fn``, for the samples the workers hand on (``PieceSamples``)."""
 
     _collate: Any
