@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import IO
 
 from stallbench.conditions.cgroup import StorageLimits
+from stallbench.jobs._session import end_session
 from stallbench.jobs.watchdog import ensure_started, unwatch, watch
 
 __all__ = ["CommandProcess"]
@@ -63,10 +64,11 @@ class CommandProcess:
         return proc.returncode, list(self.tail), timed_out
 
     def kill(self) -> None:
-        """The whole session killed and reaped (nothing where it has exited and been reaped)."""
+        """The whole session killed and reaped, and the shared memory torch named after its processes
+        removed, as a generated job's is (``_session.end_session``); nothing where it has exited and been
+        reaped."""
         if self.proc.returncode is None:
-            _kill_session(self.proc, signal.SIGKILL)
-            self.proc.wait()
+            end_session(self.proc.pid, reap=self.proc.wait)
         unwatch(self.proc.pid)
 
 
@@ -86,8 +88,7 @@ def _stop(proc: subprocess.Popen) -> None:
     try:
         proc.wait(timeout=_GRACE)
     except subprocess.TimeoutExpired:
-        _kill_session(proc, signal.SIGKILL)
-        proc.wait()
+        end_session(proc.pid, reap=proc.wait)
 
 
 def _kill_session(proc: subprocess.Popen, sig: int) -> None:
