@@ -18,22 +18,23 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import default_collate
-from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 
-from loader._ring_collate import MIN_TENSOR_BYTES, _sent_by_value, by_value
+from loader._ring_collate import RingCollate, by_value
 
 __all__ = ["PieceSamples", "cut", "joined", "piece_collate", "rows", "samples_apart"]
 
 
 def piece_collate(collate_fn: Any) -> Any | None:
     """The workers' ``collate_fn`` for collated pieces where ``collate_fn`` is ``default_collate`` (or wraps
-    it, as the loader's timed collate does: ``collate.TimedCollate``); None where it is the user's own."""
+    it, as the loader's timed collate does: ``collate.TimedCollate``) and no batch ring carries them (workers
+    not forked); None where it is the user's own."""
     from loader.collate import TimedCollate
 
     timed = isinstance(collate_fn, TimedCollate)
     if (collate_fn.collate_fn if timed else collate_fn) is not default_collate:
         return None
-    return TimedCollate(_collate_piece, collate_fn.board, collate_fn.batched) if timed else _collate_piece
+    piece = RingCollate(None)  # small tensors by value: a segment in /dev/shm each costs more than the copy
+    return TimedCollate(piece, collate_fn.board, collate_fn.batched) if timed else piece
 
 
 def samples_apart(collate_fn: Any) -> tuple[Any, Any]:
@@ -45,22 +46,6 @@ def samples_apart(collate_fn: Any) -> tuple[Any, Any]:
     if isinstance(collate_fn, TimedCollate):
         return TimedCollate(PieceSamples(), collate_fn.board, collate_fn.batched), collate_fn.collate_fn
     return PieceSamples(), collate_fn
-
-
-def _collate_piece(samples: list[Any]) -> Any:
-    """``default_collate``, each small tensor stacked and sent by value: a piece is a quarter of a batch, and
-    a segment in /dev/shm for each of its tensors (torch's path) costs more than the copy."""
-    fns: dict[Any, Callable] = {kind: _sent_by_value(fn) for kind, fn in default_collate_fn_map.items()}
-    fns[torch.Tensor] = _stacked
-    return collate(samples, collate_fn_map=fns)
-
-
-def _stacked(batch: list[torch.Tensor], *, collate_fn_map: dict) -> torch.Tensor:
-    elem = batch[0]
-    nbytes = elem.element_size() * elem.numel() * len(batch)
-    if nbytes >= MIN_TENSOR_BYTES or type(elem) is not torch.Tensor:
-        return collate_tensor_fn(batch)
-    return by_value(torch.stack(batch, 0, out=torch.empty((len(batch), *elem.shape), dtype=elem.dtype)))
 
 
 def rows(piece: Any) -> int:

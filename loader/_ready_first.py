@@ -66,7 +66,7 @@ class ReadyFirst:
         self._in_order = False  # a piece handed on as it arrives
         self._batch_size = loader.batch_size
         self._pieces: collections.deque[list[int]] = collections.deque()
-        self._ready: collections.deque[Any] = collections.deque()  # pieces come, not yet in a batch
+        self._ready: collections.deque[tuple[Any, int]] = collections.deque()  # (piece, its samples) come
         self._ready_rows = 0
         super()._reset(loader, first_iter)  # type: ignore[misc]
 
@@ -108,8 +108,9 @@ class ReadyFirst:
             piece = piece if tracking is None else tracking.unstamped(piece)
             if piece is SKIPPED:  # every record of the piece bad and skipped (``on_error="skip"``)
                 continue
-            self._ready.append(piece)
-            self._ready_rows += len(piece) if self._collate is not None else rows(piece)
+            size = len(piece) if self._collate is not None else rows(piece)
+            self._ready.append((piece, size))
+            self._ready_rows += size
         batch = self._batch_of_ready()
         if self._pin_memory:  # type: ignore[attr-defined]
             batch = _utils.pin_memory.pin_memory(batch, self._pin_memory_device)  # type: ignore[attr-defined]
@@ -121,10 +122,9 @@ class ReadyFirst:
         samples = self._collate is not None
         parts, room = [], self._batch_size
         while room and self._ready:
-            piece = self._ready.popleft()
-            size = len(piece) if samples else rows(piece)
+            piece, size = self._ready.popleft()
             if size > room:
-                self._ready.appendleft(piece[room:] if samples else cut(piece, room, size))
+                self._ready.appendleft((piece[room:] if samples else cut(piece, room, size), size - room))
                 piece, size = (piece[:room] if samples else cut(piece, 0, room)), room
             parts.append(piece)
             room -= size

@@ -31,9 +31,10 @@ _ALIGN = 64
 
 
 class _Stacking:
-    """One batch's stacking in a worker: the slot it took (if any) and the tensors it put there."""
+    """One batch's stacking in a worker: the slot it took (if any) and the tensors it put there; without a
+    ring (``None``), tensors of ``min_bytes`` or more are stacked as torch's collate does."""
 
-    def __init__(self, ring: BatchRing, worker: int, min_bytes: int) -> None:
+    def __init__(self, ring: BatchRing | None, worker: int, min_bytes: int) -> None:
         self.ring, self.worker, self.min_bytes = ring, worker, min_bytes
         self.slot: int | None = None
         self.used = 0  # bytes of the slot this batch's tensors take
@@ -46,6 +47,8 @@ class _Stacking:
         nbytes = elem.element_size() * elem.numel() * len(batch)
         if nbytes < self.min_bytes:  # stacked into the first sample's dtype, as torch's collate does
             return by_value(torch.stack(batch, 0, out=torch.empty(shape, dtype=elem.dtype)))
+        if self.ring is None:
+            return collate_tensor_fn(batch)
         if self.slot is None:
             self.slot = self.ring.take(self.worker)
         if self.slot is None or self.used + nbytes > SLOT_BYTES:
@@ -59,7 +62,7 @@ class _Stacking:
     def done(self, sent: bool) -> None:
         """The batch is collated (``sent``: it goes to the main process) or failed: a slot it holds nothing
         of, or holds for a batch that is not sent, is free again."""
-        if self.slot is not None and not (sent and self.used):
+        if self.ring is not None and self.slot is not None and not (sent and self.used):
             self.ring.release(self.slot)
 
 
@@ -117,10 +120,10 @@ class _RingTensor(torch.Tensor):
 
 
 class RingCollate:
-    """``default_collate`` in a worker, stacking tensors of ``min_bytes`` or more into ``ring``'s slots; as
-    is elsewhere."""
+    """``default_collate`` in a worker, stacking tensors of ``min_bytes`` or more into ``ring``'s slots (with
+    no ring, as torch's collate does) and smaller ones by value; as is elsewhere."""
 
-    def __init__(self, ring: BatchRing, min_bytes: int = MIN_TENSOR_BYTES) -> None:
+    def __init__(self, ring: BatchRing | None, min_bytes: int = MIN_TENSOR_BYTES) -> None:
         self.ring, self.min_bytes = ring, min_bytes
 
     def __call__(self, samples: Any) -> Any:

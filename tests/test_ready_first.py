@@ -257,9 +257,11 @@ def same(a, b) -> bool:
 
 @pytest.mark.multiproc
 @pytest.mark.parametrize("batch_size", [BATCH, 30])  # pieces of 4, or of 8 8 8 6: some batches join a cut
-def test_each_batch_is_default_collate_of_its_samples(batch_size):
+@pytest.mark.parametrize("context", [None, "spawn"])  # pieces in the batch ring, or (spawned) by value
+def test_each_batch_is_default_collate_of_its_samples(batch_size, context):
     ds = Mixed()
-    dl = loader.DataLoader(ds, batch_size=batch_size, num_workers=2, shuffle=True, ready_first=True)
+    dl = loader.DataLoader(ds, batch_size=batch_size, num_workers=2, shuffle=True, ready_first=True,
+                           multiprocessing_context=context)  # fmt: skip
     batches = list(dl)
     for batch in batches:
         assert same(batch, default_collate([ds[int(i)] for i in batch["i"]]))
