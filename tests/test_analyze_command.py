@@ -231,6 +231,8 @@ def test_apply_runs_the_advised_setting_and_says_how_near_the_prediction_was(pre
     workers, predicted, measured = int(match[1]), float(match[2]), float(match[3])
     assert workers > 1  # prep-bound on one worker: more workers advised
     assert abs(measured / predicted - 1) < 0.5  # the figure of record is in the benchmark (15%)
+    verdicts = ("the prediction holds", "off the prediction by more than", "the run contradicts")
+    assert sum(v in line for v in verdicts) == 1, line
 
 
 def test_the_how_to_example_runs_as_written(tmp_path):

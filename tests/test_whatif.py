@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from stallbench.analysis import whatif
-from stallbench.analysis.advice import Advised, advise, advised
+from stallbench.analysis.advice import advise, advised
 from stallbench.analysis.hits import hit_rate
-from stallbench.analysis.results import Breakdown, FormPrediction, Machine, RunRecord, Workload
+from stallbench.analysis.results import Advised, Breakdown, FormPrediction, Machine, RunRecord, Workload
 from stallbench.analysis.whatif import Measured, epoch_terms, predict, roofline, what_if
 
 GB = 10**9

@@ -11,29 +11,17 @@ from dataclasses import dataclass
 
 from stallbench.analysis.arguments import FORM_ARGUMENT, cache_arguments, form_argument
 from stallbench.analysis.hits import cache_budget
-from stallbench.analysis.results import FormPrediction, Prediction
+from stallbench.analysis.results import Advised, FormPrediction, Prediction
 from stallbench.analysis.slow_samples import slow_samples_said
 from stallbench.analysis.whatif import Measured, predict, roofline
 from stallbench.conditions.sizes import format_bytes
 from stallbench.jobs.kinds import CACHED, KINDS
 
-__all__ = ["Advised", "advise", "advised"]
+__all__ = ["advise", "advised"]
 
 ACT_ON = 10.0  # a stall under this % of the epoch is not worth acting on
 MIN_GAIN = 0.02  # an action must cut the epoch by at least this fraction to be advised
 FORM_GAIN = 0.10  # a form of record must cut the weighed epoch by this much (the loader's own margin)
-
-
-@dataclass(frozen=True)
-class Advised:
-    """The setting an advice names, as a run makes it: loaders ``loader`` ("torch" or "cached") with
-    ``workers``, our cache at ``cache_bytes`` holding ``cache_form`` (None: as run); its predicted epoch."""
-
-    loader: str
-    workers: int
-    cache_bytes: int | None
-    epoch_seconds: float
-    cache_form: str | None = None
 
 
 def _gain(prediction: Prediction | FormPrediction, m: Measured) -> str:

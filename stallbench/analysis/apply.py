@@ -12,16 +12,15 @@ from dataclasses import dataclass
 from statistics import fmean
 from typing import IO
 
-from stallbench.analysis import advice, whatif
 from stallbench.analysis.arguments import cache_arguments
-from stallbench.analysis.results import LoaderReport, steady
+from stallbench.analysis.results import Advised, LoaderReport, steady
 from stallbench.analysis.training import train_epochs
 from stallbench.analysis.user_analysis import UserJob, run_once
 from stallbench.conditions.sizes import format_bytes
 from stallbench.conditions.storage import evict_page_cache
 from stallbench.jobs.kinds import CACHED, KINDS
 
-__all__ = ["Applied", "NotRunnable", "apply_advice", "run_setting"]
+__all__ = ["HOLDS", "Applied", "NotRunnable", "apply_advice", "run_setting"]
 
 
 def run_setting(
@@ -44,17 +43,41 @@ def run_setting(
     return fmean(r.seconds for r in steady(epochs))
 
 
+HOLDS = 0.15  # a measured epoch within this share of its prediction: the prediction holds
+
+
 @dataclass(frozen=True)
 class Applied:
-    """``--apply``: the advised setting run cold, against what was predicted for it."""
+    """``--apply``: the advised setting run cold, against what was predicted for it and the steady epoch as
+    the analysis ran it (``as_run_spread``: half the range of its steady epochs)."""
 
     setting: str
     predicted_seconds: float
     measured_seconds: float
+    as_run_seconds: float
+    as_run_spread: float = 0.0
 
     @property
     def error(self) -> float:
         return self.measured_seconds / self.predicted_seconds - 1.0
+
+    @property
+    def gained(self) -> bool:
+        """Whether the run was faster than as run, beyond the spread of the analysed epochs."""
+        return self.measured_seconds < self.as_run_seconds - self.as_run_spread
+
+    def said(self) -> str:
+        """Predicted against measured, and what the run says of the prediction: it holds, it is off but the
+        setting gained, or the run contradicts it (no faster than as run: no gain, whatever was predicted)."""
+        figures = f"predicted {self.predicted_seconds:.2f} s, measured {self.measured_seconds:.2f} s"
+        head = f"{self.setting}: steady epoch {figures} ({self.error:+.0%}), "
+        head += f"as run {self.as_run_seconds:.2f} s"
+        if not self.gained:
+            return f"{head}: the run contradicts the prediction (no faster than as run): keep it as run"
+        if abs(self.error) <= HOLDS:
+            return f"{head}: the prediction holds (within {HOLDS:.0%})"
+        gain = 1.0 - self.measured_seconds / self.as_run_seconds
+        return f"{head}: off the prediction by more than {HOLDS:.0%}, yet {gain:.0%} faster than as run"
 
 
 class NotRunnable(ValueError):
@@ -62,12 +85,9 @@ class NotRunnable(ValueError):
 
 
 def apply_advice(job: UserJob, report: LoaderReport, kind: str, log: IO[str] | None = None) -> Applied | None:
-    """Rerun the cold run of loaders ``kind`` (as analyzed) with the setting the report's advice names, and
-    only that setting changed; None where it names none."""
-    m = whatif.Measured(
-        report.workload, report.breakdown, report.machine, report.loader, report.storage_bytes
-    )
-    chosen = advice.advised(m, report.predictions, report.form_predictions)
+    """Rerun the cold run of loaders ``kind`` (as analyzed) with the setting the report's advice names
+    (``report.advised``), and only that setting changed; None where it names none."""
+    chosen = report.advised
     if chosen is None:
         return None
     cached = KINDS[chosen.loader].cached
@@ -80,10 +100,13 @@ def apply_advice(job: UserJob, report: LoaderReport, kind: str, log: IO[str] | N
     measured = run_setting(
         job, kind, workers=chosen.workers, cache_bytes=cache, cache_form=chosen.cache_form, log=log
     )
-    return Applied(_said(chosen, report, cache), chosen.epoch_seconds, measured)
+    b = report.breakdown
+    return Applied(
+        _said(chosen, report, cache), chosen.epoch_seconds, measured, b.epoch_seconds, b.epoch_spread_seconds
+    )
 
 
-def _said(chosen: advice.Advised, report: LoaderReport, cache: int | None) -> str:
+def _said(chosen: Advised, report: LoaderReport, cache: int | None) -> str:
     """The setting run, in words: its workers, and our cache's arguments or form where it is ours."""
     where = f"{chosen.workers} workers"
     if chosen.cache_form is not None:

@@ -71,6 +71,7 @@ def loader_report(m: Measurement) -> LoaderReport:
         slow_sample_count=m.runs["cold"].slow_sample_count,
         slow_samples=m.runs["cold"].slow_samples,
         slow_again=m.runs["cold"].slow_again,
+        advised=advice.advised(measured, predictions, forms) if m.what_if else None,
         **m.extra,
     )  # fmt: skip
 

@@ -16,6 +16,7 @@ from stallbench.conditions.limits import Limits
 __all__ = [
     "steady",
     "SCHEMA",
+    "Advised",
     "Breakdown",
     "EpochRecord",
     "LoaderReport",
@@ -192,6 +193,18 @@ class FormPrediction:
 
 
 @dataclass(frozen=True)
+class Advised:
+    """The setting an advice names, as a run makes it: loaders ``loader`` ("torch" or "cached") with
+    ``workers``, our cache at ``cache_bytes`` holding ``cache_form`` (None: as run); its predicted epoch."""
+
+    loader: str
+    workers: int
+    cache_bytes: int | None
+    epoch_seconds: float
+    cache_form: str | None = None
+
+
+@dataclass(frozen=True)
 class PrefetchPrediction:
     """Predicted steady epoch with another ``prefetch_factor`` at the measured workers and cache."""
 
@@ -282,6 +295,7 @@ class LoaderReport:
     slow_sample_count: int = 0
     slow_samples: tuple[SlowSample, ...] = ()
     slow_again: float = 0.0
+    advised: Advised | None = None  # the setting the advice names, as a run makes it (``--apply``)
 
 
 def steady(epochs: list) -> list:

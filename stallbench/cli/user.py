@@ -131,8 +131,7 @@ def _apply(
         if applied is None:
             print(f"--apply ({report.loader}): the advice names no setting to run")
             continue
-        figures = f"predicted {applied.predicted_seconds:.2f} s, measured {applied.measured_seconds:.2f} s"
-        print(f"--apply ({report.loader}): {applied.setting}: steady epoch {figures} ({applied.error:+.0%})")
+        print(f"--apply ({report.loader}): {applied.said()}")
 
 
 def _check_swappable(kinds: tuple[str, ...]) -> None:
