@@ -2,7 +2,7 @@
 
 Mode "plain" runs torchvision's train steps with whatever PIL is importable (the benchmark puts plain Pillow
 first on PYTHONPATH): full decode, RandomResizedCrop geometry, crop then bilinear resize, flip, CHW numpy.
-It needs only the standard library, PIL and numpy. Mode "ours" times ``loader.decode.TrainTransform``
+It needs only the standard library, PIL and numpy. Mode "ours" times ``loader.fetching.decode.TrainTransform``
 instead (the repository root must be on PYTHONPATH; it imports torch).
 
 usage: python _plain_pillow_decode.py FOLDER COUNT {plain,ours} [--cpu N] [--seed S] [--wait]
@@ -68,7 +68,9 @@ def plain_train(raw: bytes) -> np.ndarray:
 def make_step(mode: str) -> Callable[[bytes], object]:
     if mode == "plain":
         return plain_train
-    from loader.decode import TrainTransform  # only in mode "ours"; needs the repository on PYTHONPATH
+    from loader.fetching.decode import (
+        TrainTransform,
+    )  # only in mode "ours"; needs the repository on PYTHONPATH
 
     return TrainTransform(size=SIZE, scale=SCALE, ratio=RATIO)
 

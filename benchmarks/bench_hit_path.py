@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from loader import SKIPPED, ImageFolder, TrainTransform
-from loader._fetched import Fetched
-from loader.board import StatsBoard
 from loader.cache import MinIOCache
 from loader.cache._layout import checksum
+from loader.fetching.fetched import Fetched
+from loader.stats.board import StatsBoard
 from stallbench.jobs.run import scratch_cache_dir
 from stallbench.report import plain_table
 from stallbench.workloads import make_jpeg_folder

@@ -10,25 +10,25 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from loader._pil import PilBuild, pil_build
     from loader.cache import CacheInfo, MinIOCache
     from loader.coordinated import Coordination, CoordinationStats, CoordinationWarning, PrepFailed
     from loader.dataloader import DataLoader
     from loader.datasets import SKIPPED, ArrowDataset, ImageFolder, LMDBDataset, SourceDataset, TarShards
-    from loader.decode import EvalTransform, TrainTransform
     from loader.errors import BadRecordError, SourceError
-    from loader.files import CachedFiles
+    from loader.fetching.decode import EvalTransform, TrainTransform
+    from loader.fetching.pil import PilBuild, pil_build
+    from loader.form.staged import Staged, StagedTransform
     from loader.partition import Partition
+    from loader.serving.files import CachedFiles
     from loader.sources import FileTreeSource, ImageFolderSource, Source, TarShardsSource
-    from loader.staged import Staged, StagedTransform
-    from loader.stats import LoaderStats
+    from loader.stats.loader_stats import LoaderStats
 
 # Each name is imported from its module when first used: ``import loader`` alone (or of ``loader.system``,
 # ``loader.sources``) loads neither torch nor pyarrow nor lmdb, so a process that only sizes or lists data
 # (stallbench's own) starts 1.5 s sooner.
 _HOMES = {
-    "PilBuild": "loader._pil",
-    "pil_build": "loader._pil",
+    "PilBuild": "loader.fetching.pil",
+    "pil_build": "loader.fetching.pil",
     "CacheInfo": "loader.cache",
     "MinIOCache": "loader.cache",
     "Coordination": "loader.coordinated",
@@ -42,11 +42,11 @@ _HOMES = {
     "LMDBDataset": "loader.datasets",
     "SourceDataset": "loader.datasets",
     "TarShards": "loader.datasets",
-    "EvalTransform": "loader.decode",
-    "TrainTransform": "loader.decode",
+    "EvalTransform": "loader.fetching.decode",
+    "TrainTransform": "loader.fetching.decode",
     "BadRecordError": "loader.errors",
     "SourceError": "loader.errors",
-    "CachedFiles": "loader.files",
+    "CachedFiles": "loader.serving.files",
     "Partition": "loader.partition",
     "ArrowSource": "loader.sources",
     "FileTreeSource": "loader.sources",
@@ -56,9 +56,9 @@ _HOMES = {
     "Source": "loader.sources",
     "TarShardsSource": "loader.sources",
     "image_folder_to_lmdb": "loader.sources",
-    "Staged": "loader.staged",
-    "StagedTransform": "loader.staged",
-    "LoaderStats": "loader.stats",
+    "Staged": "loader.form.staged",
+    "StagedTransform": "loader.form.staged",
+    "LoaderStats": "loader.stats.loader_stats",
 }
 
 __all__ = [

@@ -1,5 +1,6 @@
 """Ready-made datasets over a Source: raw bytes from the cache or storage, then decode + augment. The cache
-holds records raw or prepared (``_prepared``), never samples: random augmentation stays random each epoch."""
+holds records raw or prepared (``loader.form.prepared``), never samples: random augmentation stays random each
+epoch."""
 
 from __future__ import annotations
 
@@ -11,14 +12,14 @@ from typing import Any, Literal
 from torch.utils.data import Dataset
 
 from loader import sources
-from loader._fetched import SKIPPED, BatchCost, Fetched, fetch_raw, note_fetch
-from loader._prepared import PreparedRecords
-from loader._readahead import ReadAhead
-from loader.board import StatsBoard
 from loader.cache import MinIOCache
-from loader.decode import make_transform, tokens_to_tensor
 from loader.errors import BadRecordError
+from loader.fetching.decode import make_transform, tokens_to_tensor
+from loader.fetching.fetched import SKIPPED, BatchCost, Fetched, fetch_raw, note_fetch
+from loader.fetching.readahead import ReadAhead
+from loader.form.prepared import PreparedRecords
 from loader.partition.peers import PeerRecords
+from loader.stats.board import StatsBoard
 
 __all__ = ["SKIPPED", "ArrowDataset", "ImageFolder", "LMDBDataset", "SourceDataset", "TarShards"]
 

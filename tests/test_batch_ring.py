@@ -1,5 +1,5 @@
-"""loader._batch_ring: large batch tensors handed from forked workers through kept slots, the same values as
-torch's loader gives, whatever the loop holds, with workers killed or stopped."""
+"""loader.transport.batch_ring: large batch tensors handed from forked workers through kept slots, the same
+values as torch's loader gives, whatever the loop holds, with workers killed or stopped."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import torch
 from torch.utils.data import Dataset
 
 import loader
-from loader import _batch_ring
-from loader._dead_workers import forget_segments_of_failed
-from loader._ring_collate import MIN_TENSOR_BYTES
+from loader.transport import batch_ring as _batch_ring
+from loader.transport.dead_workers import forget_segments_of_failed
+from loader.transport.ring_collate import MIN_TENSOR_BYTES
 
 N, BATCH = 96, 32
 IMAGE = (3, 224, 224)  # uint8: a batch of 32 is 4.8 MB, over MIN_TENSOR_BYTES

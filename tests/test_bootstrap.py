@@ -282,9 +282,9 @@ def test_without_a_job_nothing_is_patched_or_written(tmp_path):
 
 
 def test_the_bootstrap_imports_neither_torch_nor_loader_into_a_script_that_does_not(tmp_path):
-    """Its counters come from loader.system.counters loaded alone from its file: importing the package would
-    bring torch, pyarrow and lmdb into every process before the script's own imports. (Asked to swap in our
-    loader, it imports it: that run is ours.)"""
+    """Its counters: loader.system.counters loaded alone from its file (``stallbench.jobs.counters``):
+    a ``loader`` module put into the script's process before its own imports would stand in for a project's
+    own ``loader.py``. (Asked to swap in our loader, it imports it: that run is ours.)"""
     job = JobSpec(out_dir=str(tmp_path / "out")).write(tmp_path / "spec.json")
     code = "import sys; print(sorted(m for m in ('torch', 'loader', 'pyarrow') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], env=_env(job), capture_output=True, text=True)

@@ -11,9 +11,9 @@ import warnings
 import pytest
 from helpers import MemorySource
 
-from loader._fetched import fetch_raw
 from loader.cache import Admission, CorruptRecordError, MinIOCache, store_path
 from loader.cache._layout import HEADER_BYTES, RESERVED, SLOT_DTYPE, index_bytes
+from loader.fetching.fetched import fetch_raw
 
 N = 40
 FP = "ab" * 32

@@ -21,9 +21,9 @@ from PIL import Image
 
 import loader
 from loader import DataLoader
-from loader._serving import _real_open
 from loader.cache import MinIOCache
-from loader.files import LARGEST_FILE
+from loader.serving.files import LARGEST_FILE
+from loader.serving.open_hook import _real_open
 
 FORK_WARNING = "ignore:.*use of fork\\(\\) may lead to deadlocks:DeprecationWarning"
 N, SIZE = 12, 3000
@@ -197,7 +197,7 @@ def test_forked_workers_serve_and_count_into_one_total_with_the_users_worker_ini
 
 
 def _check_served_init(worker_id: int) -> None:
-    assert builtins.open.__module__ == "loader._serving"  # served before the user's init runs
+    assert builtins.open.__module__ == "loader.serving.open_hook"  # served before the user's init runs
 
 
 @pytest.mark.multiproc

@@ -162,7 +162,7 @@ def test_a_killed_job_leaves_no_worker_behind():
 
     import psutil
 
-    from loader._orphan_guard import ORPHAN_GRACE
+    from loader.transport.orphan_guard import ORPHAN_GRACE
 
     here = Path(__file__).parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parent)])}

@@ -228,7 +228,7 @@ def test_a_world_size_change_under_another_epoch_is_refused_naming_it():
 def test_every_rank_works_out_each_ranks_order_of_a_fresh_epoch_as_that_rank_draws_it():
     from torch.utils.data import DistributedSampler
 
-    from loader._world_change import order_of
+    from loader.resume.world_change import order_of
 
     dataset = list(range(50))
     mine = DistributedSampler(dataset, num_replicas=3, rank=0, shuffle=True, seed=7)
@@ -244,7 +244,7 @@ def test_every_rank_works_out_each_ranks_order_of_a_fresh_epoch_as_that_rank_dra
 def test_every_rank_works_out_each_ranks_order_of_a_restored_epoch_as_that_rank_walks_it(world):
     """What a partitioned cache plans its exchange from: a state saved by 2 ranks after 4 batches each,
     restored on each of ``world`` ranks (the rest of each rank's own order, or the rest dealt again)."""
-    from loader._world_change import resumed_orders
+    from loader.resume.world_change import resumed_orders
 
     saved = _rank_loader(2, 0, 3, True, False)
     batches = iter(saved)

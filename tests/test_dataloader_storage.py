@@ -156,7 +156,7 @@ def test_a_users_own_file_is_served_from_the_store_whatever_evicting_its_pages_m
     def evict_fails(path: str) -> None:
         raise OSError(errno.EIO, f"the device went away under {path}")
 
-    monkeypatch.setattr(loader.files, "evict_file", evict_fails)
+    monkeypatch.setattr(loader.serving.files, "evict_file", evict_fails)
     files = loader.CachedFiles(cold_images, 1 << 24, cache_dir=shm_dir)
     paths = sorted(cold_images.rglob("*.jpg"))
     assert [files.read(p)[1] for p in paths] == [False] * 32

@@ -1,4 +1,5 @@
-"""Tests for loader.decode (transforms from record bytes) and loader._pil (which PIL build is active)."""
+"""Tests for loader.fetching.decode (transforms from record bytes) and loader.fetching.pil (which PIL build is
+active)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import pytest
 import torch
 from PIL import Image
 
-import loader._pil as pil_module
-from loader._images import draft_box as _draft
-from loader._pil import PilBuild, SlowDecodeWarning, pil_build, warn_if_not_simd
-from loader.decode import EvalTransform, TrainTransform, make_transform
+import loader.fetching.pil as pil_module
+from loader.fetching.decode import EvalTransform, TrainTransform, make_transform
+from loader.fetching.images import draft_box as _draft
+from loader.fetching.pil import PilBuild, SlowDecodeWarning, pil_build, warn_if_not_simd
 
 
 def _picture(width: int, height: int, seed: int = 0) -> np.ndarray:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import loader._held_reads
+import loader.serving.held_reads
 from loader import CachedFiles
 from loader.cache._layout import index_bytes
 
@@ -96,7 +96,7 @@ def test_a_held_file_rewritten_in_the_batch_is_read_again_and_the_new_bytes_kept
 
 def test_reads_held_past_held_bytes_are_admitted_at_once(tree, files, monkeypatch):
     _, paths = tree
-    monkeypatch.setattr(loader._held_reads, "HELD_BYTES", 2 * SIZE)
+    monkeypatch.setattr(loader.serving.held_reads, "HELD_BYTES", 2 * SIZE)
     files.hold_admissions()
     for k, path in enumerate(paths[:5]):
         files.read(path)
@@ -106,7 +106,9 @@ def test_reads_held_past_held_bytes_are_admitted_at_once(tree, files, monkeypatc
 
 def test_reads_held_from_many_threads_are_each_admitted_once(tree, files, monkeypatch):
     _, paths = tree
-    monkeypatch.setattr(loader._held_reads, "HELD_BYTES", 2 * SIZE)  # threads' reads taken while others add
+    monkeypatch.setattr(
+        loader.serving.held_reads, "HELD_BYTES", 2 * SIZE
+    )  # threads' reads taken while others add
     files.hold_admissions()
     with ThreadPoolExecutor(8) as pool:
         got = list(pool.map(files.read, paths * 4))

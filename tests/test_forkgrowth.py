@@ -11,7 +11,8 @@ from typing import ClassVar
 import pytest
 import torch
 
-from loader import DataLoader, _iterators
+from loader import DataLoader
+from loader.dataloader import iterators as _iterators
 from loader.system import forkgrowth
 
 MIB = 1 << 20

@@ -19,10 +19,10 @@ from helpers import MemorySource, make_jpeg_folder
 from PIL import Image
 
 from loader import DataLoader, EvalTransform, ImageFolder, SourceDataset, Staged, TrainTransform
-from loader._forms import probe
-from loader._weighing import Probe, weigh
 from loader.cache._layout import index_bytes
-from loader.staged import decode_prepared, encode_prepared
+from loader.form.choice import probe
+from loader.form.staged import decode_prepared, encode_prepared
+from loader.form.weighing import Probe, weigh
 
 SMALL = TrainTransform(size=32)
 

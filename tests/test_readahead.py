@@ -9,7 +9,14 @@ import pytest
 from helpers import MemorySource, first_index
 
 from loader import DataLoader, SourceDataset
-from loader._readahead import COPY_BPS, HOLD_OFF, MIN_FETCH_S, PROBE_EVERY, SLOWER_THAN_COPY, ReadAhead
+from loader.fetching.readahead import (
+    COPY_BPS,
+    HOLD_OFF,
+    MIN_FETCH_S,
+    PROBE_EVERY,
+    SLOWER_THAN_COPY,
+    ReadAhead,
+)
 
 
 class SlowReads(MemorySource):

@@ -1,4 +1,4 @@
-"""The form of record revisited while the cache fills (``loader._revisit``): a store's movable limit, the
+"""The form of record revisited while the cache fills (``loader.form.revisit``): a store's movable limit, the
 costs measured on the job's own records, the split moved where they say, a stopped or killed lock holder,
 and a loader whose probe saw slow storage moving its room to prepared records mid-epoch."""
 
@@ -15,12 +15,13 @@ import pytest
 import torch
 import torch.utils.data
 
-from loader import DataLoader, EvalTransform, ImageFolder, Staged, _forms
-from loader._forms import probe
-from loader._revisit import FormRevisit, measured
-from loader._weighing import Probe, weigh
+from loader import DataLoader, EvalTransform, ImageFolder, Staged
 from loader.cache import MinIOCache, index_bytes
-from loader.stats import LoaderStats
+from loader.form import choice as _forms
+from loader.form.choice import probe
+from loader.form.revisit import FormRevisit, measured
+from loader.form.weighing import Probe, weigh
+from loader.stats.loader_stats import LoaderStats
 from loader.system.locks import LockTimeout
 from loader.system.pagecache import drop_file
 from stallbench.workloads import make_jpeg_folder

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from loader.cache.minio import TAKES_AHEAD
-from loader.files import CachedFiles
+from loader.serving.files import CachedFiles
 from loader.sources import ArrowSource, ImageFolderSource, LMDBSource, image_folder_to_lmdb
 from loader.system import pagecache as _pagecache
 from loader.system.libc import cached_pages

@@ -3,7 +3,7 @@
 Every rank computes both from what it already knows: the nodes (ranks that share one cache: the same host and
 cache folder), and every rank's order of the epoch, which the loader works out alike on every rank (a
 ``DistributedSampler`` draws it from its seed and epoch; in a restored epoch, it is what each rank has left:
-``loader._world_change``). Nothing about records is exchanged.
+``loader.resume.world_change``). Nothing about records is exchanged.
 
 Ownership: record ``i`` belongs to node ``i % nodes``; that node's cache admits it, and that node's first rank
 (its leader) serves it to the ranks of other nodes. Records are interleaved, so each node owns an equal share

@@ -23,7 +23,7 @@ from loader.partition.options import Partition
 from loader.partition.peers import PeerRecords
 from loader.partition.plan import Layout
 from loader.partition.split import Split, SplitChooser
-from loader.stats import LoaderStats
+from loader.stats.loader_stats import LoaderStats
 from loader.system.private import user_dir
 
 __all__ = ["PartitionedCache", "check_partition_args"]
@@ -94,7 +94,7 @@ class PartitionedCache:
     def start_epoch(self, orders: Callable[[int], list[int]]) -> None:
         """The exchange threads start the epoch: call once its workers exist (see DataLoader.__iter__), with
         ``orders(r)``, the samples rank r walks in it, the same on every rank (the sampler's whole epoch, or
-        what each rank has left of a restored one: ``loader._world_change``)."""
+        what each rank has left of a restored one: ``loader.resume.world_change``)."""
         self._say_gone()
         self.exchange.start_epoch(orders, self._split)
 

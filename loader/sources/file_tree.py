@@ -1,9 +1,10 @@
 """Every file under a folder as one record each: what a user's own Dataset opens by path.
 
 A training script that opens its files itself (``PIL.Image.open(path)``, ``np.load(path)``) names records by
-path, not by index; this source lists them so the cache can hold them (see ``loader.files``). Symbolic links
-are not listed and linked folders not entered: a link may lead out of the tree, and one that stays inside
-would list a file twice. A path through a link inside the tree is still found by its real path (``find``).
+path, not by index; this source lists them so the cache can hold them (see ``loader.serving.files``). Symbolic
+links are not listed and linked folders not entered: a link may lead out of the tree, and one that stays
+inside would list a file twice. A path through a link inside the tree is still found by its real path
+(``find``).
 """
 
 from __future__ import annotations

@@ -9,15 +9,39 @@
   how big a cache may be (the reserve it leaves for the job's own growth), and the gauge of whether memory
   is short now; ``home``: where a cache lives by default, and whether the kernel can take its pages back;
   ``forkgrowth``: what forking workers grew it by;
-* ``counters``: the kernel's counts of a process tree, bytes read from storage and CPU seconds (loaded
-  alone from its file by a child that imports nothing else, so it imports only the standard library).
+* ``counters``: the kernel's counts of a process tree, bytes read from storage and CPU seconds (it imports
+  only the standard library: a child that reads storage imports it and nothing else).
+
+Each name here is imported from its module when first used (PEP 562), as ``loader``'s are: importing one
+module of the layer (``loader.system.counters``) loads only that module and what it imports.
 """
 
-from loader.system.counters import cpu_seconds, read_bytes, storage_read_bytes
-from loader.system.memory import MemoryView, memory_view
-from loader.system.pagecache import PAGE, can_tell, resident_pages
-from loader.system.private import UntrustedCacheError, open_private, private_dir
-from loader.system.sizing import reserve_for_limit
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loader.system.counters import cpu_seconds, read_bytes, storage_read_bytes
+    from loader.system.memory import MemoryView, memory_view
+    from loader.system.pagecache import PAGE, can_tell, resident_pages
+    from loader.system.private import UntrustedCacheError, open_private, private_dir
+    from loader.system.sizing import reserve_for_limit
+
+_HOMES = {
+    "cpu_seconds": "counters",
+    "read_bytes": "counters",
+    "storage_read_bytes": "counters",
+    "MemoryView": "memory",
+    "memory_view": "memory",
+    "PAGE": "pagecache",
+    "can_tell": "pagecache",
+    "resident_pages": "pagecache",
+    "UntrustedCacheError": "private",
+    "open_private": "private",
+    "private_dir": "private",
+    "reserve_for_limit": "sizing",
+}
 
 __all__ = [
     "PAGE",
@@ -33,3 +57,16 @@ __all__ = [
     "resident_pages",
     "storage_read_bytes",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value  # once: later uses find it here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

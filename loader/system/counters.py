@@ -6,11 +6,11 @@ reaped children's, so the sum over this process and its live descendants counts 
 in the tree, workers that have exited included; the CPU seconds are summed the same way (each live process's
 user + system time, and its reaped children's). An epoch's figures are two readings subtracted.
 
-Every part that counts storage bytes does it here: ``loader.stats`` (the loader's own ``storage_bytes``, per
-process, read cheaply: ``own_read_bytes``), stallbench's generated jobs and the bootstrap in a user's command,
-and the storage reader of ``stallbench.analysis.measure``. That reader runs in a ``python -I`` child that
-loads this file alone, so it imports only the standard library (psutil, which finds a tree's processes,
-when a tree is read).
+Every part that counts storage bytes does it here: ``loader.stats.loader_stats`` (the loader's own
+``storage_bytes``, per process, read cheaply: ``own_read_bytes``), stallbench's generated jobs and the
+bootstrap in a user's command, and the storage reader of ``stallbench.analysis.measure``. That reader runs in
+a ``python -I`` child that loads this file alone, so it imports only the standard library (psutil, which finds
+a tree's processes, when a tree is read).
 """
 
 from __future__ import annotations

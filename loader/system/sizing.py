@@ -31,12 +31,12 @@ def reserve_for_limit(limit: int, own: int) -> int:
     16 MiB, at most 128 MiB) where that is more.
 
     The growth is mostly copy-on-write and comes at once, faster than any look at the memory: a DataLoader
-    worker shares its parent's pages when forked and copies each one it writes to (a refcount is a write),
-    so the job grows each time workers are forked, by a share of its own size. Measured with the heap frozen
-    while workers fork (``_shared_heap.py``): an evaluation loader's 2 workers forked from a 288 MiB job
-    grew it by ~50 MiB. Below 2.5 GiB the fifth of the job binds, so a small job under a tight limit keeps
-    little free, and a big one no more than 128 MiB; above, 5% of the limit. Where the job grows through
-    the reserve anyway, the store gives memory back (``PressureGauge.overdrawn``)."""
+    worker shares its parent's pages when forked and copies each one it writes to (a refcount is a write), so
+    the job grows each time workers are forked, by a share of its own size. Measured with the heap frozen
+    while workers fork (``loader/transport/shared_heap.py``): an evaluation loader's 2 workers forked from a
+    288 MiB job grew it by ~50 MiB. Below 2.5 GiB the fifth of the job binds, so a small job under a tight
+    limit keeps little free, and a big one no more than 128 MiB; above, 5% of the limit. Where the job grows
+    through the reserve anyway, the store gives memory back (``PressureGauge.overdrawn``)."""
     own_share = min(_OWN_CAP, max(_OWN_FLOOR, own // _OWN_SHARE))
     return max(limit // _LIMIT_SHARE, own_share)
 

@@ -37,7 +37,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from stallbench.jobs.loader_alone import load_alone
 from stallbench.jobs.run import scratch_cache_dir
 
 __all__ = ["ExchangeCost", "exchange_cost", "measure_exchange_cost"]
@@ -45,7 +44,6 @@ __all__ = ["ExchangeCost", "exchange_cost", "measure_exchange_cost"]
 SIZES = ((8192, 512), (1 << 20, 64))  # (record bytes, records) of the probe's two rounds
 TIMEOUT_S = 120
 KEPT = "exchange-cost.json"
-_private = load_alone("system/private.py")
 
 
 @dataclass(frozen=True)
@@ -113,9 +111,11 @@ def _wait(ranks: list[subprocess.Popen], timeout: float) -> bool:
 
 def _kept_folder() -> Path:
     """This user's private ``stallbench`` folder in their cache folder (made 0700, or checked)."""
+    from loader.system.private import private_dir  # here: the command line starts without loader
+
     home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     home.mkdir(parents=True, exist_ok=True)
-    return _private.private_dir(home, "stallbench")
+    return private_dir(home, "stallbench")
 
 
 def _boot() -> str:
@@ -124,8 +124,10 @@ def _boot() -> str:
 
 def _read_kept() -> ExchangeCost | None:
     """The kept cost, where it is this boot's, ours and whole; else None."""
+    from loader.system.private import open_private
+
     try:
-        fd = _private.open_private(_kept_folder(), KEPT, os.O_RDONLY)
+        fd = open_private(_kept_folder(), KEPT, os.O_RDONLY)
     except OSError:  # none kept, not ours, or no cache folder to be had
         return None
     with os.fdopen(fd, "rb") as f:
@@ -142,11 +144,13 @@ def _keep(cost: ExchangeCost) -> None:
     """Written whole under a name of this process (one a dead process of the same pid left is removed
     first: the folder is ours alone), then renamed over the kept file; where that fails (a full disk, a
     home that cannot be written), the cost is only not kept."""
+    from loader.system.private import write_new
+
     with contextlib.suppress(OSError):
         folder = _kept_folder()
         tmp = folder / f".{KEPT}-{os.getpid()}"
         tmp.unlink(missing_ok=True)
-        _private.write_new(tmp, [json.dumps({"boot": _boot(), **asdict(cost)}).encode()])
+        write_new(tmp, [json.dumps({"boot": _boot(), **asdict(cost)}).encode()])
         os.replace(tmp, folder / KEPT)
 
 
@@ -155,10 +159,7 @@ def _node(inboxes: Path, port: int, timeout: int, rank: int) -> list[float]:
     order; the CPU it spent per record taken, per round."""
     import torch.distributed as dist
 
-    from loader.partition.exchange import Exchange
-    from loader.partition.inbox import Inbox
-    from loader.partition.plan import Layout
-    from loader.partition.split import Split
+    from loader.instrument import Exchange, Inbox, Layout, Split
 
     wait = datetime.timedelta(seconds=timeout)  # an orphan whose peer is gone ends by itself
     dist.init_process_group(

@@ -9,8 +9,8 @@ The prep rate is not measured here: the runs count the CPU prep takes
 (``stallbench.analysis.loader_report.measured_machine``), for a generated job and a user's Dataset alike.
 
 The storage reader always runs in a fresh ``python -I`` child that imports nothing but the standard
-library (and ``loader.system.counters``, loaded alone from its file, for the kernel's count of the bytes it
-read), so that a memory limit is spent on the page cache, not on torch.
+library and ``loader.system.counters`` (standard library only: the kernel's count of the bytes it read), so
+that a memory limit is spent on the page cache, not on torch.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,6 @@ import numpy as np
 from stallbench.conditions.cgroup import StorageConditionUnavailable, StorageLimits
 from stallbench.conditions.sizes import format_bytes
 from stallbench.conditions.storage import device_bytes, evict_page_cache, files_in
-from stallbench.jobs import counters
 
 __all__ = [
     "available_cores",
@@ -43,7 +43,7 @@ __all__ = [
 PathArg = str | os.PathLike
 _PROBE_BYTES, _PROBE_SECONDS = 128 << 20, 4  # the storage probe reads at most this, or this long throttled
 _READER = """
-import json, runpy, sys, time
+import json, sys, time
 from concurrent.futures import ThreadPoolExecutor
 
 def read(path):
@@ -51,7 +51,8 @@ def read(path):
         return len(f.readall())
 
 job = json.load(sys.stdin)
-kernel_reads = runpy.run_path(job["counters"])["read_bytes"]
+sys.path.insert(0, job["loader_root"])  # -I: the folder that holds the loader package, as the parent found it
+from loader.system.counters import read_bytes as kernel_reads
 before, start = kernel_reads(), time.perf_counter()
 with ThreadPoolExecutor(job["readers"]) as pool:
     total = sum(pool.map(read, job["files"]))
@@ -89,7 +90,10 @@ def _read_files(files: list[str], readers: int, limits: StorageLimits | None) ->
     """Run ``_READER`` on ``files`` in a child, inside ``limits`` (entered here unless active): the kernel's
     count of the bytes it read, the files' bytes and the seconds it took."""
     argv = [sys.executable, "-I", "-c", _READER]
-    feed = json.dumps({"files": files, "readers": readers, "counters": str(counters.PATH)})
+    import loader.system.counters  # here: the command line starts without loader
+
+    root = str(Path(loader.system.counters.__file__).parents[2])
+    feed = json.dumps({"files": files, "readers": readers, "loader_root": root})
     if limits is None:
         done = subprocess.run(argv, input=feed, capture_output=True, text=True, check=False)
     else:

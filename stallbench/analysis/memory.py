@@ -32,7 +32,7 @@ EXTRA_WORKER_MARGIN = 24 << 20
 
 def probe_cache_bytes(num_records: int) -> int:
     """A cache that holds its index and no record: the cached loader's probe then admits nothing."""
-    from loader.cache import index_bytes  # here: the command line starts without torch
+    from loader.instrument import index_bytes  # here: the command line starts without torch
 
     return index_bytes(num_records) + mmap.PAGESIZE
 

@@ -43,13 +43,11 @@ from stallbench.analysis.prep_term import prep_seconds
 from stallbench.analysis.results import NodesPrediction
 from stallbench.analysis.whatif import Measured
 from stallbench.jobs.kinds import check_kind
-from stallbench.jobs.loader_alone import load_alone
 from stallbench.simulate import floor_storage_bytes
 
 __all__ = ["NODE_COUNTS", "nodes_what_if"]
 
 NODE_COUNTS = (1, 2, 4, 8)
-split_share = load_alone("partition/split.py").split_share  # the loader's own rule, without torch
 
 
 def nodes_what_if(m: Measured, exchange_cpu: float | None = None) -> tuple[NodesPrediction, ...]:
@@ -115,6 +113,8 @@ class _Nodes:
         """The loader's split of remote records, from the rates it would measure: storage's over the first
         epoch (every record read from storage: the measured run's first epoch, scaled to N nodes) and the
         peers' over an epoch that takes them all from the peers."""
+        from loader.instrument import split_share  # here: the command line starts without loader
+
         if not exchanged:
             return 0.0
         w, b = self.m.workload, self.m.breakdown

@@ -189,7 +189,7 @@ def prefetch_what_if(m: Measured) -> tuple[PrefetchPrediction, ...]:
 def form_what_if(m: Measured, cold: RunRecord) -> tuple[FormPrediction, ...]:
     """Our cache's records held raw, prepared or mixed, at the measured cache and workers (none where the
     cold run's loader weighed no forms). The loader weighed them itself, from the records it probed when it
-    was made (``loader._forms``: its prep and the fetches of its misses, no step). A form changes those
+    was made (``loader.form.choice``: its prep and the fetches of its misses, no step). A form changes those
     alone, so the measured epoch moves by the difference the loader weighed: ``max(T1, T2 - (weighed(held)
     - weighed(form)))``. What the weighing leaves out (collating and handing over the batches, starting
     workers, the step) costs the same in every form: scaling the epoch by the ratio of the two instead

@@ -48,8 +48,7 @@ def _torch(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> 
     group: N torch jobs are N independent loaders, each preparing every batch (``coordinate`` ignored)."""
     import torch
 
-    from loader.board import StatsBoard
-    from loader.collate import TimedCollate
+    from loader.instrument import StatsBoard, TimedCollate
     from stallbench.jobs.spec import GENERATED_STATS
 
     board = StatsBoard(job.workers)
