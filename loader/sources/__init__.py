@@ -1,18 +1,21 @@
 """Data sources: index -> raw record bytes, from an image folder, WebDataset tar shards, an LMDB, an Arrow
 IPC / Parquet file, or a Hugging Face dataset saved to disk; an image folder in object storage (s3://).
 
-The Arrow, Hugging Face, LMDB and object storage sources (and the converters) are imported when first named:
-a process whose data is an image folder never loads pyarrow, lmdb or boto3 (pyarrow and lmdb: about 44 MB of
-memory in each worker).
+Every source (and the converters) is imported when first named: a process whose data is an image folder
+never loads pyarrow, lmdb or boto3 (pyarrow and lmdb: about 44 MB of memory in each worker), and one that only
+asks where data lives (``locations``) loads nothing but that.
 """
 
-import importlib
-from typing import Any
+from __future__ import annotations
 
-from loader.sources.base import Source
-from loader.sources.file_tree import FileTreeSource
-from loader.sources.image_folder import IMG_EXTENSIONS, ImageFolderSource
-from loader.sources.tar_shards import TarShardsSource
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from loader.sources.image_folder import IMG_EXTENSIONS, ImageFolderSource  # before image_folder() below
+from loader.sources.locations import in_object_storage, split_url
+
+if TYPE_CHECKING:
+    from loader.sources.base import Source
 
 __all__ = [
     "IMG_EXTENSIONS",
@@ -25,6 +28,8 @@ __all__ = [
     "Source",
     "arrow_data",
     "image_folder",
+    "in_object_storage",
+    "split_url",
     "TarShardsSource",
     "image_folder_to_arrow",
     "image_folder_to_lmdb",
@@ -32,6 +37,9 @@ __all__ = [
 ]
 
 LAZY = {
+    "Source": "loader.sources.base",
+    "FileTreeSource": "loader.sources.file_tree",
+    "TarShardsSource": "loader.sources.tar_shards",
     "ArrowSource": "loader.sources.arrow_source",
     "HFDatasetSource": "loader.sources.hf_dataset",
     "arrow_data": "loader.sources.hf_dataset",
@@ -45,7 +53,7 @@ LAZY = {
 
 def image_folder(root: Any) -> Source:
     """The image folder at ``root``: a local folder, or ``s3://bucket/prefix`` in object storage."""
-    if isinstance(root, str) and root.startswith("s3://"):
+    if isinstance(root, str) and in_object_storage(root):
         from loader.sources.object_store import S3ImageFolderSource
 
         return S3ImageFolderSource(root)

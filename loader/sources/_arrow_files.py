@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 from loader.errors import SourceError
 from loader.sources._arrow_values import record_column
 from loader.sources._mapped import MappedFile
-from loader.sources._object_files import is_object, open_object
+from loader.sources._object_files import open_object
+from loader.sources.locations import in_object_storage
 from loader.system.pagecache import prefetch
 
 __all__ = ["IpcFile", "ParquetFile", "open_file"]
@@ -122,7 +123,7 @@ class ParquetFile:
 
 def open_file(path: str) -> IpcFile | ParquetFile:
     """The right reader for the file's magic bytes, or SourceError naming the file."""
-    if is_object(path):
+    if in_object_storage(path):
         return _parquet_object(path)
     try:
         with open(path, "rb", buffering=0) as f:

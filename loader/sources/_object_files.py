@@ -16,17 +16,13 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from loader.errors import SourceError
-from loader.sources.object_store import ATTEMPTS, TIMEOUT, split_url
+from loader.sources.locations import in_object_storage, split_url
+from loader.sources.object_store import ATTEMPTS, TIMEOUT
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["is_object", "list_objects", "object_stat", "open_object", "file_stat", "ranged_reader"]
-
-
-def is_object(path: str) -> bool:
-    """Whether ``path`` names an object in object storage (``s3://``)."""
-    return path.startswith("s3://")
+__all__ = ["list_objects", "object_stat", "open_object", "file_stat", "ranged_reader"]
 
 
 def _filesystem() -> Any:
@@ -64,7 +60,7 @@ def object_stat(url: str) -> tuple[int, int]:
 
 def file_stat(path: str) -> tuple[int, int]:
     """(size, mtime in ns) of the local file or the object at ``path``."""
-    if is_object(path):
+    if in_object_storage(path):
         return object_stat(path)
     st = os.stat(path)
     return st.st_size, st.st_mtime_ns

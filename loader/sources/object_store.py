@@ -21,20 +21,13 @@ from loader.errors import BadRecordError, SourceError
 from loader.sources._fingerprint import digest
 from loader.sources.base import Source
 from loader.sources.image_folder import IMG_EXTENSIONS
+from loader.sources.locations import split_url
 
-__all__ = ["S3ImageFolderSource", "split_url"]
+__all__ = ["S3ImageFolderSource"]
 
 ATTEMPTS = 5  # botocore's "standard" retry mode: the first try and four retries, backing off
 TIMEOUT = 20.0  # seconds a request may take to connect, and then to answer: a stopped server is a failure
 _MAKING = threading.Lock()
-
-
-def split_url(url: str) -> tuple[str, str]:
-    """``s3://bucket/some/prefix`` -> (``bucket``, ``some/prefix/``); ValueError for anything else."""
-    if not url.startswith("s3://") or not url[5:].split("/", 1)[0]:
-        raise ValueError(f"an object storage location is s3://bucket/prefix, got {url!r}")
-    bucket, _, prefix = url[5:].partition("/")
-    return bucket, (prefix.rstrip("/") + "/") if prefix.strip("/") else ""
 
 
 class S3ImageFolderSource(Source):

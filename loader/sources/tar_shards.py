@@ -29,9 +29,10 @@ import numpy as np
 
 from loader.errors import BadRecordError, SourceError
 from loader.sources._fingerprint import digest
-from loader.sources._object_files import file_stat, is_object, list_objects, open_object, ranged_reader
+from loader.sources._object_files import file_stat, list_objects, open_object, ranged_reader
 from loader.sources.base import Source
 from loader.sources.image_folder import IMG_EXTENSIONS
+from loader.sources.locations import in_object_storage
 
 __all__ = ["LABEL_EXTENSIONS", "TarShardsSource"]
 
@@ -89,7 +90,9 @@ class TarShardsSource(Source):
         fd = self._fds.get(shard)
         if fd is None:
             path = self.shards[shard]
-            opened = open_object(path) if is_object(path) else os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            opened = (
+                open_object(path) if in_object_storage(path) else os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            )
             fd = self._fds.setdefault(shard, opened)
         return fd
 
@@ -107,7 +110,7 @@ class TarShardsSource(Source):
 
 
 def _shard_paths(shards: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
-    if isinstance(shards, str) and is_object(shards) and not shards.endswith(".tar"):
+    if isinstance(shards, str) and in_object_storage(shards) and not shards.endswith(".tar"):
         found = list_objects(shards, ".tar")
         if not found:
             raise SourceError(f"{shards!r} holds no .tar shards")
@@ -121,7 +124,7 @@ def _shard_paths(shards: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
             return found
         shards = [path]
     paths = [os.fspath(p) for p in shards]
-    missing = [p for p in paths if not is_object(p) and not os.path.isfile(p)]
+    missing = [p for p in paths if not in_object_storage(p) and not os.path.isfile(p)]
     if missing or not paths:
         raise SourceError(f"tar shard {missing[0] if missing else '(none given)'!r} does not exist")
     return paths
@@ -131,7 +134,7 @@ def _samples(path: str) -> list[tuple[str, int, int, int | None]]:
     """(key, data offset, size, label) per sample of the shard at ``path`` with an image member. A label
     member is read as the walk passes it: in object storage, its bytes are in the block just fetched."""
     try:
-        remote = ranged_reader(path) if is_object(path) else contextlib.nullcontext()
+        remote = ranged_reader(path) if in_object_storage(path) else contextlib.nullcontext()
         with remote as fileobj, tarfile.open(path, "r:", fileobj=fileobj) as tar:  # "r:": no compression
             grouped: dict[str, dict[str, tarfile.TarInfo]] = {}
             labels: dict[str, dict[str, bytes]] = {}

@@ -4,7 +4,9 @@
   checked when reused (``/dev/shm`` and ``/tmp`` are shared with other users);
 * ``locks``: the cache's writer ids and mutex (POSIX record locks);
 * ``libc``: the C calls ``os`` and ``mmap`` lack (a raw ``mmap``, ``madvise``, ``mincore``, ``cachestat``);
-* ``pagecache``: which pages of a file the page cache holds, reads that evict only what they brought in;
+* ``pagecache``: which pages of a file the page cache holds, reads that evict only what they brought in,
+  and a whole file evicted, dirty pages too;
+* ``mounts``: the kernel's mount table, and the mount that holds a path;
 * ``memory``, ``sizing``, ``headroom``: the memory the job may still take (cgroup v1 and v2, the machine),
   how big a cache may be (the reserve it leaves for the job's own growth), and the gauge of whether memory
   is short now; ``home``: where a cache lives by default, and whether the kernel can take its pages back;

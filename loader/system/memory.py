@@ -25,6 +25,8 @@ from pathlib import Path
 
 import humanize
 
+from loader.system.mounts import parse_mounts
+
 __all__ = ["MemoryView", "format_bytes", "memory_view"]
 
 _PROC_CGROUP = "/proc/self/cgroup"  # module constants so that tests can point them at fixtures
@@ -90,10 +92,6 @@ def _read(path: str) -> bytes:
         os.close(fd)
 
 
-def _unescape(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)  # mountinfo writes a space as \040
-
-
 def _memberships(text: str) -> dict[str, str]:
     """The job's memory cgroup path per version, from /proc/self/cgroup."""
     found: dict[str, str] = {}
@@ -109,14 +107,11 @@ def _memberships(text: str) -> dict[str, str]:
 def _mounts(text: str) -> dict[str, tuple[str, str]]:
     """(root inside the hierarchy, mount point) of the memory hierarchy per version, from mountinfo."""
     found: dict[str, tuple[str, str]] = {}
-    for line in text.splitlines():
-        fields, tail = line.split(" - ", 1)
-        fstype, _, options = tail.split(" ", 2)
-        root, point = (_unescape(f) for f in fields.split()[3:5])
-        if fstype == "cgroup" and "memory" in options.split(","):
-            found.setdefault("v1", (root, point))
-        elif fstype == "cgroup2":
-            found.setdefault("v2", (root, point))
+    for mount in parse_mounts(text):
+        if mount.fstype == "cgroup" and "memory" in mount.options:
+            found.setdefault("v1", (mount.root, mount.point))
+        elif mount.fstype == "cgroup2":
+            found.setdefault("v2", (mount.root, mount.point))
     return found
 
 

@@ -161,6 +161,23 @@ def evict_file(path: str) -> None:
         os.close(fd)
 
 
+def evict_written_back(path: str | os.PathLike) -> int:
+    """Evict the whole file from the page cache, its dirty pages too (the advice leaves them: where pages
+    stay, or the kernel will not say, the file is written back and advised again); its size. Pages mapped by
+    a process, and those of a memory-only filesystem (tmpfs), stay. Needs no privilege; OSError where the file
+    cannot be opened."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        drop_file(fd)
+        if resident_count(fd, size) != 0:
+            os.fdatasync(fd)
+            drop_file(fd)
+        return size
+    finally:
+        os.close(fd)
+
+
 def drop_file(fd: int, offset: int = 0, length: int = 0) -> None:
     """Evict the file's unmapped, clean pages in ``[offset, offset + length)`` (length 0: to the end)."""
     os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)

@@ -50,8 +50,9 @@ def parse_data(text: str) -> Data:
     A count that is not a positive integer (``"images:0"``, ``"tokens:-5"``, ``"images:many"``) or an
     object storage location without a bucket raises ``ValueError`` naming it."""
     if in_object_storage(text):
-        if not text[5:].split("/", 1)[0]:
-            raise ValueError(f"an object storage location is s3://bucket/prefix, got {text!r}")
+        from loader.sources import split_url
+
+        split_url(text)  # ValueError where it names no bucket
         return ObjectData(text)
     match = _NAMED.match(text)
     if match is None:

@@ -30,10 +30,10 @@ _counter = itertools.count()
 
 def _controller_root(controller: str) -> Path:
     table = mounts()
-    for point, fstype, opts in table:
-        if fstype == "cgroup" and controller in opts:
-            return Path(point)
-    v2 = [p for p, t, _ in table if t == "cgroup2"]
+    for mount in table:
+        if mount.fstype == "cgroup" and controller in mount.options:
+            return Path(mount.point)
+    v2 = [m.point for m in table if m.fstype == "cgroup2"]
     hint = (
         f"; this machine has only cgroup v2 (at {v2[0]}), which stallbench does not drive yet" if v2 else ""
     )
@@ -266,7 +266,7 @@ class StorageLimits:
 def controller_roots() -> list[Path]:
     """Where the cgroup v1 controllers stallbench uses are mounted (those that are)."""
     ours = set(_SETTINGS)
-    mounted = {c: point for point, fstype, opts in mounts() if fstype == "cgroup" for c in opts & ours}
+    mounted = {c: m.point for m in mounts() if m.fstype == "cgroup" for c in m.options & ours}
     return [Path(mounted[c]) for c in _SETTINGS if c in mounted]
 
 

@@ -1,10 +1,16 @@
-"""The kernel's mount table, and what it says of a path: its filesystem's type and the disk under it."""
+"""What the kernel's mount table says of a path: its filesystem's type and the disk under it (the table
+itself is read by ``loader.system.mounts``, for the loader and stallbench alike)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import re
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from loader.system.mounts import Mount
 
 __all__ = ["StorageConditionUnavailable", "block_device", "filesystem_type", "mounts"]
 
@@ -13,28 +19,31 @@ class StorageConditionUnavailable(RuntimeError):
     """A storage condition cannot be set up here; the message says what was not possible and why."""
 
 
-def mounts() -> list[tuple[str, str, set[str]]]:
-    """(mount point, filesystem type, super options) of each mount, from /proc/self/mountinfo."""
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError as e:
-        raise StorageConditionUnavailable(
-            f"cannot read /proc/self/mountinfo ({e.strerror}): not Linux?"
-        ) from e
-    mounts = []
-    for line in lines:
-        fields, tail = line.split(" - ", 1)
-        fstype, _, opts = tail.split(" ", 2)
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields.split()[4])  # \040 is a space
-        mounts.append((point, fstype, set(opts.split(","))))
-    return mounts
+def mounts() -> list[Mount]:
+    """This process's mounts; StorageConditionUnavailable where the table cannot be read."""
+    from loader.system import mounts  # here: the command line starts without loader
+
+    with _readable():
+        return mounts.mounts()
 
 
 def filesystem_type(path: str | os.PathLike) -> str:
     """Type of the filesystem that holds ``path`` (ext4, xfs, tmpfs, overlay, nfs4, ...)."""
-    real = os.path.realpath(path)
-    inside = [(p, t) for p, t, _ in mounts() if real == p or real.startswith(p.rstrip("/") + "/")]
-    return max(inside, key=lambda m: len(m[0]))[1]
+    from loader.system import mounts
+
+    with _readable():
+        return mounts.mount_of(path).fstype
+
+
+@contextlib.contextmanager
+def _readable() -> Iterator[None]:
+    """The mount table unreadable (not Linux) is a condition that cannot be set up."""
+    from loader.system.mounts import MOUNTINFO
+
+    try:
+        yield
+    except OSError as e:
+        raise StorageConditionUnavailable(f"cannot read {MOUNTINFO} ({e.strerror}): not Linux?") from e
 
 
 def block_device(path: str | os.PathLike) -> str:

@@ -49,8 +49,10 @@ def device_bytes(size: int) -> int:
 
 def in_object_storage(data: object) -> bool:
     """Whether ``data`` names objects in an S3-compatible store (``s3://bucket/prefix``), read over the
-    network: no local file, no page cache, no disk throttle."""
-    return str(data).startswith("s3://")
+    network: no local file, no page cache, no disk throttle (``loader.sources`` tells)."""
+    from loader.sources import in_object_storage
+
+    return in_object_storage(data)
 
 
 @dataclass(frozen=True)
@@ -110,19 +112,9 @@ def evict_page_cache(paths: PathArg | Iterable[PathArg]) -> int:
     Clean pages go at once; a file with pages left (dirty ones survive the advice) is written back and advised
     again. Needs no privilege. Pages of memory-only filesystems (tmpfs) and pages mapped by a process stay.
     """
-    total = 0
-    for path in files_in(paths):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            size = os.fstat(fd).st_size
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            if _resident_fd(fd, size):
-                os.fdatasync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            total += size
-        finally:
-            os.close(fd)
-    return total
+    from loader.system.pagecache import evict_written_back  # here: the command line starts without loader
+
+    return sum(evict_written_back(path) for path in files_in(paths))
 
 
 def warm_page_cache(paths: PathArg | Iterable[PathArg]) -> None:
