@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from loader.errors import BadRecordError, SourceError
     from loader.fetching.decode import EvalTransform, TrainTransform
     from loader.fetching.pil import PilBuild, pil_build
-    from loader.form.staged import Staged, StagedTransform
+    from loader.fetching.staged import Staged, StagedTransform
     from loader.partition import Partition
     from loader.serving.files import CachedFiles
     from loader.sources import FileTreeSource, ImageFolderSource, Source, TarShardsSource
@@ -56,8 +56,8 @@ _HOMES = {
     "Source": "loader.sources",
     "TarShardsSource": "loader.sources",
     "image_folder_to_lmdb": "loader.sources",
-    "Staged": "loader.form.staged",
-    "StagedTransform": "loader.form.staged",
+    "Staged": "loader.fetching.staged",
+    "StagedTransform": "loader.fetching.staged",
     "LoaderStats": "loader.stats.loader_stats",
 }
 

@@ -33,9 +33,12 @@ def grid(corner: str, header: Sequence[str], rows: Sequence[Row], width: int | N
 def _block(corner: str, header: list[str], rows: list[Row]) -> list[str]:
     table = [[corner, *header], *([label, *(cells or [""] * len(header))] for label, cells in rows)]
     text = tabulate(  # the header as a row: tabulate pads a header row by 2 more than its cells
-        table, tablefmt="plain", colalign=("left", *["right"] * len(header)), disable_numparse=True,
+        table,
+        tablefmt="plain",
+        colalign=("left", *["right"] * len(header)),
+        disable_numparse=True,
         preserve_whitespace=True,
-    )  # fmt: skip
+    )
     return [line.rstrip() for line in text.splitlines()]
 
 

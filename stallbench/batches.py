@@ -34,9 +34,12 @@ def _padded(batch: Any) -> bool:
     if not (isinstance(batch, (list, tuple)) and len(batch) == 2):
         return False
     ids, lengths = batch
-    return isinstance(ids, torch.Tensor) and ids.dim() == 2 and isinstance(lengths, torch.Tensor) and (
-        lengths.dim() == 1 and len(lengths) == len(ids) and not lengths.is_floating_point()
-    )  # fmt: skip
+    return (
+        isinstance(ids, torch.Tensor)
+        and ids.dim() == 2
+        and isinstance(lengths, torch.Tensor)
+        and (lengths.dim() == 1 and len(lengths) == len(ids) and not lengths.is_floating_point())
+    )
 
 
 def _packed(batch: Any) -> bool:

@@ -38,9 +38,14 @@ def demo_request(args: argparse.Namespace) -> tuple[AnalysisRequest, tuple[str, 
         print(f"storage is NOT throttled and memory is NOT limited ({e})", flush=True)
     req = AnalysisRequest(
         data=NamedWorkload("images", args.num_images),
-        data_dir=args.data_dir, workers=args.workers, batch_size=args.batch_size, compute="emulated:10",
-        cache=CacheSpec(0.5), limits=limits, epochs=args.epochs,
-    )  # fmt: skip
+        data_dir=args.data_dir,
+        workers=args.workers,
+        batch_size=args.batch_size,
+        compute="emulated:10",
+        cache=CacheSpec(0.5),
+        limits=limits,
+        epochs=args.epochs,
+    )
     return req, DEFAULT
 
 

@@ -113,9 +113,16 @@ def simulate(
     """Simulate ``policy`` (a name in ``POLICIES``) for ``epochs`` epochs; ``cache_bytes`` is per node.
 
     ``page_bytes`` is what the device reads at least (1: sizes that are device bytes already)."""
-    sizes = dict(dataset_bytes=dataset_bytes, cache_bytes=cache_bytes, record_bytes=record_bytes,
-                 epochs=epochs, nodes=nodes, seed=seed, max_records=max_records,
-                 page_bytes=page_bytes)  # fmt: skip
+    sizes = dict(
+        dataset_bytes=dataset_bytes,
+        cache_bytes=cache_bytes,
+        record_bytes=record_bytes,
+        epochs=epochs,
+        nodes=nodes,
+        seed=seed,
+        max_records=max_records,
+        page_bytes=page_bytes,
+    )
     _validate(policy, sizes, mins={"cache_bytes": 0, "seed": 0})
     device_record = -(-record_bytes // page_bytes) * page_bytes
     records = dataset_bytes // record_bytes
@@ -151,9 +158,16 @@ def simulate_all(
     page_bytes: int = PAGE,
 ) -> tuple[SimulationResult, ...]:
     """Every policy on the same reads, side by side (``minio-partitioned`` only when ``nodes > 1``)."""
-    kwargs = dict(dataset_bytes=dataset_bytes, cache_bytes=cache_bytes, record_bytes=record_bytes,
-                  epochs=epochs, nodes=nodes, seed=seed, max_records=max_records,
-                  page_bytes=page_bytes)  # fmt: skip
+    kwargs = dict(
+        dataset_bytes=dataset_bytes,
+        cache_bytes=cache_bytes,
+        record_bytes=record_bytes,
+        epochs=epochs,
+        nodes=nodes,
+        seed=seed,
+        max_records=max_records,
+        page_bytes=page_bytes,
+    )
     return tuple(simulate(name, **kwargs) for name in POLICIES if name != "minio-partitioned" or nodes > 1)
 
 
@@ -192,8 +206,10 @@ def _setup_lines(first: SimulationResult) -> list[str]:
         "network: the records' bytes",
     ]
     if first.scale > 1:
-        lines.append(f"simulated at reduced scale: {first.simulated_records:,} records, same cache/dataset "
-                     f"ratio; byte figures scaled up {first.scale:,.4g}x")  # fmt: skip
+        lines.append(
+            f"simulated at reduced scale: {first.simulated_records:,} records, same cache/dataset "
+            f"ratio; byte figures scaled up {first.scale:,.4g}x"
+        )
     where = " with the cache partitioned across nodes" if nodes > 1 else ""
     floor = _floor(first)
     per_node = f" ({format_bytes(floor / nodes)} per node)" if nodes > 1 else ""

@@ -69,7 +69,7 @@ def test_the_staged_transform_example_prepares_once_and_augments_each_time():
 
     from PIL import Image
 
-    from loader.form.staged import is_staged
+    from loader.fetching.staged import is_staged
 
     (block,) = python_blocks(DOCS / "concepts" / "prepared-cache.md")
     namespace: dict = {}

@@ -20,8 +20,8 @@ from PIL import Image
 
 from loader import DataLoader, EvalTransform, ImageFolder, SourceDataset, Staged, TrainTransform
 from loader.cache._layout import index_bytes
+from loader.fetching.staged import decode_prepared, encode_prepared
 from loader.form.choice import probe
-from loader.form.staged import decode_prepared, encode_prepared
 from loader.form.weighing import Probe, weigh
 
 SMALL = TrainTransform(size=32)

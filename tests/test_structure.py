@@ -1,9 +1,10 @@
 """The shape of the tree: ``loader/`` shows its ideas in folders, ``stallbench/`` uses only loader's faces and
-flows one way, and modules stay short."""
+flows one way, and no two ideas import each other."""
 
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 import subprocess
 import sys
@@ -14,31 +15,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 MODULES = sorted((REPO / "stallbench").rglob("*.py"))
-LOADER_MODULES = sorted((REPO / "loader").rglob("*.py"))
-MAX_LINES = 320
-STYLE_LINES = 200
-# Modules past the style's 200 lines (each still at most 320): a module that grows past 200 is split, or
-# named here on purpose; one that shrinks back is taken off.
-LONG = {
-    "stallbench/analysis/whatif.py",
-    "stallbench/conditions/cgroup.py",
-    "stallbench/jobs/_timed.py",
-    "stallbench/jobs/child.py",
-    "stallbench/jobs/spec.py",
-    "stallbench/analysis/results.py",  # plain dataclasses: the source of the JSON schema
-    "stallbench/pytest_plugin.py",
-    "stallbench/report/table.py",
-    "stallbench/simulate.py",
-    "stallbench/workloads.py",
-    "loader/coordinated/member.py",
-    "loader/coordinated/area.py",  # the group table's operations, each under the one lock
-    "loader/cache/_store.py",  # a store attached: its files checked, what it holds and gave back, pickled
-    "loader/cache/minio.py",  # the policy: get (bounds, identity, checksum), admit, reserve, first hit, limit
-    "loader/serving/files.py",  # CachedFiles: roots listed, each read located, stat'ed, served or admitted
-    "stallbench/cli/__init__.py",  # the parser, one option per call, and the checks across options
-    "loader/dataloader/__init__.py",  # torch's signature and documented options, then each hook it takes over
-    "loader/system/memory.py",  # the view: each cgroup level of v1 or v2 (limit, usage, file cache, kernel)
-}
 
 
 def _name(path: Path) -> str:
@@ -163,18 +139,83 @@ def test_the_os_layer_and_the_instruments_split_import_without_torch():
     assert [_name(p) for p in MODULES if by_path.search(p.read_text())] == ["stallbench/jobs/counters.py"]
 
 
-def _lines(path: Path) -> int:
-    return len(path.read_text().splitlines())
+def _unit(dotted: str) -> str:
+    """The idea a module belongs to: its package's folder (``loader.form``) or the top module itself."""
+    return ".".join(dotted.split(".")[:2])
 
 
-def test_every_module_is_at_most_320_lines():
-    long = {_name(p): _lines(p) for p in MODULES + LOADER_MODULES if _lines(p) > MAX_LINES}
-    assert not long, f"split these modules (at most {MAX_LINES} lines): {long}"
+def _is_module(dotted: str) -> bool:
+    path = REPO / Path(*dotted.split("."))
+    return path.is_dir() or path.with_suffix(".py").exists()
 
 
-def test_modules_past_200_lines_are_the_known_ones():
-    past = {_name(p): _lines(p) for p in MODULES + LOADER_MODULES if _lines(p) > STYLE_LINES}
-    assert set(past) == LONG, f"past {STYLE_LINES} lines now: {past}; named in LONG: {sorted(LONG)}"
+def _run_time_imports(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node but those under ``if TYPE_CHECKING:`` (names for the type checker, never imported)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def _idea_graph(package: str) -> dict[str, dict[str, str]]:
+    """Which idea imports which inside ``package`` (every import, in a function too), with one place each
+    edge is made; the package's own ``__init__`` (a face that names each thing when first used) left out."""
+    graph: dict[str, dict[str, str]] = {}
+    for path in sorted((REPO / package).rglob("*.py")):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        me = _unit(".".join(parts))
+        for node in _run_time_imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [f"{node.module}.{a.name}" for a in node.names]
+                modules = [n if _is_module(n) else node.module for n in names]
+            elif isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            else:
+                continue
+            for module in modules:
+                to = _unit(module)
+                if module.split(".")[0] == package and to not in (me, package):
+                    graph.setdefault(me, {}).setdefault(to, f"{_name(path)}:{node.lineno}")
+    return graph
+
+
+def _a_circle(graph: dict[str, dict[str, str]]) -> list[str]:
+    """One circle of ``graph`` (the ideas on it, the first again at the end), or none."""
+    state: dict[str, int] = {}  # 1: on the path walked now, 2: done
+
+    def walk(node: str, path: list[str]) -> list[str]:
+        state[node] = 1
+        for nxt in graph.get(node, {}):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := walk(nxt, [*path, nxt])):
+                return found
+        state[node] = 2
+        return []
+
+    for start in sorted(graph):
+        if start not in state and (found := walk(start, [start])):
+            return found
+    return []
+
+
+@pytest.mark.parametrize("package", ["loader", "stallbench"])
+def test_no_two_ideas_import_each_other(package):
+    """An idea (a folder, or a top module) that imports another is never imported back by it, however
+    far round: each can be read knowing only the ones it names."""
+    graph = _idea_graph(package)
+    circle = _a_circle(graph)
+    assert not circle, [f"{a} -> {b} ({graph[a][b]})" for a, b in itertools.pairwise(circle)]
+
+
+def test_the_circle_check_finds_a_circle_however_far_round():
+    assert _a_circle({"a": {"b": ""}, "b": {"c": ""}, "c": {"a": ""}}) == ["a", "b", "c", "a"]
+    assert _a_circle({"a": {"b": ""}, "b": {"c": ""}, "d": {"a": ""}}) == []
 
 
 # The flow of stallbench/: each layer imports only those after it (cli -> analysis -> jobs -> conditions).

@@ -25,10 +25,23 @@ __all__ = ["BadBatchFile", "read_batch", "write_batch"]
 MAGIC = b"SBBATCH1"
 _PREFIX = struct.Struct("<8sII")
 _ALIGN = 64
-_DTYPES = {str(d).removeprefix("torch."): d for d in (
-    torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
-    torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
-)}  # fmt: skip
+_DTYPES = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+        torch.complex128,
+    )
+}
 
 
 class BadBatchFile(ValueError):

@@ -31,17 +31,41 @@ EMPTY, ACTIVE, PENDING, DETACHED = 0, 1, 2, 3  # a member's status
 FREE, UNCLAIMED, CLAIMED, READY, FAILED = 0, 1, 2, 3, 4  # a slot's state
 
 HEADER = np.dtype(
-    [("magic", "S8"), ("version", "<u4"), ("num_batches", "<u4"), ("window", "<u4"), ("pad", "<u4"),
-     ("published", "<i8"), ("pad2", "<i8", 4)]
-)  # fmt: skip
+    [
+        ("magic", "S8"),
+        ("version", "<u4"),
+        ("num_batches", "<u4"),
+        ("window", "<u4"),
+        ("pad", "<u4"),
+        ("published", "<i8"),
+        ("pad2", "<i8", 4),
+    ]
+)
 MEMBER = np.dtype(
-    [("status", "<u4"), ("pid", "<i4"), ("writer", "<u4"), ("gen", "<u4"), ("position", "<i8"),
-     ("prepared", "<i8"), ("consumed", "<i8"), ("prep_cpu", "<f8"), ("cpu_saved", "<f8")]
-)  # fmt: skip
+    [
+        ("status", "<u4"),
+        ("pid", "<i4"),
+        ("writer", "<u4"),
+        ("gen", "<u4"),
+        ("position", "<i8"),
+        ("prepared", "<i8"),
+        ("consumed", "<i8"),
+        ("prep_cpu", "<f8"),
+        ("cpu_saved", "<f8"),
+    ]
+)
 SLOT = np.dtype(
-    [("g", "<i8"), ("state", "<u4"), ("writer", "<u4"), ("gen", "<u4"), ("member", "<i4"), ("nbytes", "<i8"),
-     ("cpu", "<f8"), ("claimed_at", "<f8")]
-)  # fmt: skip  # claimed_at: time.monotonic() (CLOCK_MONOTONIC, one clock for every process of the machine)
+    [
+        ("g", "<i8"),
+        ("state", "<u4"),
+        ("writer", "<u4"),
+        ("gen", "<u4"),
+        ("member", "<i4"),
+        ("nbytes", "<i8"),
+        ("cpu", "<f8"),
+        ("claimed_at", "<f8"),
+    ]
+)  # claimed_at: time.monotonic() (CLOCK_MONOTONIC, one clock for every process of the machine)
 
 
 class State:

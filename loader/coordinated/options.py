@@ -76,9 +76,14 @@ class CoordinationStats:
         status = {ACTIVE: "member", PENDING: "waiting"}.get(int(row["status"]), f"alone: {alone_why}")
         members = int(state.subscribed().sum())
         return cls(
-            group, status, members, int(row["prepared"]), int(row["consumed"]), float(row["prep_cpu"]),
+            group,
+            status,
+            members,
+            int(row["prepared"]),
+            int(row["consumed"]),
+            float(row["prep_cpu"]),
             float(row["cpu_saved"]),
-        )  # fmt: skip
+        )
 
 
 class PrepFailed(RuntimeError):

@@ -1,6 +1,7 @@
 """``loader.DataLoader``: torch's DataLoader, same signature and behaviour, plus a shared MinIO cache.
 
-The class is here; ``opening`` applies its options (the caches and stores they open), ``iterators`` runs
+The class is here; ``opening`` applies its options (the caches and stores they open; a source-backed
+dataset's cache, sized and in the form chosen, by ``source_cache``), ``iterators`` runs
 torch's iterator classes as the loader needs them (batches counted for resume, a Dataset's own reads served,
 the batch ring, ``ready_first``). The ideas they wire sit in loader's other folders.
 """

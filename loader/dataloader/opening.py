@@ -1,6 +1,6 @@
 """What a ``loader.DataLoader`` opens: for a source-backed dataset, its shared cache
-(``loader.form.source_cache``) and its rank's part of a partitioned cache (``partition_cache``); for a Dataset
-that opens its own files, the store of those files (``cache_files``)."""
+(``loader.dataloader.source_cache``) and its rank's part of a partitioned cache (``partition_cache``); for a
+Dataset that opens its own files, the store of those files (``cache_files``)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import warnings
 from typing import Any
 
 from loader.cache import MinIOCache
+from loader.dataloader.source_cache import open_cache
 from loader.datasets import SourceDataset
 from loader.form.revisit import FormRevisit
-from loader.form.source_cache import open_cache
 from loader.form.weighing import FormChoice
 from loader.partition.options import partition_from
 from loader.partition.wiring import PartitionedCache, check_partition_args

@@ -1,8 +1,8 @@
 """Image transforms without torchvision, record bytes -> uint8 CHW RGB tensor (the operations:
 ``loader.fetching.images``).
 
-Both transforms are staged (``loader.form.staged``): ``"train"`` prepares the decoded pixels at full size and
-augments them with the random crop and flip; ``"eval"`` prepares the whole output. A prepared record skips
+Both transforms are staged (``loader.fetching.staged``): ``"train"`` prepares the decoded pixels at full size
+and augments them with the random crop and flip; ``"eval"`` prepares the whole output. A prepared record skips
 the draft decode: a train sample made from one equals ``TrainTransform(draft=False)``'s bit for bit, and
 differs from the drafted one only where the draft scaled the decode (same crop, same flip; see
 docs/concepts/prepared-cache.md for the bound).
@@ -22,7 +22,7 @@ from PIL import Image
 
 from loader.fetching.images import Box, crop, decode_crop, decode_whole, to_chw
 from loader.fetching.pil import warn_if_not_simd
-from loader.form.staged import StagedTransform
+from loader.fetching.staged import StagedTransform
 
 __all__ = ["EvalTransform", "TrainTransform", "make_transform", "tokens_to_tensor"]
 

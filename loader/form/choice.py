@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from loader.cache._layout import checksum, index_bytes
-from loader.form.staged import decode_prepared, encode_prepared, is_staged
+from loader.fetching.staged import decode_prepared, encode_prepared, is_staged
 from loader.form.weighing import FormChoice, Probe, weigh
 from loader.system.counters import own_read_bytes
 

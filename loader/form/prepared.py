@@ -1,4 +1,4 @@
-"""Records held prepared: the output of a staged transform's ``prepare`` (``loader.form.staged``), in a
+"""Records held prepared: the output of a staged transform's ``prepare`` (``loader.fetching.staged``), in a
 store of its own in place of the raw one, so a hit costs only ``augment``.
 
 The store is a MinIO store like the raw one (private, checksummed, never evicting, shared by workers and
@@ -15,7 +15,7 @@ from typing import Any
 
 from loader.cache import CorruptRecordError, MinIOCache
 from loader.fetching.fetched import Fetched
-from loader.form.staged import StagedTransform, decode_prepared, encode_prepared
+from loader.fetching.staged import StagedTransform, decode_prepared, encode_prepared
 
 __all__ = ["PreparedRecords", "prepared_fingerprint"]
 

@@ -57,13 +57,19 @@ def loader_report(m: Measurement) -> LoaderReport:
     forms = whatif.form_what_if(measured, m.runs["cold"]) if m.what_if else ()
     said = advice.advise(measured, predictions, forms) if m.what_if else m.said
     return LoaderReport(
-        loader=m.loader, workload=w, runs=tuple(m.runs.values()), breakdown=b, storage_bytes=storage,
-        dataset_bytes=w.dataset_bytes, record_bytes=w.record_bytes,
+        loader=m.loader,
+        workload=w,
+        runs=tuple(m.runs.values()),
+        breakdown=b,
+        storage_bytes=storage,
+        dataset_bytes=w.dataset_bytes,
+        record_bytes=w.record_bytes,
         hit_rate=measured_hit_rate(m.loader, hits, misses, storage, w.dataset_bytes),
-        cpu_utilisation=cpu / (b.epoch_seconds * machine.cores)
-        if b.epoch_seconds else 0.0,
-        samples_per_s=fmean(e.samples for e in cold) / b.epoch_seconds, machine=machine,
-        roofline=whatif.roofline(measured), predictions=predictions,
+        cpu_utilisation=cpu / (b.epoch_seconds * machine.cores) if b.epoch_seconds else 0.0,
+        samples_per_s=fmean(e.samples for e in cold) / b.epoch_seconds,
+        machine=machine,
+        roofline=whatif.roofline(measured),
+        predictions=predictions,
         advice=f"{m.note} {said}" if m.note else said,
         prefetch_predictions=whatif.prefetch_what_if(measured) if m.what_if else (),
         nodes_predictions=nodes.nodes_what_if(measured) if m.what_if else (),
@@ -73,7 +79,7 @@ def loader_report(m: Measurement) -> LoaderReport:
         slow_again=m.runs["cold"].slow_again,
         advised=advice.advised(measured, predictions, forms) if m.what_if else None,
         **m.extra,
-    )  # fmt: skip
+    )
 
 
 def measured_machine(

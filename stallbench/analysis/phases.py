@@ -45,10 +45,19 @@ class RunPlan:
         WorkloadJob (our cache's, a group's)."""
         w = self.workload
         return WorkloadJob(
-            kind, data, epochs=w.epochs, workers=w.workers, batch_size=w.batch_size, transform=self.transform,
-            compute=w.compute, seed=self.seed, packing=packing, max_len=self.max_len if packing else None,
-            persistent_workers=self.max_batches is None, **options,
-        )  # fmt: skip
+            kind,
+            data,
+            epochs=w.epochs,
+            workers=w.workers,
+            batch_size=w.batch_size,
+            transform=self.transform,
+            compute=w.compute,
+            seed=self.seed,
+            packing=packing,
+            max_len=self.max_len if packing else None,
+            persistent_workers=self.max_batches is None,
+            **options,
+        )
 
     def argv(self) -> list[str]:
         """The generated job's command, less its WorkloadJob file (``run_command`` adds it)."""
@@ -96,9 +105,13 @@ class WorkloadRuns:
         data = plan.in_memory_data if plan.in_memory_data and phase != "cold" else w.data
         job = plan.job(self.kind, data, self.packing, **(ours if KINDS[self.kind].cached else {}))
         spec = JobSpec(
-            out_dir="", mode="ingestion" if phase == "ingestion" else "pipeline", steps=plan.max_batches,
-            epochs=w.epochs, data=(data,), replay_lengths=replay_lengths(prep.records) if prep else {},
-        )  # fmt: skip
+            out_dir="",
+            mode="ingestion" if phase == "ingestion" else "pipeline",
+            steps=plan.max_batches,
+            epochs=w.epochs,
+            data=(data,),
+            replay_lengths=replay_lengths(prep.records) if prep else {},
+        )
         try:
             return plan.run_job(job, spec, limits)
         finally:

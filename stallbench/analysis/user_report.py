@@ -75,10 +75,18 @@ def user_report(
         ),
     }
     measurement = Measurement(
-        loader, made_by, workload, phases, storage_bytes_per_s, memory_bytes_per_s,
-        breakdown=slowest.breakdown, what_if=share >= 0.99, said=cut,
-        note=note if made_by != loader else "", extra=extra,
-    )  # fmt: skip
+        loader,
+        made_by,
+        workload,
+        phases,
+        storage_bytes_per_s,
+        memory_bytes_per_s,
+        breakdown=slowest.breakdown,
+        what_if=share >= 0.99,
+        said=cut,
+        note=note if made_by != loader else "",
+        extra=extra,
+    )
     return loader_report(measurement)
 
 
@@ -95,12 +103,18 @@ def _workload(job: UserJob, cold_rows: Sequence[LoaderEpoch]) -> tuple[Workload,
     share = min(1.0, samples / last.dataset_len) if last.dataset_len else 1.0
     scale = lambda n: max(1, round(n * share))  # noqa: E731
     workload = Workload(
-        data=",".join(str(p) for p in job.data), dataset_bytes=scale(job.dataset_bytes),
-        record_bytes=scale(job.record_bytes), samples=samples, batch_size=last.batch_size or 1,
-        workers=last.workers, compute="the command's own step", epochs=len(cold_rows),
+        data=",".join(str(p) for p in job.data),
+        dataset_bytes=scale(job.dataset_bytes),
+        record_bytes=scale(job.record_bytes),
+        samples=samples,
+        batch_size=last.batch_size or 1,
+        workers=last.workers,
+        compute="the command's own step",
+        epochs=len(cold_rows),
         cache_bytes=scale(job.cache_bytes) if job.cache_bytes is not None else None,
         **job.limits.known(),
-        command=" ".join(job.argv), prefetch_factor=last.prefetch_factor if last.workers else None,
+        command=" ".join(job.argv),
+        prefetch_factor=last.prefetch_factor if last.workers else None,
         opens_own_files=not last.source_backed,
-    )  # fmt: skip
+    )
     return workload, share

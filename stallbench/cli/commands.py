@@ -34,10 +34,18 @@ def say_error(command: str, exc: BaseException) -> None:
 
 def request_from(args: argparse.Namespace) -> AnalysisRequest:
     return AnalysisRequest(
-        data=args.data, data_dir=args.data_dir, workers=args.workers, batch_size=args.batch_size,
-        compute=args.compute, cache=args.cache, limits=args.limits, epochs=args.epochs,
-        transform=args.transform, packing=args.packing, max_len=args.max_len,
-    )  # fmt: skip
+        data=args.data,
+        data_dir=args.data_dir,
+        workers=args.workers,
+        batch_size=args.batch_size,
+        compute=args.compute,
+        cache=args.cache,
+        limits=args.limits,
+        epochs=args.epochs,
+        transform=args.transform,
+        packing=args.packing,
+        max_len=args.max_len,
+    )
 
 
 def run_analysis(args: argparse.Namespace) -> int:
@@ -144,9 +152,14 @@ def run_simulate(args: argparse.Namespace) -> int:
     from stallbench.simulate import format_simulation, simulate, simulate_all, simulation_to_json
 
     options = dict(
-        dataset_bytes=args.dataset, cache_bytes=args.cache, record_bytes=args.record_size,
-        epochs=args.epochs, nodes=args.nodes, seed=args.seed, page_bytes=args.page_size,
-    )  # fmt: skip
+        dataset_bytes=args.dataset,
+        cache_bytes=args.cache,
+        record_bytes=args.record_size,
+        epochs=args.epochs,
+        nodes=args.nodes,
+        seed=args.seed,
+        page_bytes=args.page_size,
+    )
     try:
         results = simulate_all(**options) if args.policy == "all" else (simulate(args.policy, **options),)
     except ValueError as exc:

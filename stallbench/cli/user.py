@@ -56,10 +56,16 @@ def _job(args: argparse.Namespace, command: list[str]) -> UserJob:
     size = data_size(files)
     cache = round(args.cache * size.device_bytes) if isinstance(args.cache, CacheSpec) else args.cache
     return UserJob(
-        argv=tuple(command), data=(data,), dataset_bytes=size.device_bytes, record_bytes=size.record_bytes,
-        cache_bytes=cache, limits=args.limits,
-        steps=args.steps, epochs=args.epochs, time_limit=args.time_limit,
-    )  # fmt: skip
+        argv=tuple(command),
+        data=(data,),
+        dataset_bytes=size.device_bytes,
+        record_bytes=size.record_bytes,
+        cache_bytes=cache,
+        limits=args.limits,
+        steps=args.steps,
+        epochs=args.epochs,
+        time_limit=args.time_limit,
+    )
 
 
 @contextlib.contextmanager

@@ -71,9 +71,13 @@ def _cached(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) ->
         staging = {"staging_dir": job.cache_dir} if job.cache_dir is not None else {}
         coordinate = loader.Coordination(group=job.coordinate, min_members=job.group_size, **staging)
     dl = loader.DataLoader(
-        dataset, collate_fn=collate, cache_bytes=job.cache_bytes, cache_dir=job.cache_dir,
-        coordinate=coordinate, **common,
-    )  # fmt: skip
+        dataset,
+        collate_fn=collate,
+        cache_bytes=job.cache_bytes,
+        cache_dir=job.cache_dir,
+        coordinate=coordinate,
+        **common,
+    )
     return dl
 
 

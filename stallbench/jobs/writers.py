@@ -43,9 +43,13 @@ def _optimize(data: str, folder: str) -> None:
 
     source = _source(data)
     litdata.optimize(
-        fn=functools.partial(_record, source), inputs=list(range(len(source))), output_dir=folder,
-        chunk_bytes=_CHUNK_BYTES, num_workers=1, verbose=False,
-    )  # fmt: skip
+        fn=functools.partial(_record, source),
+        inputs=list(range(len(source))),
+        output_dir=folder,
+        chunk_bytes=_CHUNK_BYTES,
+        num_workers=1,
+        verbose=False,
+    )
 
 
 def write_litdata(data: str, folder: Path) -> None:

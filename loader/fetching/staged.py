@@ -128,8 +128,10 @@ def _encode(value: Any, arrays: list[np.ndarray]) -> Any:
         return {"t": "bytes", "a": _array(np.frombuffer(value, np.uint8), arrays)}
     if value is None or isinstance(value, (bool, int, float, str)):
         return {"t": "plain", "v": value}
-    raise TypeError(f"a prepared record cannot hold a {type(value).__name__}: prepare must return arrays, "
-                    "tensors, or tuples, lists and dicts of them")  # fmt: skip
+    raise TypeError(
+        f"a prepared record cannot hold a {type(value).__name__}: prepare must return arrays, "
+        "tensors, or tuples, lists and dicts of them"
+    )
 
 
 def _array(array: np.ndarray, arrays: list[np.ndarray]) -> dict:
