@@ -24,6 +24,7 @@ from stallbench.conditions.storage import PAGE
 
 __all__ = [
     "POLICIES",
+    "SIMULATE_SCHEMA_VERSION",
     "EpochResult",
     "SimulationResult",
     "floor_storage_bytes",
@@ -32,6 +33,8 @@ __all__ = [
     "simulate_all",
     "simulation_to_json",
 ]
+
+SIMULATE_SCHEMA_VERSION = 1  # of ``simulation_to_json``'s JSON
 
 
 @dataclass(frozen=True)
@@ -242,6 +245,8 @@ def format_simulation(results: SimulationResult | tuple[SimulationResult, ...]) 
 
 
 def simulation_to_json(results: SimulationResult | tuple[SimulationResult, ...]) -> dict:
-    """``{"simulations": [...]}``: each result as a dict, with its ``floor_storage_bytes``."""
+    """``{"schema": "stallbench.simulate/<n>", "simulations": [...]}``: each result as a dict, with its
+    ``floor_storage_bytes`` (published as ``docs/stallbench-simulate.schema.json``)."""
     results = (results,) if isinstance(results, SimulationResult) else tuple(results)
-    return {"simulations": [asdict(r) | {"floor_storage_bytes": _floor(r)} for r in results]}
+    simulations = [asdict(r) | {"floor_storage_bytes": _floor(r)} for r in results]
+    return {"schema": f"stallbench.simulate/{SIMULATE_SCHEMA_VERSION}", "simulations": simulations}

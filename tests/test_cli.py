@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import psutil
 import pytest
 
@@ -158,8 +159,12 @@ def test_simulate_prints_writes_json_and_plot(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "minio-partitioned" in done.stdout and "lru" in done.stdout
-    policies = [s["policy"] for s in json.loads((tmp_path / "s.json").read_text())["simulations"]]
-    assert policies == ["lru", "minio", "minio-partitioned"]
+    written = json.loads((tmp_path / "s.json").read_text())
+    assert [s["policy"] for s in written["simulations"]] == ["lru", "minio", "minio-partitioned"]
+    schema = json.loads((REPO / "docs" / "stallbench-simulate.schema.json").read_text())
+    jsonschema.validate(written, schema)  # the published schema, with jsonschema itself
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**written, "schema": "stallbench.simulate/0"}, schema)
     assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
 
 

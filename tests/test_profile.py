@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import pytest
 import torch
@@ -182,6 +183,12 @@ def test_json_round_trip_and_schema(tmp_path: Path) -> None:
     assert data["loader_stats"] == {"hits": 3, "fetch_seconds": 0.5}
     assert data["steady"]["iterations"] == 10
     assert [p.name for p in tmp_path.iterdir()] == ["profile.json"]
+    schema = json.loads(
+        (Path(__file__).resolve().parents[1] / "docs" / "stallbench-profile.schema.json").read_text()
+    )
+    jsonschema.validate(data, schema)  # the published schema, with jsonschema itself
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**data, "epochs": [{"index": 0}]}, schema)
 
 
 def test_our_dataloader_stats_are_included() -> None:

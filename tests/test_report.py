@@ -38,6 +38,7 @@ from stallbench.report import (
     write_plot,
 )
 from stallbench.report.concurrent import CONCURRENT_JSON_SCHEMA
+from stallbench.report.output_schemas import PROFILE_SCHEMA, SIMULATE_SCHEMA
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "stallbench-json.md"
 CONCURRENT_SECTION = "\n## `compare --jobs N`"
@@ -448,6 +449,8 @@ def test_doc_example_runs(pair, tmp_path, monkeypatch, capsys):
     [
         ("stallbench-report.schema.json", REPORT_SCHEMA),
         ("stallbench-concurrent.schema.json", CONCURRENT_JSON_SCHEMA),
+        ("stallbench-profile.schema.json", PROFILE_SCHEMA),
+        ("stallbench-simulate.schema.json", SIMULATE_SCHEMA),
     ],
 )
 def test_the_published_schemas_are_the_ones_checked(published, schema):
