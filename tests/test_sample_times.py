@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from torch.utils.data import Subset
 
 from stallbench.analysis.training import slow_again
@@ -42,18 +43,23 @@ def test_the_epoch_reads_its_own_dataset_s_slow_samples_within_its_span(tmp_path
     assert slowest(str(tmp_path), 1, 9.0, 12.0) == {
         "slow_sample_count": 2,
         "slow_samples": [[9, 0.05, None], [5, 0.02, "/d/5"]],
-        "slow_indices": [5, 9],
+        "slow_times": [[9, 0.05], [5, 0.02]],  # the slowest first
     }
 
 
-def _epoch(indices: list[int]) -> LoaderEpoch:
-    return LoaderEpoch("0:D", 0, 1, 1, 1.0, 0.5, 0.5, 0.1, 4, 32, 0, 1.0, True, "torch", slow_indices=indices)
+def _epoch(times: dict[int, float]) -> LoaderEpoch:
+    slow = [[index, seconds] for index, seconds in times.items()]
+    return LoaderEpoch("0:D", 0, 1, 1, 1.0, 0.5, 0.5, 0.1, 4, 32, 0, 1.0, True, "torch", slow_times=slow)
 
 
-def test_slow_again_is_the_share_of_an_epoch_s_slow_samples_slow_the_epoch_before():
-    assert slow_again([_epoch([100, 200, 300]), _epoch([100, 200, 300, 400])]) == 0.75  # the data's own
-    assert slow_again([_epoch([1, 2]), _epoch([3, 4])]) == 0.0  # other samples each epoch: chance
-    assert slow_again([_epoch([100])]) == 0.0 and slow_again([_epoch([1]), _epoch([])]) == 0.0
+def test_slow_again_is_the_share_of_an_epoch_s_slow_sample_time_taken_by_samples_slow_the_epoch_before():
+    data = {100: 0.025, 200: 0.025, 300: 0.025}
+    assert slow_again([_epoch(data), _epoch({**data, 400: 0.025})]) == pytest.approx(0.75)  # the data's own
+    assert slow_again([_epoch({1: 0.01, 2: 0.01}), _epoch({3: 0.01, 4: 0.01})]) == 0.0  # chance
+    # a busy machine: 30 preempted samples a few ms over the mark beside the 3 slow ones every epoch
+    busy = {**data, **{1000 + i: 0.003 for i in range(30)}}
+    assert slow_again([_epoch(data), _epoch(busy)]) == pytest.approx(0.075 / 0.165)
+    assert slow_again([_epoch({100: 0.02})]) == 0.0 and slow_again([_epoch({1: 0.02}), _epoch({})]) == 0.0
 
 
 TIMED = """

@@ -112,7 +112,7 @@ class RunRecord:
     # the last epoch's samples whose prep took 4x their process's mean: how many, the slowest
     slow_sample_count: int = 0
     slow_samples: tuple[SlowSample, ...] = ()
-    slow_again: float = 0.0  # the share of them that were slow the epoch before too: the data's, not chance
+    slow_again: float = 0.0  # the share of their time taken by samples slow the epoch before too: the data's
 
 
 @dataclass(frozen=True)

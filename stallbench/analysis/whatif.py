@@ -69,7 +69,7 @@ class Measured:
     storage_bytes: int | None = None  # measured per steady epoch (kernel count); None: use the model alone
     cpu_seconds: float | None = None  # measured per steady epoch, the job and its workers; None: not known
     ready_first: bool = False  # the loader made batches of the samples ready first
-    slow_again: float = 0.0  # the share of the last epoch's slow samples slow the epoch before too
+    slow_again: float = 0.0  # the share of the last epoch's slow-sample time repeating the epoch before's
 
     def __post_init__(self) -> None:
         check_kind(self.loader)

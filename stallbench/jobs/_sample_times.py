@@ -26,7 +26,7 @@ SLOW = 4.0  # a sample this many times its process's running mean for the Datase
 FLOOR = 0.001  # and at least this long
 WARM = 16  # samples of the Dataset in the process before the mean is trusted
 KEPT = 5  # the slowest an epoch's record keeps
-ALL_KEPT = 1000  # and the indices of that many of them: the next epoch tells whether the same are slow
+ALL_KEPT = 1000  # and the index and time of that many of them: the next epoch tells whether the same are slow
 _PATH_ATTRIBUTES = ("samples", "imgs", "paths", "files", "image_paths", "filenames")
 
 _out: str | None = None
@@ -119,7 +119,7 @@ def path_of(dataset: Any, index: Any) -> str | None:
 def slowest(out_dir: str, dataset: int, start: float, end: float) -> dict[str, Any]:
     """The slow samples written down for Dataset ``dataset`` (its ``id()``) between ``start`` and ``end``
     (``time.monotonic``), as a LoaderEpoch's fields: how many, the ``KEPT`` slowest as
-    ``[index, seconds, path]``, and the indices of ``ALL_KEPT`` of them."""
+    ``[index, seconds, path]``, and ``[index, seconds]`` of the ``ALL_KEPT`` slowest."""
     found = []
     for path in Path(out_dir).glob("samples-*.jsonl"):
         try:
@@ -134,5 +134,9 @@ def slowest(out_dir: str, dataset: int, start: float, end: float) -> dict[str, A
             if line.get("dataset") == dataset and start <= line.get("at", -1.0) <= end:
                 found.append([line["index"], line["seconds"], line.get("path")])
     found.sort(key=lambda f: -f[1])
-    indices = sorted({f[0] for f in found if type(f[0]) is int})[:ALL_KEPT]
-    return {"slow_sample_count": len(found), "slow_samples": found[:KEPT], "slow_indices": indices}
+    times: dict[int, float] = {}
+    for index, seconds, _ in found:  # the slowest first: a sample timed twice keeps its slower time
+        if type(index) is int and len(times) < ALL_KEPT:
+            times.setdefault(index, seconds)
+    slow_times = [[index, seconds] for index, seconds in times.items()]
+    return {"slow_sample_count": len(found), "slow_samples": found[:KEPT], "slow_times": slow_times}

@@ -255,7 +255,7 @@ class LoaderEpoch:
     # [index, seconds, path or None]
     slow_sample_count: int = 0
     slow_samples: list[list[Any]] = field(default_factory=list)
-    slow_indices: list[int] = field(default_factory=list)  # all of them (1,000 at most), by index
+    slow_times: list[list[float]] = field(default_factory=list)  # [index, seconds] of all (1,000 at most)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
