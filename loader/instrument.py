@@ -16,8 +16,9 @@ standard library, ``index_bytes`` numpy; the board, the collate and the exchange
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from loader._lazy import lazy_names
 
 if TYPE_CHECKING:
     from loader.cache._layout import index_bytes
@@ -42,14 +43,4 @@ _HOMES = {
 __all__ = ["Exchange", "Inbox", "Layout", "Split", "StatsBoard", "TimedCollate", "index_bytes", "split_share"]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # once: later uses find it here
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals(), __all__)

@@ -8,9 +8,9 @@ asks where data lives (``locations``) loads nothing but that.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
+from loader._lazy import lazy_names
 from loader.sources.image_folder import IMG_EXTENSIONS, ImageFolderSource  # before image_folder() below
 from loader.sources.locations import in_object_storage, split_url
 
@@ -60,9 +60,4 @@ def image_folder(root: Any) -> Source:
     return ImageFolderSource(root)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(LAZY[name]), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_names(__name__, LAZY, globals(), __all__)

@@ -20,8 +20,9 @@ module of the layer (``loader.system.counters``) loads only that module and what
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from loader._lazy import lazy_names
 
 if TYPE_CHECKING:
     from loader.system.counters import cpu_seconds, read_bytes, storage_read_bytes
@@ -31,18 +32,18 @@ if TYPE_CHECKING:
     from loader.system.sizing import reserve_for_limit
 
 _HOMES = {
-    "cpu_seconds": "counters",
-    "read_bytes": "counters",
-    "storage_read_bytes": "counters",
-    "MemoryView": "memory",
-    "memory_view": "memory",
-    "PAGE": "pagecache",
-    "can_tell": "pagecache",
-    "resident_pages": "pagecache",
-    "UntrustedCacheError": "private",
-    "open_private": "private",
-    "private_dir": "private",
-    "reserve_for_limit": "sizing",
+    "cpu_seconds": "loader.system.counters",
+    "read_bytes": "loader.system.counters",
+    "storage_read_bytes": "loader.system.counters",
+    "MemoryView": "loader.system.memory",
+    "memory_view": "loader.system.memory",
+    "PAGE": "loader.system.pagecache",
+    "can_tell": "loader.system.pagecache",
+    "resident_pages": "loader.system.pagecache",
+    "UntrustedCacheError": "loader.system.private",
+    "open_private": "loader.system.private",
+    "private_dir": "loader.system.private",
+    "reserve_for_limit": "loader.system.sizing",
 }
 
 __all__ = [
@@ -61,14 +62,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-    globals()[name] = value  # once: later uses find it here
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals(), __all__)
