@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from statistics import fmean
 from typing import Any
 
-from stallbench.analysis import advice, nodes, whatif
+from stallbench.analysis import advice, whatif
 from stallbench.analysis.breakdown import breakdown
 from stallbench.analysis.hits import measured_hit_rate
+from stallbench.analysis.knobs import KNOBS, predicted
 from stallbench.analysis.results import Breakdown, LoaderReport, Machine, RunRecord, Workload, steady
 
 __all__ = ["Measurement", "loader_report", "measured_machine"]
@@ -53,8 +54,8 @@ def loader_report(m: Measurement) -> LoaderReport:
     measured = whatif.Measured(
         w, b, machine, m.model, storage, cpu, cold_run.ready_first, cold_run.slow_again
     )
-    predictions = whatif.what_if(measured) if m.what_if else ()
-    forms = whatif.form_what_if(measured, m.runs["cold"]) if m.what_if else ()
+    what_ifs = predicted(measured, cold_run) if m.what_if else {knob.name: () for knob in KNOBS}
+    predictions, forms = what_ifs["predictions"], what_ifs["form_predictions"]
     said = advice.advise(measured, predictions, forms) if m.what_if else m.said
     return LoaderReport(
         loader=m.loader,
@@ -69,11 +70,8 @@ def loader_report(m: Measurement) -> LoaderReport:
         samples_per_s=fmean(e.samples for e in cold) / b.epoch_seconds,
         machine=machine,
         roofline=whatif.roofline(measured),
-        predictions=predictions,
+        **what_ifs,
         advice=f"{m.note} {said}" if m.note else said,
-        prefetch_predictions=whatif.prefetch_what_if(measured) if m.what_if else (),
-        nodes_predictions=nodes.nodes_what_if(measured) if m.what_if else (),
-        form_predictions=forms,
         slow_sample_count=m.runs["cold"].slow_sample_count,
         slow_samples=m.runs["cold"].slow_samples,
         slow_again=m.runs["cold"].slow_again,

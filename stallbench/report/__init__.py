@@ -17,6 +17,7 @@ from typing import Any
 
 from stallbench._files import write_atomic
 from stallbench._grid import plain_table
+from stallbench.analysis.knobs import KNOBS
 from stallbench.analysis.results import SCHEMA, LoaderReport, RankBreakdown, RunRecord
 from stallbench.report import plot, table
 from stallbench.report._schema import check
@@ -87,8 +88,6 @@ def _loader_json(r: LoaderReport) -> dict[str, Any]:
         "samples_per_s": r.samples_per_s,
         "machine": dataclasses.asdict(r.machine),
         "roofline": dataclasses.asdict(r.roofline),
-        "predictions": [dataclasses.asdict(p) for p in r.predictions],
-        "form_predictions": [dataclasses.asdict(p) for p in r.form_predictions],
         "advice": r.advice,
         "useful": dataclasses.asdict(r.useful) if r.useful is not None else None,
         "runs": [_run_json(run) for run in r.runs],
@@ -99,8 +98,7 @@ def _loader_json(r: LoaderReport) -> dict[str, Any]:
         "slow_samples": [dataclasses.asdict(s) for s in r.slow_samples],
         "slow_again": r.slow_again,
         "other_loaders": [dataclasses.asdict(o) for o in r.other_loaders],
-        "prefetch_predictions": [dataclasses.asdict(p) for p in r.prefetch_predictions],
-        "nodes_predictions": [dataclasses.asdict(p) for p in r.nodes_predictions],
+        **{knob.name: [dataclasses.asdict(p) for p in getattr(r, knob.name)] for knob in KNOBS},
     }
 
 

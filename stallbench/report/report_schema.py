@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from stallbench.analysis import results
+from stallbench.analysis.knobs import KNOBS
 from stallbench.analysis.results import SCHEMA
 from stallbench.analysis.work import TimeToTarget, UsefulWork
 from stallbench.report._schema import DRAFT, array, fields, free_map, kind, obj, or_null
@@ -24,7 +25,7 @@ _LOADER = obj(
         **dict.fromkeys(("hit_rate", "cpu_utilisation", "samples_per_s"), _NUM),
         "machine": fields(results.Machine),
         "roofline": fields(results.Roofline),
-        "predictions": array(fields(results.Prediction)),
+        **{knob.name: {**array(fields(knob.result)), "description": knob.varies} for knob in KNOBS},
         "advice": kind("string"),
         "useful": or_null(
             obj(

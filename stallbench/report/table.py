@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from stallbench._grid import Row, grid
 from stallbench._words import counted
+from stallbench.analysis.knobs import KNOBS
 from stallbench.analysis.request import local_files
 from stallbench.analysis.results import LoaderReport, Workload
 from stallbench.conditions.load import is_busy
@@ -92,6 +93,14 @@ def _main_rows(reports: Sequence[LoaderReport]) -> tuple[list[str], list[Row]]:
     return header, rows
 
 
+def _whatif_lines(r: LoaderReport, label: str) -> list[str]:
+    """The what-if of cache sizes and worker counts: a table, the measured point starred."""
+    if not r.predictions:
+        return []
+    head = f"what-if{label}: predicted steady epoch and what binds it (* = as run)"
+    return [head, *grid("  cache", *_whatif_rows(r), WIDTH)]
+
+
 def _whatif_rows(r: LoaderReport) -> tuple[list[str], list[Row]]:
     caches = sorted({p.cache_bytes for p in r.predictions})
     workers = sorted({p.workers for p in r.predictions})
@@ -105,7 +114,7 @@ def _whatif_rows(r: LoaderReport) -> tuple[list[str], list[Row]]:
     return header, [(f"  {format_bytes(c)}", [cells.get((c, w), "-") for w in workers]) for c in caches]
 
 
-def _prefetch_lines(r: LoaderReport) -> list[str]:
+def _prefetch_lines(r: LoaderReport, label: str) -> list[str]:
     """The what-if of ``prefetch_factor``: one line, the measured factor starred."""
     if not r.prefetch_predictions:
         return []
@@ -123,7 +132,7 @@ def _prefetch_lines(r: LoaderReport) -> list[str]:
     )
 
 
-def _form_lines(r: LoaderReport) -> list[str]:
+def _form_lines(r: LoaderReport, label: str) -> list[str]:
     """The what-if of the form our cache holds its records in: one line, the form as run starred."""
     if not r.form_predictions:
         return []
@@ -155,7 +164,7 @@ def _nodes_lines(r: LoaderReport, label: str) -> list[str]:
         rows.append(
             (f"  {p.nodes}", [*cells, sec(p.independent_epoch_seconds), *map(format_bytes, independent)])
         )
-    return [*textwrap.wrap(head, WIDTH, subsequent_indent="  "), *grid("  nodes", header, rows, WIDTH), ""]
+    return ["", *textwrap.wrap(head, WIDTH, subsequent_indent="  "), *grid("  nodes", header, rows, WIDTH)]
 
 
 def _workload_lines(w: Workload) -> list[str]:
@@ -233,15 +242,20 @@ def _rank_lines(r: LoaderReport, label: str) -> list[str]:
     return ["", *lines] if lines else []
 
 
+# How each knob of the what-if table (``stallbench.analysis.knobs``) is drawn: its lines, given the report and
+# the loader's label ("" alone, " (name)" in a comparison); none where it predicted nothing.
+DRAWN: dict[str, Callable[[LoaderReport, str], list[str]]] = {
+    "predictions": _whatif_lines,
+    "prefetch_predictions": _prefetch_lines,
+    "form_predictions": _form_lines,
+    "nodes_predictions": _nodes_lines,
+}
+
+
 def _loader_lines(r: LoaderReport, label: str) -> list[str]:
     lines = [*_rank_lines(r, label), ""]
-    if r.predictions:
-        lines.append(f"what-if{label}: predicted steady epoch and what binds it (* = as run)")
-        lines += grid("  cache", *_whatif_rows(r), WIDTH)
-        lines += _prefetch_lines(r)
-        lines += _form_lines(r)
-        lines.append("")
-    lines += _nodes_lines(r, label)
+    what_if = [line for knob in KNOBS for line in DRAWN[knob.name](r, label)]
+    lines += [*what_if, ""] if what_if else []
     lines += _busy_lines(r, label)
     lines += textwrap.wrap(
         f"advice{label}: {r.advice}", WIDTH, subsequent_indent="  ", break_on_hyphens=False
