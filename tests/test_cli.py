@@ -81,6 +81,15 @@ def test_help(tmp_path, command, top_help):
         (["compare", "--data", "images:8", "--storage-bandwidth", "-1MB/s"], "'-1MB/s'"),
         (["analyze", "--data", "images:8", "--"], "nothing after --"),
         (["analyze", "--data", ".", "--", "no-such-command-xyz"], "not found or is not executable: 'no-such"),
+        # an option the target does not honour, named with why, not ignored
+        (
+            ["analyze", "--data", ".", "--workers", "4", "--", "true"],
+            "--workers does not act on your command",
+        ),
+        (["compare", "--data", ".", "--transform", "eval", "--", "true"], "--transform does not act on your"),
+        (["analyze", "--data", ".", "--steps", "4"], "--steps does not act on a generated workload"),
+        (["compare", "--data", ".", "--apply"], "--apply does not act on a generated workload"),
+        (["analyze", "--data", ".", "--quiet"], "--quiet does not act on a generated workload"),
     ],
 )
 def test_bad_input_exits_2_naming_the_culprit(tmp_path, args, culprit):

@@ -197,6 +197,37 @@ def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             parser.error(f"no folder to write {str(path)!r} into")
 
 
+# What only one target honours, with why the other does not: a generated workload is built from these
+# options; the user's command builds its own loaders, and these options say how to run a command.
+_GENERATED_ONLY = {
+    "data_dir": "a generated workload's folder",
+    "workers": "your command builds its own DataLoaders (set num_workers there)",
+    "batch_size": "your command builds its own DataLoaders (set batch_size there)",
+    "compute": "your command runs its own step",
+    "transform": "your command's Dataset makes its own samples",
+}
+_COMMAND_ONLY = {
+    "steps": "a generated workload runs whole epochs",
+    "time_limit": "a generated workload runs whole epochs",
+    "quiet": "a generated workload prints nothing of its own",
+    "log": "a generated workload prints nothing of its own",
+    "apply": "it reruns your command; for a generated workload, analyze with the advised --workers, --cache",
+}
+
+
+def _check_target(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]) -> None:
+    """A usage error for an option given that the target (a generated workload, or the command after
+    ``--``) does not honour, naming it and why; an option left at its default is not given."""
+    if args.command not in ("analyze", "compare"):
+        return
+    unused = _GENERATED_ONLY if command else _COMMAND_ONLY
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for action in sub.choices[args.command]._actions:
+        if action.dest in unused and getattr(args, action.dest, action.default) != action.default:
+            target = "your command after --" if command else "a generated workload (no command after --)"
+            parser.error(f"{action.option_strings[0]} does not act on {target}: {unused[action.dest]}")
+
+
 def _concurrent(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]) -> bool:
     """Whether this is ``compare --jobs N`` with N >= 2; a usage error for what it cannot take."""
     jobs = getattr(args, "jobs", None)
@@ -233,6 +264,7 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.error("--max-len is the pack length of --packing: give --packing too")
     if command and getattr(args, "packing", None) is not None:
         parser.error("--packing packs a generated workload's batches and takes no command after --")
+    _check_target(parser, args, command)
     if _concurrent(parser, args, command):
         from stallbench.cli.jobs import run_concurrent_compare
 
