@@ -335,3 +335,22 @@ def test_resident_bytes_in_whole_pages_counts_the_memory_a_small_file_takes(tmp_
 )
 def test_format_bytes_in_decimal_units(count: float, text: str) -> None:
     assert format_bytes(count) == text
+
+
+def test_a_dataset_is_sized_one_way_for_every_target_hidden_files_left_out(tmp_path):
+    """A generated workload and a user's command size their data by one rule (``dataset_size``): what a
+    source reads, so a hidden file (a manifest, .DS_Store) or a hidden folder (.git) does not count."""
+    from stallbench.analysis.request import CacheSpec, cache_bytes
+    from stallbench.conditions.storage import DataSize, dataset_size
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "1.jpg").write_bytes(b"x" * 5000)
+    (tmp_path / "a" / ".DS_Store").write_bytes(b"x" * 100_000)
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "pack").write_bytes(b"x" * 100_000)
+    assert dataset_size(tmp_path) == DataSize(device_bytes=PAGE * 2, record_bytes=5000)
+    assert dataset_size(tmp_path / "a" / "1.jpg") == dataset_size(tmp_path)
+    assert cache_bytes(CacheSpec(0.5), 8192) == 4096 and cache_bytes(3000, 8192) == 3000
+    (tmp_path / "a" / "1.jpg").unlink()
+    with pytest.raises(ValueError, match=f"--data {tmp_path} holds no file"):
+        dataset_size(tmp_path)

@@ -21,14 +21,14 @@ from stallbench.analysis.measure import measure_bandwidths, measure_memory_bandw
 from stallbench.analysis.memory import measure_overhead, memory_limit, probe_cache_bytes
 from stallbench.analysis.object_data import in_memory_copy, network_bandwidth, object_source
 from stallbench.analysis.phases import RunPlan, files_read, run_phases
-from stallbench.analysis.request import AnalysisRequest, CacheSpec, NamedWorkload, ObjectData, local_files
+from stallbench.analysis.request import AnalysisRequest, NamedWorkload, ObjectData, cache_bytes, local_files
 from stallbench.analysis.results import LoaderReport, Workload, steady
 from stallbench.analysis.runs import cold_condition, collected
 from stallbench.analysis.training import rank_runs
 from stallbench.analysis.work import useful_work
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.limits import AUTO
-from stallbench.conditions.storage import DataSize, data_size
+from stallbench.conditions.storage import DataSize, dataset_size
 from stallbench.jobs.command import CommandRun
 from stallbench.jobs.kinds import KINDS
 from stallbench.jobs.spec import JobSpec
@@ -54,7 +54,7 @@ def prepare(
             from stallbench.jobs.others import convert  # here: it loads torch, and --help does not
 
             convert(str(data), kind)
-    cache = round(req.cache * size.device_bytes) if isinstance(req.cache, CacheSpec) else req.cache
+    cache = cache_bytes(req.cache, size.device_bytes)
     req.limits.check(data, cold, over_network=isinstance(data, ObjectData))
     workload = Workload(
         data=str(data),
@@ -151,19 +151,14 @@ def _opened(data: Path | ObjectData) -> tuple[DataSize, int, np.ndarray | None]:
     bytes, which is what the network carries), its number of samples and, for token sequences, each one's
     length.
 
-    Hidden files are left out: no source reads them (a generated workload keeps its manifest in one)."""
+    Hidden files are left out (``dataset_size``): no source reads them."""
     from stallbench.jobs.data import open_source
 
     source = open_source(str(data))
     if isinstance(data, ObjectData):
         return DataSize(device_bytes=source.nbytes, record_bytes=source.nbytes), len(source), None
-    files = [data] if data.is_file() else [p for p in data.rglob("*") if p.is_file() and not _hidden(p, data)]
     lengths = source.token_lengths() if getattr(source, "kind", None) == "tokens" else None
-    return data_size(files), len(source), lengths
-
-
-def _hidden(path: Path, root: Path) -> bool:
-    return any(part.startswith(".") for part in path.relative_to(root).parts)
+    return dataset_size(data), len(source), lengths
 
 
 def _auto_memory(plan: RunPlan, kinds: Sequence[str]) -> int:

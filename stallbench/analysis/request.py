@@ -18,6 +18,15 @@ _NAMED = re.compile(r"^(images|tokens)(?::(.*))?$")
 class CacheSpec(float):
     """A cache size given as a fraction of the dataset (``"50%"``); resolved once the dataset is known."""
 
+    def of(self, dataset_bytes: int) -> int:
+        return round(self * dataset_bytes)
+
+
+def cache_bytes(cache: CacheSpec | int | None, dataset_bytes: int) -> int | None:
+    """``--cache`` in bytes, for a generated workload and a command alike: a fraction of the dataset's device
+    bytes, or the size given."""
+    return cache.of(dataset_bytes) if isinstance(cache, CacheSpec) else cache
+
 
 @dataclass(frozen=True)
 class NamedWorkload:

@@ -19,7 +19,7 @@ from stallbench.analysis.user_analysis import UserJob, analyze_command, sized_me
 from stallbench.analysis.user_report import NoTrainingLoader
 from stallbench.conditions.cgroup import StorageConditionUnavailable
 from stallbench.conditions.limits import AUTO
-from stallbench.conditions.storage import data_size
+from stallbench.conditions.storage import dataset_size
 from stallbench.jobs.command import CommandFailed
 from stallbench.jobs.kinds import SWAPPABLE
 from stallbench.jobs.spec import AS_IS
@@ -38,7 +38,7 @@ def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 def _job(args: argparse.Namespace, command: list[str]) -> UserJob:
     """The job from the options; ValueError (a usage error) for what a user command cannot take."""
-    from stallbench.analysis.request import CacheSpec, NamedWorkload, ObjectData
+    from stallbench.analysis.request import NamedWorkload, ObjectData, cache_bytes
 
     if isinstance(args.data, NamedWorkload):
         raise ValueError(
@@ -50,11 +50,8 @@ def _job(args: argparse.Namespace, command: list[str]) -> UserJob:
             "fetches over the network is not counted yet); object storage is measured on a generated job"
         )
     data = args.data.resolve()
-    files = [data] if data.is_file() else [p for p in data.rglob("*") if p.is_file()]
-    if not files:
-        raise ValueError(f"--data {data} holds no file")
-    size = data_size(files)
-    cache = round(args.cache * size.device_bytes) if isinstance(args.cache, CacheSpec) else args.cache
+    size = dataset_size(data)
+    cache = cache_bytes(args.cache, size.device_bytes)
     return UserJob(
         argv=tuple(command),
         data=(data,),

@@ -13,11 +13,13 @@ import mmap
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = [
     "PAGE",
     "DataSize",
     "data_size",
+    "dataset_size",
     "device_bytes",
     "evict_page_cache",
     "files_in",
@@ -61,6 +63,23 @@ class DataSize:
 
     device_bytes: int  # each file rounded up to whole pages (the unit of every storage figure)
     record_bytes: int  # the files' sizes summed
+
+
+def dataset_size(data: PathArg) -> DataSize:
+    """The size of the dataset at ``data`` (a file, or a folder walked) as a job reads it: hidden files and
+    folders (a name starting with ``.``) left out, since no source reads them (a generated workload keeps its
+    manifest in one); for a generated workload and a user's command alike."""
+    root = Path(data)
+    if root.is_file():
+        return data_size([root])
+    files = [p for p in root.rglob("*") if p.is_file() and not _hidden(p.relative_to(root))]
+    if not files:
+        raise ValueError(f"--data {root} holds no file")
+    return data_size(files)
+
+
+def _hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)
 
 
 def data_size(paths: PathArg | Iterable[PathArg]) -> DataSize:
