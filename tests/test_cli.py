@@ -426,5 +426,5 @@ def test_a_memory_limit_too_small_for_python_says_so_in_words(tmp_path):
     if problems["memory_limit"] is not None:
         pytest.skip(f"needs a memory cgroup: {problems['memory_limit']}")
     done = stallbench("analyze", "--data", "images:8", "--memory-limit", "1M", cwd=tmp_path)
-    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.returncode == 2 and "Traceback" not in done.stderr  # a value too small: a usage error
     assert "--memory-limit 1.05 MB is too small: the kernel killed the storage reader" in done.stderr

@@ -19,7 +19,7 @@ from pathlib import Path
 from stallbench.cli import _args as types
 from stallbench.cli.commands import interrupted, run_analysis, run_demo, run_simulate
 from stallbench.cli.stops import stops_as_ctrl_c
-from stallbench.cli.user import run_user_analysis, split_command
+from stallbench.cli.user import Command, split_command
 from stallbench.conditions.limits import AUTO, NONE, Limits
 from stallbench.conditions.storage import PAGE
 from stallbench.jobs.kinds import CACHED, DEFAULT, NAMES
@@ -270,7 +270,9 @@ def _main(argv: Sequence[str] | None) -> int:
 
         return _interruptible(run_concurrent_compare, args)
     if command:
-        return _interruptible(functools.partial(run_user_analysis, command=command), args)
+        from stallbench.cli.targets import run_target
+
+        return _interruptible(functools.partial(run_target, target=Command(command)), args)
     if args.command == "analyze" and args.loader is None:
         args.loader = CACHED
     commands = {"analyze": run_analysis, "compare": run_analysis, "simulate": run_simulate, "demo": run_demo}

@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from stallbench.analysis.analyze import analyze, prepare
+from stallbench.analysis.analyze import prepare
 from stallbench.analysis.phases import RunPlan
 from stallbench.analysis.request import AnalysisRequest
 from stallbench.analysis.results import LoaderReport
@@ -24,8 +24,6 @@ __all__ = [
     "run_simulate",
     "say_error",
 ]
-
-RUNS_PER_LOADER = 3  # ingestion, prep, cold
 
 
 def say_error(command: str, exc: BaseException) -> None:
@@ -49,35 +47,11 @@ def request_from(args: argparse.Namespace) -> AnalysisRequest:
 
 
 def run_analysis(args: argparse.Namespace) -> int:
+    """``analyze`` or ``compare`` of a generated workload (or data the options describe)."""
+    from stallbench.cli.targets import Generated, run_target
+
     kinds = (args.loader,) if args.command == "analyze" else args.loaders
-    return analyse_and_report(args, request_from(args), kinds)
-
-
-def analyse_and_report(
-    args: argparse.Namespace, req: AnalysisRequest, kinds: Sequence[str], by_epoch: bool = False
-) -> int:
-    """Prepare (usage errors: 2), run with progress, print and write what was done (even when interrupted)."""
-    try:
-        plan = prepare_data(args, req, kinds)  # generation and the --memory-limit auto probe
-    except (StorageConditionUnavailable, ValueError) as exc:
-        say_error(args.command, exc)
-        return 2
-    except KeyboardInterrupt as stop:
-        return interrupted(args, stop)
-    reports: list[LoaderReport] = []
-    try:
-        runs = RUNS_PER_LOADER * len(kinds) * (2 if plan.packing else 1)  # packed runs beside the padded
-        with Progress(args, "runs", unit="step", total=1 + runs) as bar:
-            for report in analyze(plan, kinds, on_step=bar.step):
-                reports.append(report)
-    except KeyboardInterrupt as stop:
-        return interrupted(args, stop, reports, by_epoch)
-    except (RuntimeError, OSError, ValueError) as exc:
-        say_error(args.command, exc)
-        report_outputs(args, reports, by_epoch)
-        return 1
-    report_outputs(args, reports, by_epoch)
-    return 0
+    return run_target(args, Generated(request_from(args), kinds))
 
 
 def prepare_data(
@@ -179,6 +153,7 @@ def run_simulate(args: argparse.Namespace) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    from stallbench.cli.targets import Generated, run_target
     from stallbench.demo import concurrent_hint, demo_request, describe
 
     try:
@@ -187,7 +162,7 @@ def run_demo(args: argparse.Namespace) -> int:
         say_error("demo", exc)
         return 2
     describe(req)
-    code = analyse_and_report(args, req, kinds, by_epoch=True)
+    code = run_target(args, Generated(req, kinds, by_epoch=True))
     if code == 0:
         print(concurrent_hint(req))
     return code

@@ -1,8 +1,7 @@
-"""``analyze`` / ``compare`` with a command after ``--``: the user's own job, run three times per loader.
-
-Exit codes as for the other commands, and: 1 with the command's exit code and last lines when the command
-fails (no stallbench traceback), 130 on Ctrl-C, 143 on SIGTERM, 129 on SIGHUP (the command's processes,
-cgroup and scratch folders gone).
+"""``analyze`` / ``compare`` with a command after ``--``: the user's own job, run three times per loader, as
+a target of the one handler (``stallbench.cli.targets``, whose exit codes it has: 1 with the command's exit
+code and last lines when it fails, no stallbench traceback; on Ctrl-C, SIGTERM or SIGHUP the command's
+processes, cgroup and scratch folders are gone before stallbench exits).
 """
 
 from __future__ import annotations
@@ -10,21 +9,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import IO
 
 from stallbench.analysis.apply import NotRunnable, apply_advice
 from stallbench.analysis.results import LoaderReport
 from stallbench.analysis.user_analysis import UserJob, analyze_command, sized_memory
 from stallbench.analysis.user_report import NoTrainingLoader
-from stallbench.conditions.cgroup import StorageConditionUnavailable
+from stallbench.cli.targets import RUNS_PER_LOADER
 from stallbench.conditions.limits import AUTO
 from stallbench.conditions.storage import dataset_size
 from stallbench.jobs.command import CommandFailed
 from stallbench.jobs.kinds import SWAPPABLE
 from stallbench.jobs.spec import AS_IS
 
-__all__ = ["run_user_analysis", "split_command"]
+__all__ = ["Command", "split_command"]
 
 
 def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -75,43 +74,38 @@ def _log(args: argparse.Namespace) -> Iterator[IO[str] | None]:
         yield log
 
 
-def run_user_analysis(args: argparse.Namespace, command: list[str]) -> int:
-    from stallbench.cli.commands import Progress, interrupted, report_outputs, say_error
+class Command:
+    """The user's own command after ``--`` as the target of ``analyze`` or ``compare``
+    (``stallbench.cli.targets``): its loaders as written, or swapped for torch's or ours; its output through,
+    or to ``--log`` with ``--quiet``."""
 
-    kinds = (AS_IS,) if args.command == "analyze" and args.loader is None else _kinds(args)
-    try:
-        _check_swappable(kinds)
-        job = _job(args, command)
-    except (ValueError, OSError) as exc:
-        say_error(args.command, exc)
-        return 2
-    reports: list[LoaderReport] = []
-    try:
-        sizing = job.limits.memory_limit == AUTO
-        with _log(args) as log, Progress(args, "runs", unit="run", total=sizing + 1 + 3 * len(kinds)) as bar:
-            if sizing:
-                job = sized_memory(job, kinds, log)
-                bar.step("memory measured")
-            for report in analyze_command(job, kinds, on_step=bar.step, log=log):
-                reports.append(report)
-    except KeyboardInterrupt as stop:
-        return interrupted(args, stop, reports)
-    except CommandFailed as exc:
-        say_error(args.command, exc)
-        return 1
-    except StorageConditionUnavailable as exc:
-        say_error(args.command, exc)
-        return 2
-    except (NoTrainingLoader, RuntimeError, OSError, ValueError) as exc:
-        say_error(args.command, exc)
-        report_outputs(args, reports)
-        return 1
-    report_outputs(args, reports)
-    if args.apply:
-        _apply(args, job, reports, kinds)
-    if args.quiet:
-        print(f"the command's output is in {args.log}", file=sys.stderr)
-    return 0
+    by_epoch = False
+
+    def __init__(self, command: list[str]) -> None:
+        self.command = command
+
+    def prepare(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.kinds = (AS_IS,) if args.command == "analyze" and args.loader is None else _kinds(args)
+        _check_swappable(self.kinds)
+        self.job = _job(args, self.command)
+
+    def steps(self) -> int:
+        sizing = self.job.limits.memory_limit == AUTO
+        return sizing + 1 + RUNS_PER_LOADER * len(self.kinds)  # the memory probe, the machine, the runs
+
+    def reports(self, on_step: Callable[[str], None]) -> Iterator[LoaderReport]:
+        with _log(self.args) as log:
+            if self.job.limits.memory_limit == AUTO:
+                self.job = sized_memory(self.job, self.kinds, log)
+                on_step("memory measured")
+            yield from analyze_command(self.job, self.kinds, on_step=on_step, log=log)
+
+    def finish(self, reports: Sequence[LoaderReport]) -> None:
+        if self.args.apply:
+            _apply(self.args, self.job, reports, self.kinds)
+        if self.args.quiet:
+            print(f"the command's output is in {self.args.log}", file=sys.stderr)
 
 
 def _apply(

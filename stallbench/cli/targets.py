@@ -1,0 +1,95 @@
+"""``analyze`` and ``compare``: one handler, one ladder of exit codes, whatever is analysed.
+
+A target is what the runs run: a generated workload (``Generated``), or the user's own command after ``--``
+(``stallbench.cli.user.Command``). Each prepares itself (usage errors), says how many steps its runs take,
+yields a report per loader and finishes (``--apply``). The handler is the same for both:
+
+* 2: a usage error while preparing, or a storage condition the machine cannot enforce;
+* 1: a run failed (the command's exit code and last lines, or the error); the loaders done are printed and
+  written;
+* 128 + the signal's number on Ctrl-C, SIGTERM or SIGHUP, the loaders done printed and written;
+* 0: every report printed and written.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
+
+from stallbench.analysis.analyze import analyze
+from stallbench.analysis.phases import RunPlan
+from stallbench.analysis.request import AnalysisRequest
+from stallbench.analysis.results import LoaderReport
+from stallbench.cli.commands import Progress, interrupted, prepare_data, report_outputs, say_error
+from stallbench.conditions.cgroup import StorageConditionUnavailable
+
+__all__ = ["RUNS_PER_LOADER", "Generated", "Target", "run_target"]
+
+RUNS_PER_LOADER = 3  # ingestion, prep, cold
+
+
+class Target(Protocol):
+    """What ``analyze`` or ``compare`` runs."""
+
+    by_epoch: bool  # the demo's table of the cold runs' epochs too
+
+    def prepare(self, args: argparse.Namespace) -> None:
+        """Make ready to run; ValueError, OSError or StorageConditionUnavailable for a usage error."""
+
+    def steps(self) -> int:
+        """The steps of its runs, for the progress bar."""
+
+    def reports(self, on_step: Callable[[str], None]) -> Iterator[LoaderReport]:
+        """One report per loader, yielded as each is done."""
+
+    def finish(self, reports: Sequence[LoaderReport]) -> None:
+        """After the reports are printed and written (``--apply``)."""
+
+
+def run_target(args: argparse.Namespace, target: Target) -> int:
+    """Prepare, run with progress, print and write what was done (even when a run failed or was stopped)."""
+    try:
+        target.prepare(args)
+    except (StorageConditionUnavailable, ValueError, OSError) as exc:
+        say_error(args.command, exc)
+        return 2
+    except KeyboardInterrupt as stop:
+        return interrupted(args, stop)
+    reports: list[LoaderReport] = []
+    try:
+        with Progress(args, "runs", unit="run", total=target.steps()) as bar:
+            reports.extend(target.reports(bar.step))
+    except KeyboardInterrupt as stop:
+        return interrupted(args, stop, reports, target.by_epoch)
+    except StorageConditionUnavailable as exc:
+        say_error(args.command, exc)
+        return 2
+    except (RuntimeError, OSError, ValueError) as exc:  # a command failed, no training loader, an error
+        say_error(args.command, exc)
+        report_outputs(args, reports, target.by_epoch)
+        return 1
+    report_outputs(args, reports, target.by_epoch)
+    target.finish(reports)
+    return 0
+
+
+class Generated:
+    """A generated workload (or data on disk the options describe): generated and sized by ``prepare``."""
+
+    def __init__(self, req: AnalysisRequest, kinds: Sequence[str], by_epoch: bool = False) -> None:
+        self.req, self.kinds, self.by_epoch = req, tuple(kinds), by_epoch
+        self.plan: RunPlan | None = None
+
+    def prepare(self, args: argparse.Namespace) -> None:
+        self.plan = prepare_data(args, self.req, self.kinds)  # generation and the --memory-limit auto probe
+
+    def steps(self) -> int:
+        runs = RUNS_PER_LOADER * len(self.kinds) * (2 if self.plan.packing else 1)  # packed beside padded
+        return 1 + runs  # the machine measured first
+
+    def reports(self, on_step: Callable[[str], None]) -> Iterator[LoaderReport]:
+        return analyze(self.plan, self.kinds, on_step=on_step)
+
+    def finish(self, reports: Sequence[LoaderReport]) -> None:
+        pass
