@@ -18,7 +18,13 @@ import numpy as np
 
 from stallbench.analysis.loader_report import Measurement, loader_report
 from stallbench.analysis.measure import measure_bandwidths, measure_memory_bandwidth
-from stallbench.analysis.memory import measure_overhead, memory_limit, probe_cache_bytes
+from stallbench.analysis.memory import (
+    PREFETCH,
+    measure_overhead,
+    memory_limit,
+    probe_batches,
+    probe_cache_bytes,
+)
 from stallbench.analysis.object_data import in_memory_copy, network_bandwidth, object_source
 from stallbench.analysis.phases import RunPlan, files_read, run_phases
 from stallbench.analysis.request import AnalysisRequest, NamedWorkload, ObjectData, cache_bytes, local_files
@@ -35,7 +41,6 @@ from stallbench.jobs.spec import JobSpec
 
 __all__ = ["analyze", "prepare"]
 
-_PREFETCH = 2  # torch's default prefetch_factor: batches each worker keeps ready
 Progress = Callable[[int, int], None]
 
 
@@ -67,7 +72,7 @@ def prepare(
         epochs=req.epochs,
         cache_bytes=cache,
         **req.limits.known(),
-        prefetch_factor=_PREFETCH if req.workers > 0 else None,
+        prefetch_factor=PREFETCH if req.workers > 0 else None,
     )
     plan = RunPlan(workload=workload, transform=req.transform, seed=req.seed, **_packing(req, data, lengths))
     if req.limits.memory_limit == AUTO:
@@ -164,8 +169,7 @@ def _opened(data: Path | ObjectData) -> tuple[DataSize, int, np.ndarray | None]:
 def _auto_memory(plan: RunPlan, kinds: Sequence[str]) -> int:
     """The same limit for every loader: the cache budget plus the largest measured job memory (+ margin)."""
     w = plan.workload
-
-    steps = _PREFETCH * w.workers + 2  # every worker's prefetch queue full, as in a real run
+    steps = probe_batches(w.workers)
     probe_plan = replace(plan, workload=replace(w, epochs=1, compute=None), max_batches=steps)
 
     def probe(kind: str, cache_dir: Path, limits: StorageLimits) -> None:

@@ -23,11 +23,20 @@ __all__ = ["EXTRA_WORKER_MARGIN", "OVERHEAD_MARGIN", "measure_overhead", "memory
 # Headroom over the measured overhead: the kernel's own objects (inodes, page tables) and later allocations
 # grow a job a few MB past its probe, and a cache in /dev/shm cannot be reclaimed, so it would meet the OOM
 # killer. The margin goes to both loaders: the page cache of torch's loader gets to use it.
+PREFETCH = 2  # torch's default prefetch_factor: batches each worker keeps ready
+PROBE_BATCHES = 10  # the fewest batches of a memory probe: 4 workers' queues full
 OVERHEAD_MARGIN = 32 << 20
 # Workers beyond the cores each grow past the probe too: over a long run their copy-on-write pages of the
 # parent are copied, which a probe of a few batches does not see (measured: a 4-worker job on 2 cores was
 # killed at the probe's figure + 32 MiB).
 EXTRA_WORKER_MARGIN = 24 << 20
+
+
+def probe_batches(workers: int | None) -> int:
+    """Batches of each loader a memory probe runs, for a generated workload and a command alike: every
+    worker's prefetch queue full (torch's ``prefetch_factor`` 2), as in a run; at least ``PROBE_BATCHES``,
+    the whole rule where the workers are not known before the command runs."""
+    return max(PROBE_BATCHES, PREFETCH * (workers or 0) + 2)
 
 
 def probe_cache_bytes(num_records: int) -> int:

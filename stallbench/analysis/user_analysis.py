@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
-from stallbench.analysis.memory import measure_overhead, memory_limit, probe_cache_bytes
+from stallbench.analysis.memory import measure_overhead, memory_limit, probe_batches, probe_cache_bytes
 from stallbench.analysis.results import LoaderReport
 from stallbench.analysis.runs import Phase, collected, three_runs
 from stallbench.analysis.training import replay_lengths
@@ -35,8 +35,6 @@ __all__ = [
     "run_user_phases",
     "sized_memory",
 ]
-
-PROBE_STEPS = 10  # batches of each loader in a memory probe: every worker's prefetch queue full, as in a run
 
 
 @dataclass(frozen=True)
@@ -111,10 +109,10 @@ def run_once(
 
 def sized_memory(job: UserJob, kinds: Sequence[str], log: IO[str] | None = None) -> UserJob:
     """``--memory-limit auto`` sized as for a generated job: the cache budget plus the most memory the
-    command needs with any of the loaders ``kinds``, measured over its first ``PROBE_STEPS`` batches (our
+    command needs with any of the loaders ``kinds``, measured over its first ``probe_batches`` (our
     loader's cache held at its index), and the margins of ``memory.memory_limit``."""
     workers: list[int] = []
-    probe_job = replace(job, steps=PROBE_STEPS, epochs=1)
+    probe_job = replace(job, steps=probe_batches(None), epochs=1)  # its workers are known only once it runs
     records = sum(1 for _ in files_in(job.data))
 
     def probe(kind: str, cache_dir: Path, limits: StorageLimits) -> None:
