@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from loader._lazy import lazy_names
-from loader.sources.image_folder import IMG_EXTENSIONS, ImageFolderSource  # before image_folder() below
 from loader.sources.locations import in_object_storage, split_url
 
 if TYPE_CHECKING:
@@ -38,6 +37,8 @@ __all__ = [
 
 LAZY = {
     "Source": "loader.sources.base",
+    "IMG_EXTENSIONS": "loader.sources.image_folder_source",
+    "ImageFolderSource": "loader.sources.image_folder_source",
     "FileTreeSource": "loader.sources.file_tree",
     "TarShardsSource": "loader.sources.tar_shards",
     "ArrowSource": "loader.sources.arrow_source",
@@ -57,6 +58,8 @@ def image_folder(root: Any) -> Source:
         from loader.sources.object_store import S3ImageFolderSource
 
         return S3ImageFolderSource(root)
+    from loader.sources.image_folder_source import ImageFolderSource
+
     return ImageFolderSource(root)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from loader.sources.arrow_source import ArrowSource
-from loader.sources.image_folder import ImageFolderSource
+from loader.sources.image_folder_source import ImageFolderSource
 from loader.sources.lmdb_source import CLASSES_KEY, LABELS_KEY, LEN_KEY, LMDBSource, pack_record, record_key
 from loader.sources.tar_shards import TarShardsSource
 from loader.system.pagecache import PAGE

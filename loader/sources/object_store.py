@@ -20,7 +20,7 @@ from typing import Any
 from loader.errors import BadRecordError, SourceError
 from loader.sources._fingerprint import digest
 from loader.sources.base import Source
-from loader.sources.image_folder import IMG_EXTENSIONS
+from loader.sources.image_folder_source import IMG_EXTENSIONS
 from loader.sources.locations import split_url
 
 __all__ = ["S3ImageFolderSource"]

@@ -31,7 +31,7 @@ from loader.errors import BadRecordError, SourceError
 from loader.sources._fingerprint import digest
 from loader.sources._object_files import file_stat, list_objects, open_object, ranged_reader
 from loader.sources.base import Source
-from loader.sources.image_folder import IMG_EXTENSIONS
+from loader.sources.image_folder_source import IMG_EXTENSIONS
 from loader.sources.locations import in_object_storage
 
 __all__ = ["LABEL_EXTENSIONS", "TarShardsSource"]

@@ -24,6 +24,7 @@ filesystem without ``RWF_NOWAIT``), or some pages were resident, nothing is evic
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import mmap
@@ -170,8 +171,9 @@ def evict_written_back(path: str | os.PathLike) -> int:
     try:
         size = os.fstat(fd).st_size
         drop_file(fd)
-        if resident_count(fd, size) != 0:
-            os.fdatasync(fd)
+        if size and resident_count(fd, size) != 0:  # None: the kernel will not say; written back to be sure
+            with contextlib.suppress(OSError):  # no fsync there (squashfs, iso9660): nothing dirty either
+                os.fdatasync(fd)
             drop_file(fd)
         return size
     finally:

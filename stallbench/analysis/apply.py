@@ -67,14 +67,18 @@ class Applied:
         return self.measured_seconds < self.as_run_seconds - self.as_run_spread
 
     def said(self) -> str:
-        """Predicted against measured, and what the run says of the prediction: it holds, it is off but the
-        setting gained, or the run contradicts it (no faster than as run: no gain, whatever was predicted)."""
+        """Predicted against measured, and what the run says of the prediction: it holds, it holds but its
+        gain is noise, it is off but the setting gained, or the run contradicts it (off, and no faster than
+        as run: no gain)."""
         figures = f"predicted {self.predicted_seconds:.2f} s, measured {self.measured_seconds:.2f} s"
         head = f"{self.setting}: steady epoch {figures} ({self.error:+.0%}), "
         head += f"as run {self.as_run_seconds:.2f} s"
+        holds = abs(self.error) <= HOLDS
+        if not self.gained and holds:
+            return f"{head}: within {HOLDS:.0%} of the prediction, but the gain is within the epochs' noise"
         if not self.gained:
             return f"{head}: the run contradicts the prediction (no faster than as run): keep it as run"
-        if abs(self.error) <= HOLDS:
+        if holds:
             return f"{head}: the prediction holds (within {HOLDS:.0%})"
         gain = 1.0 - self.measured_seconds / self.as_run_seconds
         return f"{head}: off the prediction by more than {HOLDS:.0%}, yet {gain:.0%} faster than as run"

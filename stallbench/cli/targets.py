@@ -4,9 +4,10 @@ A target is what the runs run: a generated workload (``Generated``), or the user
 (``stallbench.cli.user.Command``). Each prepares itself (usage errors), says how many steps its runs take,
 yields a report per loader and finishes (``--apply``). The handler is the same for both:
 
-* 2: a usage error while preparing, or a storage condition the machine cannot enforce;
-* 1: a run failed (the command's exit code and last lines, or the error); the loaders done are printed and
-  written;
+* 2: a usage error while preparing, or a storage condition the machine cannot enforce (the loaders done
+  before it was found printed and written);
+* 1: a run failed, while preparing (the memory probe) or after (the command's exit code and last lines, or
+  the error); the loaders done are printed and written;
 * 128 + the signal's number on Ctrl-C, SIGTERM or SIGHUP, the loaders done printed and written;
 * 0: every report printed and written.
 """
@@ -54,6 +55,9 @@ def run_target(args: argparse.Namespace, target: Target) -> int:
     except (StorageConditionUnavailable, ValueError, OSError) as exc:
         say_error(args.command, exc)
         return 2
+    except RuntimeError as exc:  # a run while preparing failed (the --memory-limit auto probe, a conversion)
+        say_error(args.command, exc)
+        return 1
     except KeyboardInterrupt as stop:
         return interrupted(args, stop)
     reports: list[LoaderReport] = []
@@ -64,6 +68,7 @@ def run_target(args: argparse.Namespace, target: Target) -> int:
         return interrupted(args, stop, reports, target.by_epoch)
     except StorageConditionUnavailable as exc:
         say_error(args.command, exc)
+        report_outputs(args, reports, target.by_epoch)
         return 2
     except (RuntimeError, OSError, ValueError) as exc:  # a command failed, no training loader, an error
         say_error(args.command, exc)
