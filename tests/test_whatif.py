@@ -412,3 +412,16 @@ def test_a_worker_count_faster_than_any_form_is_advised_instead():
     m = dataclasses.replace(m, loader="cached")
     chosen = advised(m, what_if(m), forms("raw", raw=210.0, prepared=150.0))
     assert (chosen.workers, chosen.cache_form) == (4, None)
+
+
+def test_workers_that_waited_for_a_core_other_work_held_are_not_read_as_off_the_cpu():
+    """2 workers on 2 cores, their prep all CPU (50 s of it a 30 s prep run cannot hold on 2 cores, but can
+    on the 1.6 cores other work left it): read on a quiet machine the gap is off-CPU time more workers would
+    overlap; with the other work's 0.4 cores taken out, the CPU explains the run and no worker count helps."""
+    quiet = measured(workers=2, cores=2, t1=5.0, t2=32.0, prep_stall=27.0, rate=2_000.0)  # C = 50 s
+    busy = dataclasses.replace(quiet, prep_other_load=0.4)
+    quiet_prep = {w: epoch_terms(quiet, cache_bytes=D // 2, workers=w)["prep"] for w in (2, 8)}
+    busy_prep = {w: epoch_terms(busy, cache_bytes=D // 2, workers=w)["prep"] for w in (2, 8)}
+    assert quiet_prep[8] < quiet_prep[2]  # read as off-CPU waits: 8 workers would overlap them
+    assert busy_prep[8] == pytest.approx(busy_prep[2])  # the cores bound it: more workers cannot help
+    assert not any(p.workers > 2 and p.epoch_seconds < 0.98 * 32.0 for p in what_if(busy))

@@ -51,8 +51,9 @@ def loader_report(m: Measurement) -> LoaderReport:
     hits, misses = sum(e.hits for e in cold), sum(e.misses for e in cold)
     cpu = fmean(e.cpu_seconds for e in cold)
     cold_run = m.runs["cold"]
+    prep_load = m.runs["prep"].other_load_cores if "prep" in m.runs else 0.0
     measured = whatif.Measured(
-        w, b, machine, m.model, storage, cpu, cold_run.ready_first, cold_run.slow_again
+        w, b, machine, m.model, storage, cpu, cold_run.ready_first, cold_run.slow_again, prep_load
     )
     what_ifs = predicted(measured, cold_run) if m.what_if else {knob.name: () for knob in KNOBS}
     predictions, forms = what_ifs["predictions"], what_ifs["form_predictions"]

@@ -18,8 +18,9 @@ worker, prep and step take turns in one process: ``T1 + C + L``.
 
 ``L`` is the time workers spend off the CPU (a Dataset that sleeps, waits on a lock or on a remote read): what
 the rest of the prep run's epoch (``T3 - F``, all records in memory) leaves unexplained, ``(T3 - F) * w / a_w
-- C``; none where the CPU terms reach 90% of it, or where compute hid prep (``T3`` within 5% of ``T1``) and
-the run says nothing of it.
+- C``; none where the CPU terms reach 90% of it (on the cores the job had: other work on the machine during
+the prep run takes its cores out, so waiting for a core is not read as time off it), or where compute hid
+prep (``T3`` within 5% of ``T1``) and the run says nothing of it.
 """
 
 from __future__ import annotations
@@ -69,9 +70,10 @@ def _prep_cpu(m: Measured) -> float:
 
 
 def _cpu_bound(m: Measured, cpu: float, workers: int, after: float) -> float:
-    """Prep's CPU after the first batch on ``min(workers, cores)`` cores, and all of it on the cores shared
-    with the step."""
-    cores = m.machine.cores
+    """The prep run's prep CPU after the first batch on ``min(workers, cores)`` cores, and all of it on the
+    cores shared with the step: the cores the job had, those other work on the machine kept busy left out
+    (workers that waited for a core are not off the CPU: more of them would wait as well)."""
+    cores = max(1.0, m.machine.cores - m.prep_other_load)
     return max(after * cpu / min(workers, cores), (m.breakdown.step_cpu_seconds + cpu) / cores)
 
 

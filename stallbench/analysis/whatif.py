@@ -70,6 +70,7 @@ class Measured:
     cpu_seconds: float | None = None  # measured per steady epoch, the job and its workers; None: not known
     ready_first: bool = False  # the loader made batches of the samples ready first
     slow_again: float = 0.0  # the share of the last epoch's slow-sample time repeating the epoch before's
+    prep_other_load: float = 0.0  # cores other work on the machine kept busy during the prep run
 
     def __post_init__(self) -> None:
         check_kind(self.loader)
