@@ -264,8 +264,9 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.error("--max-len is the pack length of --packing: give --packing too")
     if command and getattr(args, "packing", None) is not None:
         parser.error("--packing packs a generated workload's batches and takes no command after --")
+    concurrent = _concurrent(parser, args, command)  # --jobs with a command is named first
     _check_target(parser, args, command)
-    if _concurrent(parser, args, command):
+    if concurrent:
         from stallbench.cli.jobs import run_concurrent_compare
 
         return _interruptible(run_concurrent_compare, args)
