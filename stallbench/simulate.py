@@ -116,16 +116,7 @@ def simulate(
     """Simulate ``policy`` (a name in ``POLICIES``) for ``epochs`` epochs; ``cache_bytes`` is per node.
 
     ``page_bytes`` is what the device reads at least (1: sizes that are device bytes already)."""
-    sizes = dict(
-        dataset_bytes=dataset_bytes,
-        cache_bytes=cache_bytes,
-        record_bytes=record_bytes,
-        epochs=epochs,
-        nodes=nodes,
-        seed=seed,
-        max_records=max_records,
-        page_bytes=page_bytes,
-    )
+    sizes = {name: value for name, value in locals().items() if name != "policy"}  # every keyword, as given
     _validate(policy, sizes, mins={"cache_bytes": 0, "seed": 0})
     device_record = -(-record_bytes // page_bytes) * page_bytes
     records = dataset_bytes // record_bytes
@@ -161,16 +152,7 @@ def simulate_all(
     page_bytes: int = PAGE,
 ) -> tuple[SimulationResult, ...]:
     """Every policy on the same reads, side by side (``minio-partitioned`` only when ``nodes > 1``)."""
-    kwargs = dict(
-        dataset_bytes=dataset_bytes,
-        cache_bytes=cache_bytes,
-        record_bytes=record_bytes,
-        epochs=epochs,
-        nodes=nodes,
-        seed=seed,
-        max_records=max_records,
-        page_bytes=page_bytes,
-    )
+    kwargs = dict(locals())  # every keyword, as given
     return tuple(simulate(name, **kwargs) for name in POLICIES if name != "minio-partitioned" or nodes > 1)
 
 
