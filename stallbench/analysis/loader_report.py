@@ -46,12 +46,11 @@ def loader_report(m: Measurement) -> LoaderReport:
     w = m.workload
     b = m.breakdown if m.breakdown is not None else breakdown(m.runs, w.dataset_bytes)
     machine = measured_machine(w, b, m.storage_bytes_per_s, m.memory_bytes_per_s)
-    cold = steady(list(m.runs["cold"].epochs))
+    cold_run, prep_load = m.runs["cold"], m.runs["prep"].other_load_cores
+    cold = steady(list(cold_run.epochs))
     storage = int(fmean(e.storage_bytes for e in cold))
     hits, misses = sum(e.hits for e in cold), sum(e.misses for e in cold)
     cpu = fmean(e.cpu_seconds for e in cold)
-    cold_run = m.runs["cold"]
-    prep_load = m.runs["prep"].other_load_cores if "prep" in m.runs else 0.0
     measured = whatif.Measured(
         w, b, machine, m.model, storage, cpu, cold_run.ready_first, cold_run.slow_again, prep_load
     )
@@ -73,9 +72,9 @@ def loader_report(m: Measurement) -> LoaderReport:
         roofline=whatif.roofline(measured),
         **what_ifs,
         advice=f"{m.note} {said}" if m.note else said,
-        slow_sample_count=m.runs["cold"].slow_sample_count,
-        slow_samples=m.runs["cold"].slow_samples,
-        slow_again=m.runs["cold"].slow_again,
+        slow_sample_count=cold_run.slow_sample_count,
+        slow_samples=cold_run.slow_samples,
+        slow_again=cold_run.slow_again,
         advised=advice.advised(measured, predictions, forms) if m.what_if else None,
         **m.extra,
     )

@@ -17,6 +17,7 @@ from stallbench.conditions.cgroup import StorageConditionUnavailable
 __all__ = [
     "Progress",
     "interrupted",
+    "loader_kinds",
     "prepare_data",
     "report_outputs",
     "run_analysis",
@@ -46,12 +47,16 @@ def request_from(args: argparse.Namespace) -> AnalysisRequest:
     )
 
 
+def loader_kinds(args: argparse.Namespace) -> tuple[str, ...]:
+    """The loaders asked for: ``analyze``'s one, ``compare``'s in order."""
+    return (args.loader,) if args.command == "analyze" else tuple(args.loaders)
+
+
 def run_analysis(args: argparse.Namespace) -> int:
     """``analyze`` or ``compare`` of a generated workload (or data the options describe)."""
     from stallbench.cli.targets import Generated, run_target
 
-    kinds = (args.loader,) if args.command == "analyze" else args.loaders
-    return run_target(args, Generated(request_from(args), kinds))
+    return run_target(args, Generated(request_from(args), loader_kinds(args)))
 
 
 def prepare_data(

@@ -16,6 +16,7 @@ from stallbench.analysis.apply import NotRunnable, apply_advice
 from stallbench.analysis.results import LoaderReport
 from stallbench.analysis.user_analysis import UserJob, analyze_command, sized_memory
 from stallbench.analysis.user_report import NoTrainingLoader
+from stallbench.cli.commands import loader_kinds
 from stallbench.cli.targets import RUNS_PER_LOADER
 from stallbench.conditions.limits import AUTO
 from stallbench.conditions.storage import dataset_size
@@ -86,7 +87,8 @@ class Command:
 
     def prepare(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.kinds = (AS_IS,) if args.command == "analyze" and args.loader is None else _kinds(args)
+        as_written = args.command == "analyze" and args.loader is None
+        self.kinds = (AS_IS,) if as_written else loader_kinds(args)
         _check_swappable(self.kinds)
         self.job = _job(args, self.command)
 
@@ -141,9 +143,3 @@ def _check_swappable(kinds: tuple[str, ...]) -> None:
             f"(--data FOLDER), not in place of your command's loaders; with a command, choose from "
             f"{', '.join(SWAPPABLE)}"
         )
-
-
-def _kinds(args: argparse.Namespace) -> tuple[str, ...]:
-    if args.command == "analyze":
-        return (args.loader,)
-    return tuple(args.loaders)
