@@ -191,6 +191,9 @@ def test_path_index_finds_every_path_and_only_those():
         assert index.find(absent) is None
     copy = pickle.loads(pickle.dumps(index))
     assert [copy.find(p) for p in paths] == list(range(len(paths)))
+    kept = PathIndex.from_parts(*index.parts())  # a listing read back: its buckets made again
+    assert [kept.find(p) for p in paths] == list(range(len(paths)))
+    assert kept.find("9/00300.jpg") is None
 
 
 def test_path_index_tells_paths_with_one_hash_apart(monkeypatch):
