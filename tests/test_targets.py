@@ -10,6 +10,7 @@ import signal
 import pytest
 from test_report import make_report
 
+from stallbench.cli.commands import report_outputs
 from stallbench.cli.stops import Stopped
 from stallbench.cli.targets import run_target
 from stallbench.conditions.cgroup import StorageConditionUnavailable
@@ -22,7 +23,7 @@ class Fake:
     """A target that prepares, runs and finishes as told: ``fail_prepare`` raised by ``prepare``, the reports
     yielded, then ``fail_runs`` raised."""
 
-    by_epoch = False
+    progress = ("runs", "run")
 
     def __init__(self, fail_prepare=None, reports=(), fail_runs=None) -> None:
         self.fail_prepare, self.done, self.fail_runs = fail_prepare, reports, fail_runs
@@ -35,12 +36,15 @@ class Fake:
     def steps(self) -> int:
         return 3
 
-    def reports(self, on_step):
+    def results(self, on_step):
         yield from self.done
         if self.fail_runs is not None:
             raise self.fail_runs
 
-    def finish(self, reports):
+    def write(self, args, done):
+        report_outputs(args, done)
+
+    def finish(self, done):
         self.finished = True
 
 

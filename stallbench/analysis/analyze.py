@@ -1,4 +1,5 @@
-"""``analyze`` and ``compare``: the workload, its storage condition, the three runs, a report per loader.
+"""``analyze`` and ``compare``: the one method for every job (``analyze``: its runs, the machine, a report per
+loader), and a generated workload made ready for it (``prepare``: its data, cache and storage condition).
 
 One unit throughout: device bytes (the kernel's count of what it read, whole pages). The dataset's size, the
 storage bytes of each epoch and the storage bandwidth are all in it, so the share of the dataset read, the
@@ -7,17 +8,14 @@ hit rate of the page cache and the roofline's fetch time are ratios of like to l
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
-from stallbench.analysis.loader_report import Measurement, loader_report
-from stallbench.analysis.measure import measure_bandwidths, measure_memory_bandwidth
+from stallbench.analysis.job_report import job_report
 from stallbench.analysis.memory import (
     PREFETCH,
     measure_overhead,
@@ -25,17 +23,13 @@ from stallbench.analysis.memory import (
     probe_batches,
     probe_cache_bytes,
 )
-from stallbench.analysis.object_data import in_memory_copy, network_bandwidth, object_source
-from stallbench.analysis.phases import RunPlan, files_read, run_phases
-from stallbench.analysis.request import AnalysisRequest, NamedWorkload, ObjectData, cache_bytes, local_files
-from stallbench.analysis.results import LoaderReport, Workload, steady
-from stallbench.analysis.runs import cold_condition, collected
-from stallbench.analysis.training import rank_runs
-from stallbench.analysis.work import useful_work
+from stallbench.analysis.phases import RunPlan, files_read
+from stallbench.analysis.request import AnalysisRequest, NamedWorkload, ObjectData, cache_bytes
+from stallbench.analysis.results import LoaderReport, Workload
+from stallbench.analysis.runs import Bandwidths, Job, collected
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.limits import AUTO
 from stallbench.conditions.storage import DataSize, dataset_size
-from stallbench.jobs.command import CommandRun
 from stallbench.jobs.kinds import KINDS
 from stallbench.jobs.spec import JobSpec
 
@@ -81,44 +75,21 @@ def prepare(
 
 
 def analyze(
-    plan: RunPlan, kinds: Sequence[str], on_step: Callable[[str], None] | None = None
+    job: Job, kinds: Sequence[str], on_step: Callable[[str], None] | None = None, log: IO[str] | None = None
 ) -> Iterator[LoaderReport]:
-    """One report per loader kind (with ``plan.packing``, two: padded, then packed), yielded as each is done:
-    an interrupted compare keeps the finished ones."""
-    w = plan.workload
+    """The one method, for a generated workload (a ``RunPlan``) and the user's command (a ``UserJob``): one
+    report per column (``job.variants``: with packing, each kind padded, then packed), yielded as each is
+    done, so an interrupted compare keeps the finished ones. The machine is measured once, after the first
+    column's runs, when the job's workers are known: storage is read by as many readers as they are."""
     step = on_step or (lambda label: None)
-    with _measured_data(plan) as (plan, bandwidths):
-        step("machine measured")
-        batching = [(None, None), (plan.packing, plan.max_len)] if plan.packing else [(None, None)]
-        for kind, packing in itertools.product(kinds, batching):
-            label = f"{kind}{'+' if packing[0] else ''}{packing[0] or ''}"
-            runs = collected(run_phases(plan, kind, packed=packing[0] is not None), step, label)
-            yield _report(kind, w, runs, bandwidths, packing)
-
-
-@contextlib.contextmanager
-def _measured_data(plan: RunPlan) -> Iterator[tuple[RunPlan, tuple[float, float]]]:
-    """The plan and the (storage, memory) bytes/s of its data, storage read by as many readers as the job has
-    workers. Data in object storage: the network's rate, and the plan with the objects copied to memory for
-    the runs that read no storage (``object_data``); its bucket listed once for both."""
-    w = plan.workload
-    readers = max(1, w.workers)
-    if local_files(w.data):
-        yield plan, measure_bandwidths([w.data], limits=w.limits.cgroup(w.data), readers=readers)
-        return
-    source = object_source(w.data)
-    network = network_bandwidth(source, readers)
-    with in_memory_copy(source) as copy:
-        yield replace(plan, in_memory_data=str(copy)), (network, measure_memory_bandwidth())
-
-
-def _report(
-    kind: str, w: Workload, runs: dict[str, CommandRun], bandwidths: tuple[float, float], packing: tuple
-) -> LoaderReport:
-    """The report of the generated job's runs: its one process's training loader, as a command's rank 0."""
-    phases = rank_runs(runs, cold_condition(w.limits))[0]
-    useful = useful_work(steady(list(phases["cold"].epochs)), *packing)
-    return loader_report(Measurement(kind, kind, w, phases, *bandwidths, extra={"useful": useful}))
+    bandwidths: Bandwidths | None = None
+    with job.opened() as (opened, measure):
+        for variant in opened.variants(kinds):
+            runs = collected(opened.three_runs(variant, log), step, variant.label)
+            if bandwidths is None:
+                bandwidths = measure(max(1, max((r.workers for r in runs["cold"].records), default=1)))
+                step("machine measured")
+            yield job_report(opened, variant, runs, bandwidths)
 
 
 def _packing(req: AnalysisRequest, data: Path, lengths: np.ndarray | None) -> dict[str, Any]:

@@ -1,28 +1,35 @@
-"""A generated workload as a target of the three differential runs (``runs.three_runs``): each run is the
-generated job (``stallbench.jobs.workload``) run as a command under the bootstrap (``jobs.command``), as the
-user's own command is, so both kinds of job are measured, replayed and recorded one way. Its ingestion run
-replays the first batches the prep run's loader makes, as many an epoch as that run handed out.
+"""A generated workload as a ``runs.Job`` of the one method (``analyze.analyze``): each run is the generated
+job (``stallbench.jobs.workload``) run as a command under the bootstrap (``jobs.command``), as the user's own
+command is, so both kinds of job are measured, replayed, recorded and reported one way. Its ingestion run
+replays the first batches the prep run's loader makes, as many an epoch as that run handed out. Data in
+object storage is copied to memory for the runs that read no storage (``object_data``), and the machine's
+storage bandwidth is the network's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import shutil
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import IO, Any
 
+from stallbench.analysis.measure import measure_bandwidths, measure_memory_bandwidth
+from stallbench.analysis.object_data import in_memory_copy, network_bandwidth, object_source
 from stallbench.analysis.request import local_files
 from stallbench.analysis.results import Workload
-from stallbench.analysis.runs import Phase, three_runs
+from stallbench.analysis.runs import Bandwidths, Phase, Variant, three_runs
 from stallbench.analysis.training import replay_lengths
 from stallbench.conditions.cgroup import StorageLimits
+from stallbench.conditions.limits import Limits
 from stallbench.jobs.command import CommandRun, run_command
 from stallbench.jobs.converted import existing_copy
 from stallbench.jobs.kinds import KINDS
 from stallbench.jobs.run import scratch_cache_dir
-from stallbench.jobs.spec import JobSpec, WorkloadJob
+from stallbench.jobs.spec import JobSpec, LoaderEpoch, WorkloadJob
 
 __all__ = ["RunPlan", "WorkloadRuns", "files_read", "run_phases"]
 
@@ -63,6 +70,52 @@ class RunPlan:
         """The generated job's command, less its WorkloadJob file (``run_command`` adds it)."""
         script = [self.job_script] if self.job_script else ["-m", "stallbench.jobs.workload"]
         return [sys.executable, *script]
+
+    @property
+    def limits(self) -> Limits:
+        return self.workload.limits
+
+    @property
+    def dataset_bytes(self) -> int:
+        return self.workload.dataset_bytes
+
+    @property
+    def steps(self) -> int | None:
+        return self.max_batches
+
+    def variants(self, kinds: Sequence[str]) -> list[Variant]:
+        """Each kind as the job makes its batches; with ``packing``, each also packed."""
+        batching = [(None, None), (self.packing, self.max_len)] if self.packing else [(None, None)]
+        return [Variant(kind, *packing) for kind, packing in itertools.product(kinds, batching)]
+
+    def three_runs(self, variant: Variant, log: IO[str] | None = None) -> Iterator[tuple[Phase, CommandRun]]:
+        """The generated job's output is kept only for an error (``run_job``): ``log`` is not written."""
+        return run_phases(self, variant.kind, packed=variant.packing is not None)
+
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[tuple[RunPlan, Callable[[int], Bandwidths]]]:
+        """The plan, with data in object storage copied to memory for the runs that read no storage, and
+        its bandwidths: the disk's inside the cold run's limits, or the network's (the bucket listed once
+        for both)."""
+        w = self.workload
+        if local_files(w.data):
+            cgroup = w.limits.cgroup(w.data)
+            yield self, lambda readers: measure_bandwidths([w.data], limits=cgroup, readers=readers)
+            return
+        source = object_source(w.data)
+        with in_memory_copy(source) as copy:
+            yield (
+                replace(self, in_memory_data=str(copy)),
+                lambda readers: (network_bandwidth(source, readers), measure_memory_bandwidth()),
+            )
+
+    def workload_of(self, cold_rows: Sequence[LoaderEpoch]) -> tuple[Workload, float]:
+        """The workload as planned, read whole each epoch."""
+        return self.workload, 1.0
+
+    def made_by(self, kind: str, cold_rows: Sequence[LoaderEpoch]) -> str:
+        """The kind planned: the generated job makes its batches with it."""
+        return kind
 
     def run_job(self, job: WorkloadJob, spec: JobSpec, limits: StorageLimits | None = None) -> CommandRun:
         """The generated ``job`` run once under ``spec``; what it writes is kept only for the error, should

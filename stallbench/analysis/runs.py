@@ -1,5 +1,5 @@
 """The three differential runs, one method for every job: a generated workload (``phases``) and the user's
-own command (``user_analysis``) are two targets of it.
+own command (``user_analysis``) are two ``Job``s of it, which ``analyze.analyze`` runs and reports one way.
 
 - prep: every file of the data in the page cache, our loader's cache (if any) sized to hold every record:
   T3, the pipeline with nothing to fetch;
@@ -15,14 +15,32 @@ so an interrupted analysis keeps the finished ones.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.limits import Limits
 from stallbench.conditions.storage import evict_page_cache, warm_page_cache
 
-__all__ = ["PHASES", "Phase", "Target", "cold_condition", "collected", "full_cache_bytes", "three_runs"]
+if TYPE_CHECKING:
+    from stallbench.analysis.results import Workload
+    from stallbench.jobs.command import CommandRun
+    from stallbench.jobs.spec import LoaderEpoch
+
+__all__ = [
+    "PHASES",
+    "Bandwidths",
+    "Job",
+    "Phase",
+    "Target",
+    "Variant",
+    "cold_condition",
+    "collected",
+    "full_cache_bytes",
+    "three_runs",
+]
 
 Phase = Literal["prep", "ingestion", "cold"]
 PHASES: tuple[Phase, ...] = ("ingestion", "prep", "cold")  # as reports list them: T1, T3, T2
@@ -37,6 +55,55 @@ def full_cache_bytes(dataset_bytes: int) -> int:
 def cold_condition(limits: Limits) -> str:
     """The cold run's condition in words: the page cache evicted, then each limit asked for."""
     return ", ".join(["page cache evicted", *limits.said(unset=False)])
+
+
+Bandwidths = tuple[float, float]  # the machine's (storage, memory) bytes per second
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One column of an analysis: loader ``kind``, its token batches packed with ``packing`` into ``max_len``
+    tokens (None: as the job makes them)."""
+
+    kind: str
+    packing: str | None = None
+    max_len: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}+{self.packing}" if self.packing else self.kind
+
+
+class Job(Protocol):
+    """What ``analyze`` analyses: a generated workload (``phases.RunPlan``) or the user's command
+    (``user_analysis.UserJob``). Everything else, the runs' order, the machine's measuring, the split and
+    the report, is the one method's."""
+
+    limits: Limits  # the cold run's, as the options asked them
+    dataset_bytes: int
+    steps: int | None  # batches an epoch is cut to; None: whole epochs
+
+    def variants(self, kinds: Sequence[str]) -> list[Variant]:
+        """The columns of loaders ``kinds``, in order."""
+        ...
+
+    def three_runs(self, variant: Variant, log: IO[str] | None) -> Iterator[tuple[Phase, CommandRun]]:
+        """``three_runs`` of ``variant``; the job's own output to ``log`` (None: through)."""
+        ...
+
+    def opened(self) -> AbstractContextManager[tuple[Job, Callable[[int], Bandwidths]]]:
+        """For the runs: the job to run, and how to measure the machine's bandwidths with as many readers
+        as the job has workers."""
+        ...
+
+    def workload_of(self, cold_rows: Sequence[LoaderEpoch]) -> tuple[Workload, float]:
+        """What was run, as the cold run's training loader's epochs (``cold_rows``) describe it, and the
+        share of the data an epoch read."""
+        ...
+
+    def made_by(self, kind: str, cold_rows: Sequence[LoaderEpoch]) -> str:
+        """The kind of loader whose batches the column of ``kind`` measured."""
+        ...
 
 
 class Target(Protocol):

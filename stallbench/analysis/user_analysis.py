@@ -1,40 +1,37 @@
-"""``stallbench analyze -- python train.py``: the user's own command as a target of the three differential
-runs (``runs.three_runs``). Its ingestion run keeps each loader's first batches, made in the script's
-process, and hands them out again for every batch (no worker started), as many an epoch as the prep run
-handed out: the step alone, T1.
+"""``stallbench analyze -- python train.py``: the user's own command as a ``runs.Job`` of the one method
+(``analyze.analyze``). Its ingestion run keeps each loader's first batches, made in the script's process,
+and hands them out again for every batch (no worker started), as many an epoch as the prep run handed out:
+the step alone, T1.
 
-The training loader is the one with the most batches in a process; any other (evaluation) is reported
-apart. Every rank of a torchrun job gets its own breakdown; the report's figures are the slowest rank's.
+What was run is what the records say: the training loader's batch size, workers and prefetch, and, where
+``--steps`` cuts an epoch short, the share of the data it read: the roofline weighs that share of the
+dataset's bytes, and what-if predictions, which speak of whole datasets and caches, are left out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from statistics import fmean
 from typing import IO, Any
 
+from stallbench.analysis.measure import measure_bandwidths
 from stallbench.analysis.memory import measure_overhead, memory_limit, probe_batches, probe_cache_bytes
-from stallbench.analysis.results import LoaderReport
-from stallbench.analysis.runs import Phase, collected, three_runs
+from stallbench.analysis.results import Workload, steady
+from stallbench.analysis.runs import Bandwidths, Phase, Variant, three_runs
 from stallbench.analysis.training import replay_lengths
-from stallbench.analysis.user_report import user_report
 from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.limits import NONE, Limits
 from stallbench.conditions.storage import files_in
 from stallbench.jobs.command import CommandRun, run_command
+from stallbench.jobs.kinds import kind_of_class
 from stallbench.jobs.run import scratch_cache_dir
-from stallbench.jobs.spec import JobSpec
+from stallbench.jobs.spec import JobSpec, LoaderEpoch
 
-__all__ = [
-    "CommandRuns",
-    "UserJob",
-    "analyze_command",
-    "run_once",
-    "run_user_phases",
-    "sized_memory",
-]
+__all__ = ["CommandRuns", "UserJob", "run_once", "run_user_phases", "sized_memory"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +57,44 @@ class UserJob:
     def cgroup(self) -> StorageLimits | None:
         """The cgroup of the cold run's limits, on reads from the disk of the data."""
         return self.limits.cgroup(self.data[0])
+
+    def variants(self, kinds: Sequence[str]) -> list[Variant]:
+        return [Variant(kind) for kind in kinds]
+
+    def three_runs(self, variant: Variant, log: IO[str] | None = None) -> Iterator[tuple[Phase, CommandRun]]:
+        return run_user_phases(self, variant.kind, log)
+
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[tuple[UserJob, Callable[[int], Bandwidths]]]:
+        """The job as it is, and the bandwidths of its data's disk inside the cold run's limits."""
+        yield self, lambda readers: measure_bandwidths(list(self.data), limits=self.cgroup(), readers=readers)
+
+    def workload_of(self, cold_rows: Sequence[LoaderEpoch]) -> tuple[Workload, float]:
+        """What was run, with the dataset's bytes scaled to the share of it an epoch read."""
+        last = cold_rows[-1]
+        samples = round(fmean(r.samples for r in steady(list(cold_rows))))
+        share = min(1.0, samples / last.dataset_len) if last.dataset_len else 1.0
+        scale = lambda n: max(1, round(n * share))  # noqa: E731
+        workload = Workload(
+            data=",".join(str(p) for p in self.data),
+            dataset_bytes=scale(self.dataset_bytes),
+            record_bytes=scale(self.record_bytes),
+            samples=samples,
+            batch_size=last.batch_size or 1,
+            workers=last.workers,
+            compute="the command's own step",
+            epochs=len(cold_rows),
+            cache_bytes=scale(self.cache_bytes) if self.cache_bytes is not None else None,
+            **self.limits.known(),
+            command=" ".join(self.argv),
+            prefetch_factor=last.prefetch_factor if last.workers else None,
+            opens_own_files=not last.source_backed,
+        )
+        return workload, share
+
+    def made_by(self, kind: str, cold_rows: Sequence[LoaderEpoch]) -> str:
+        """The kind of the class that made the cold run's batches: a script may keep its own loader."""
+        return kind_of_class(cold_rows[-1].loader_class)
 
 
 def run_user_phases(job: UserJob, kind: str, log: IO[str] | None = None) -> Iterator[tuple[str, CommandRun]]:
@@ -123,30 +158,3 @@ def sized_memory(job: UserJob, kinds: Sequence[str], log: IO[str] | None = None)
     overheads = measure_overhead(probe, kinds, job.data)
     limit = memory_limit(job.cache_bytes or 0, overheads, max(workers, default=0))
     return replace(job, limits=job.limits.sized(limit))
-
-
-def analyze_command(
-    job: UserJob,
-    kinds: Sequence[str],
-    on_step: Callable[[str], None] | None = None,
-    log: IO[str] | None = None,
-) -> Iterator[LoaderReport]:
-    """One report per loader kind, yielded as each is done. The machine is measured after the first kind's
-    runs, when the job's workers are known: storage is read by as many readers as they are."""
-    step = on_step or (lambda label: None)
-    machine: tuple[float, float] | None = None
-    for kind in kinds:
-        runs = collected(run_user_phases(job, kind, log), step, kind)
-        if machine is None:
-            machine = _measure_machine(job, runs["cold"])
-            step("machine measured")
-        yield user_report(job, runs, storage_bytes_per_s=machine[0], memory_bytes_per_s=machine[1], kind=kind)
-
-
-def _measure_machine(job: UserJob, cold: CommandRun) -> tuple[float, float]:
-    """Storage (inside the cold run's limits, as many readers as the training loader has workers) and
-    memory bandwidth."""
-    from stallbench.analysis.measure import measure_bandwidths
-
-    workers = max((r.workers for r in cold.records), default=1)
-    return measure_bandwidths(list(job.data), limits=job.cgroup(), readers=max(1, workers))

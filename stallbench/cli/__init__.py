@@ -266,14 +266,12 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.error("--packing packs a generated workload's batches and takes no command after --")
     concurrent = _concurrent(parser, args, command)  # --jobs with a command is named first
     _check_target(parser, args, command)
-    if concurrent:
-        from stallbench.cli.jobs import run_concurrent_compare
-
-        return _interruptible(run_concurrent_compare, args)
-    if command:
+    if concurrent or command:
+        from stallbench.cli.jobs import Concurrent
         from stallbench.cli.targets import run_target
 
-        return _interruptible(functools.partial(run_target, target=Command(command)), args)
+        target = Concurrent() if concurrent else Command(command)
+        return _interruptible(functools.partial(run_target, target=target), args)
     if args.command == "analyze" and args.loader is None:
         args.loader = CACHED
     commands = {"analyze": run_analysis, "compare": run_analysis, "simulate": run_simulate, "demo": run_demo}

@@ -1,22 +1,19 @@
-"""``compare --jobs N`` (N >= 2): N concurrent jobs per loader instead of the differential runs.
-
-Exit codes as for the other commands: 2 for a usage error, 1 when a job fails (the loaders done so far are
-still printed and written), 130 on Ctrl-C, 143 on SIGTERM, 129 on SIGHUP (every job's session killed
-first, and what was done written).
+"""``compare --jobs N`` (N >= 2): N concurrent jobs per loader instead of the differential runs, as a target
+of the one handler (``stallbench.cli.targets``), whose exit codes it has: 2 for a usage error, 1 when a job
+fails (the loaders done so far are still printed and written), 128 + the signal's number on Ctrl-C, SIGTERM
+or SIGHUP (every job's session killed first, and what was done written).
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from stallbench.analysis.concurrent import ConcurrentRun, run_concurrent
-from stallbench.analysis.results import Workload
-from stallbench.cli.commands import Progress, prepare_data, request_from, say_error
-from stallbench.cli.stops import say_stopped
-from stallbench.conditions.cgroup import StorageConditionUnavailable
+from stallbench.analysis.phases import RunPlan
+from stallbench.cli.commands import prepare_data, request_from
 
-__all__ = ["UNSUPPORTED", "run_concurrent_compare"]
+__all__ = ["UNSUPPORTED", "Concurrent"]
 
 # options the concurrent comparison cannot honour yet: it runs warm, draws nothing, and runs without cgroups
 # (so it takes no limit either: ``Limits.options``)
@@ -26,50 +23,33 @@ UNSUPPORTED = {
 }
 
 
-def run_concurrent_compare(args: argparse.Namespace) -> int:
-    """Prepare the workload (usage errors: 2), run each loader's jobs with progress, print and write."""
-    try:
-        plan = prepare_data(args, request_from(args), args.loaders, cold=False)
-    except (StorageConditionUnavailable, ValueError) as exc:
-        say_error(args.command, exc)
-        return 2
-    except KeyboardInterrupt as stop:
-        return _interrupted(args, stop, None, [])
-    runs: list[ConcurrentRun] = []
-    try:
-        with Progress(args, f"{args.jobs} jobs at once", unit="loader", total=len(args.loaders)) as bar:
-            for run in run_concurrent(plan, args.loaders, args.jobs, on_step=bar.step):
-                runs.append(run)
-    except KeyboardInterrupt as stop:
-        return _interrupted(args, stop, plan.workload, runs)
-    except (RuntimeError, OSError, ValueError) as exc:
-        say_error(args.command, exc)
-        _outputs(args, plan.workload, runs)
-        return 1
-    _outputs(args, plan.workload, runs)
-    return 0
+class Concurrent:
+    """``args.jobs`` copies of the generated job at once per loader of ``args.loaders``, run warm."""
 
+    def __init__(self) -> None:
+        self.plan: RunPlan | None = None
 
-def _interrupted(
-    args: argparse.Namespace,
-    stop: KeyboardInterrupt,
-    workload: Workload | None,
-    runs: Sequence[ConcurrentRun],
-) -> int:
-    """Ctrl-C, SIGTERM or SIGHUP: say so, write the loaders done so far; exit code 128 + its number."""
-    status = say_stopped(args.command, stop, bool(runs))
-    if workload is not None:
-        _outputs(args, workload, runs)
-    return status
+    def prepare(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.progress = (f"{args.jobs} jobs at once", "loader")
+        self.plan = prepare_data(args, request_from(args), args.loaders, cold=False)
 
+    def steps(self) -> int:
+        return len(self.args.loaders)
 
-def _outputs(args: argparse.Namespace, workload: Workload, runs: Sequence[ConcurrentRun]) -> None:
-    """Print the tables and write the JSON, for whatever loaders are done."""
-    if not runs:
-        return
-    from stallbench.report.concurrent import format_concurrent, write_concurrent_json
+    def results(self, on_step: Callable[[str], None]) -> Iterator[ConcurrentRun]:
+        return run_concurrent(self.plan, self.args.loaders, self.args.jobs, on_step=on_step)
 
-    print(format_concurrent(runs, workload))
-    if args.json is not None:
-        write_concurrent_json(runs, workload, args.json)
-        print(f"JSON written to {args.json}")
+    def write(self, args: argparse.Namespace, done: Sequence[ConcurrentRun]) -> None:
+        """Print the tables and write the JSON, for whatever loaders are done."""
+        if not done or self.plan is None:
+            return
+        from stallbench.report.concurrent import format_concurrent, write_concurrent_json
+
+        print(format_concurrent(done, self.plan.workload))
+        if args.json is not None:
+            write_concurrent_json(done, self.plan.workload, args.json)
+            print(f"JSON written to {args.json}")
+
+    def finish(self, done: Sequence[ConcurrentRun]) -> None:
+        pass

@@ -1,8 +1,10 @@
 """``analyze`` and ``compare``: one handler, one ladder of exit codes, whatever is analysed.
 
-A target is what the runs run: a generated workload (``Generated``), or the user's own command after ``--``
-(``stallbench.cli.user.Command``). Each prepares itself (usage errors), says how many steps its runs take,
-yields a report per loader and finishes (``--apply``). The handler is the same for both:
+A target is what the runs run: a generated workload (``Generated``), the user's own command after ``--``
+(``stallbench.cli.user.Command``), or the concurrent jobs of ``compare --jobs``
+(``stallbench.cli.jobs.Concurrent``). Each prepares itself (usage errors), says how many steps its runs
+take, yields a result per loader, prints and writes those done, and finishes (``--apply``). The handler is
+the same for all:
 
 * 2: a usage error while preparing, or a storage condition the machine cannot enforce (the loaders done
   before it was found printed and written);
@@ -16,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from stallbench.analysis.analyze import analyze
 from stallbench.analysis.phases import RunPlan
 from stallbench.analysis.request import AnalysisRequest
 from stallbench.analysis.results import LoaderReport
-from stallbench.cli.commands import Progress, interrupted, prepare_data, report_outputs, say_error
+from stallbench.cli.commands import Progress, prepare_data, report_outputs, say_error
+from stallbench.cli.stops import say_stopped
 from stallbench.conditions.cgroup import StorageConditionUnavailable
 
 __all__ = ["RUNS_PER_LOADER", "Generated", "Target", "run_target"]
@@ -33,7 +36,7 @@ RUNS_PER_LOADER = 3  # ingestion, prep, cold
 class Target(Protocol):
     """What ``analyze`` or ``compare`` runs."""
 
-    by_epoch: bool  # the demo's table of the cold runs' epochs too
+    progress: tuple[str, str]  # the progress bar's description and unit
 
     def prepare(self, args: argparse.Namespace) -> None:
         """Make ready to run; ValueError, OSError or StorageConditionUnavailable for a usage error."""
@@ -41,15 +44,19 @@ class Target(Protocol):
     def steps(self) -> int:
         """The steps of its runs, for the progress bar."""
 
-    def reports(self, on_step: Callable[[str], None]) -> Iterator[LoaderReport]:
-        """One report per loader, yielded as each is done."""
+    def results(self, on_step: Callable[[str], None]) -> Iterator[Any]:
+        """One result per loader, yielded as each is done."""
 
-    def finish(self, reports: Sequence[LoaderReport]) -> None:
-        """After the reports are printed and written (``--apply``)."""
+    def write(self, args: argparse.Namespace, done: Sequence[Any]) -> None:
+        """Print and write the results ``done`` (none: nothing)."""
+
+    def finish(self, done: Sequence[Any]) -> None:
+        """After the results are printed and written (``--apply``)."""
 
 
 def run_target(args: argparse.Namespace, target: Target) -> int:
     """Prepare, run with progress, print and write what was done (even when a run failed or was stopped)."""
+    done: list[Any] = []
     try:
         target.prepare(args)
     except (StorageConditionUnavailable, ValueError, OSError) as exc:
@@ -59,28 +66,36 @@ def run_target(args: argparse.Namespace, target: Target) -> int:
         say_error(args.command, exc)
         return 1
     except KeyboardInterrupt as stop:
-        return interrupted(args, stop)
-    reports: list[LoaderReport] = []
+        return _stopped(args, stop, target, done)
     try:
-        with Progress(args, "runs", unit="run", total=target.steps()) as bar:
-            reports.extend(target.reports(bar.step))
+        with Progress(args, *target.progress, total=target.steps()) as bar:
+            done.extend(target.results(bar.step))
     except KeyboardInterrupt as stop:
-        return interrupted(args, stop, reports, target.by_epoch)
+        return _stopped(args, stop, target, done)
     except StorageConditionUnavailable as exc:
         say_error(args.command, exc)
-        report_outputs(args, reports, target.by_epoch)
+        target.write(args, done)
         return 2
     except (RuntimeError, OSError, ValueError) as exc:  # a command failed, no training loader, an error
         say_error(args.command, exc)
-        report_outputs(args, reports, target.by_epoch)
+        target.write(args, done)
         return 1
-    report_outputs(args, reports, target.by_epoch)
-    target.finish(reports)
+    target.write(args, done)
+    target.finish(done)
     return 0
+
+
+def _stopped(args: argparse.Namespace, stop: KeyboardInterrupt, target: Target, done: Sequence[Any]) -> int:
+    """Ctrl-C, SIGTERM or SIGHUP: say so, print and write what was done; 128 + the signal's number."""
+    status = say_stopped(args.command, stop, bool(done))
+    target.write(args, done)
+    return status
 
 
 class Generated:
     """A generated workload (or data on disk the options describe): generated and sized by ``prepare``."""
+
+    progress = ("runs", "run")
 
     def __init__(self, req: AnalysisRequest, kinds: Sequence[str], by_epoch: bool = False) -> None:
         self.req, self.kinds, self.by_epoch = req, tuple(kinds), by_epoch
@@ -91,10 +106,13 @@ class Generated:
 
     def steps(self) -> int:
         runs = RUNS_PER_LOADER * len(self.kinds) * (2 if self.plan.packing else 1)  # packed beside padded
-        return 1 + runs  # the machine measured first
+        return 1 + runs  # the machine measured once
 
-    def reports(self, on_step: Callable[[str], None]) -> Iterator[LoaderReport]:
+    def results(self, on_step: Callable[[str], None]) -> Iterator[LoaderReport]:
         return analyze(self.plan, self.kinds, on_step=on_step)
 
-    def finish(self, reports: Sequence[LoaderReport]) -> None:
+    def write(self, args: argparse.Namespace, done: Sequence[LoaderReport]) -> None:
+        report_outputs(args, done, self.by_epoch)
+
+    def finish(self, done: Sequence[LoaderReport]) -> None:
         pass

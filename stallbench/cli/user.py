@@ -12,11 +12,12 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO
 
+from stallbench.analysis.analyze import analyze
 from stallbench.analysis.apply import NotRunnable, apply_advice
+from stallbench.analysis.job_report import NoTrainingLoader
 from stallbench.analysis.results import LoaderReport
-from stallbench.analysis.user_analysis import UserJob, analyze_command, sized_memory
-from stallbench.analysis.user_report import NoTrainingLoader
-from stallbench.cli.commands import loader_kinds
+from stallbench.analysis.user_analysis import UserJob, sized_memory
+from stallbench.cli.commands import loader_kinds, report_outputs
 from stallbench.cli.targets import RUNS_PER_LOADER
 from stallbench.conditions.limits import AUTO
 from stallbench.conditions.storage import dataset_size
@@ -50,6 +51,7 @@ def _job(args: argparse.Namespace, command: list[str]) -> UserJob:
             "fetches over the network is not counted yet); object storage is measured on a generated job"
         )
     data = args.data.resolve()
+    args.limits.check(data, cold=True)
     size = dataset_size(data)
     cache = cache_bytes(args.cache, size.device_bytes)
     return UserJob(
@@ -80,7 +82,7 @@ class Command:
     (``stallbench.cli.targets``): its loaders as written, or swapped for torch's or ours; its output through,
     or to ``--log`` with ``--quiet``."""
 
-    by_epoch = False
+    progress = ("runs", "run")
 
     def __init__(self, command: list[str]) -> None:
         self.command = command
@@ -96,16 +98,19 @@ class Command:
         sizing = self.job.limits.memory_limit == AUTO
         return sizing + 1 + RUNS_PER_LOADER * len(self.kinds)  # the memory probe, the machine, the runs
 
-    def reports(self, on_step: Callable[[str], None]) -> Iterator[LoaderReport]:
+    def results(self, on_step: Callable[[str], None]) -> Iterator[LoaderReport]:
         with _log(self.args) as log:
             if self.job.limits.memory_limit == AUTO:
                 self.job = sized_memory(self.job, self.kinds, log)
                 on_step("memory measured")
-            yield from analyze_command(self.job, self.kinds, on_step=on_step, log=log)
+            yield from analyze(self.job, self.kinds, on_step=on_step, log=log)
 
-    def finish(self, reports: Sequence[LoaderReport]) -> None:
+    def write(self, args: argparse.Namespace, done: Sequence[LoaderReport]) -> None:
+        report_outputs(args, done)
+
+    def finish(self, done: Sequence[LoaderReport]) -> None:
         if self.args.apply:
-            _apply(self.args, self.job, reports, self.kinds)
+            _apply(self.args, self.job, done, self.kinds)
         if self.args.quiet:
             print(f"the command's output is in {self.args.log}", file=sys.stderr)
 
