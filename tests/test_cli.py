@@ -425,6 +425,12 @@ def test_a_memory_limit_too_small_for_python_says_so_in_words(tmp_path):
     problems = probe_storage_conditions(tmp_path)
     if problems["memory_limit"] is not None:
         pytest.skip(f"needs a memory cgroup: {problems['memory_limit']}")
-    done = stallbench("analyze", "--data", "images:8", "--memory-limit", "1M", cwd=tmp_path)
-    assert done.returncode == 2 and "Traceback" not in done.stderr  # a value too small: a usage error
-    assert "--memory-limit 1.05 MB is too small: the kernel killed the storage reader" in done.stderr
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.bin").write_bytes(b"a" * 4096)
+    generated = ("--data", "images:8")
+    command = ("--data", str(tmp_path / "data"), "--", sys.executable, "-c", "pass")
+    for target in (generated, command):  # said before any run, for either target
+        done = stallbench("analyze", "--memory-limit", "1M", *target, cwd=tmp_path)
+        assert done.returncode == 2 and "Traceback" not in done.stderr  # a value too small: a usage error
+        said = "--memory-limit 1.05 MB is too small: the kernel killed a bare Python process"
+        assert said in done.stderr and "runs:" not in done.stderr

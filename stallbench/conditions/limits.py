@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
+import sys
 from dataclasses import dataclass
 
 from stallbench.conditions.cgroup import StorageConditionUnavailable, StorageLimits, try_cgroup
@@ -76,6 +78,8 @@ class Limits:
             raise StorageConditionUnavailable(
                 f"the cold run cannot evict the page cache: {problems['page_cache_eviction']}"
             )
+        if isinstance(self.memory_limit, int):
+            _check_python_fits(self.memory_limit)
 
     def cgroup(self, device_path: PathArg) -> StorageLimits | None:
         """The cgroup that enforces these limits on reads from the disk of ``device_path``; None for none."""
@@ -104,6 +108,20 @@ def _throttle_problem(path: PathArg) -> str | None:
     except StorageConditionUnavailable as e:
         return str(e)
     return try_cgroup("blkio", f"{device} {1 << 30}")
+
+
+def _check_python_fits(memory_limit: int) -> None:
+    """``StorageConditionUnavailable`` where the kernel kills a bare Python process under ``memory_limit``:
+    said before any run, not found as the cold run's kill after the others."""
+    limits = StorageLimits(memory_limit=memory_limit)
+    with limits:
+        done = limits.run([sys.executable, "-I", "-c", "import json, os"], capture_output=True)
+    if done.returncode == -signal.SIGKILL:
+        raise StorageConditionUnavailable(
+            f"--memory-limit {format_bytes(memory_limit)} is too small: the kernel killed a bare Python "
+            "process under it; give the job the memory it needs besides the cache (stallbench measures it "
+            "with --memory-limit auto)"
+        )
 
 
 def probe_storage_conditions(path: PathArg = ".") -> dict[str, str | None]:
