@@ -18,7 +18,7 @@ import pytest
 from loader.system.sizing import reserve_for_limit
 from stallbench.analysis import whatif
 from stallbench.analysis.analyze import analyze, prepare
-from stallbench.analysis.memory import OVERHEAD_MARGIN
+from stallbench.analysis.memory import OVERHEAD_MARGIN, sized_memory
 from stallbench.analysis.phases import RunPlan
 from stallbench.analysis.request import AnalysisRequest, CacheSpec
 from stallbench.analysis.results import LoaderReport
@@ -55,7 +55,7 @@ def _request(data: Path, kind: str) -> AnalysisRequest:
 def _plan(data: Path, kind: str) -> RunPlan:
     """Torch's job gets its measured memory plus the budget, without the safety margin and the cached
     loader's reserve: with a dataset this small, that much more page cache would hold all of it."""
-    plan = prepare(_request(data, kind), [kind])
+    plan = sized_memory(prepare(_request(data, kind), [kind]), [kind])
     w = plan.workload
     if w.memory_limit is None:
         return plan

@@ -421,6 +421,21 @@ def test_a_stop_during_memory_probe_exits_128_plus_its_number_and_leaves_nothing
     assert not list(scratch.iterdir())
 
 
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_memory_limit_auto_is_sized_for_a_generated_workload_too(tmp_path):
+    if (problem := _cgroup_v1_problem()) is not None:
+        pytest.skip(f"--memory-limit auto needs a cgroup v1 memory controller: {problem}")
+    args = ["--data", "images:24", "--data-dir", str(tmp_path), "--memory-limit", "auto", "--loader", "torch"]
+    done = stallbench("analyze", *args, *TINY, "--json", "a.json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "a.json").read_text())
+    limit = report["workload"]["memory_limit"]
+    assert isinstance(limit, int) and 100 << 20 < limit < 2 << 30, limit  # python, torch, the job: measured
+    (cold,) = [run for run in report["loaders"][0]["runs"] if run["phase"] == "cold"]
+    assert "memory limited to" in cold["condition"]
+
+
 def test_a_memory_limit_too_small_for_python_says_so_in_words(tmp_path):
     problems = probe_storage_conditions(tmp_path)
     if problems["memory_limit"] is not None:

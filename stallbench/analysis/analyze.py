@@ -9,29 +9,20 @@ hit rate of the page cache and the roofline's fetch time are ratios of like to l
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
 from stallbench.analysis.job_report import job_report
-from stallbench.analysis.memory import (
-    PREFETCH,
-    measure_overhead,
-    memory_limit,
-    probe_batches,
-    probe_cache_bytes,
-)
-from stallbench.analysis.phases import RunPlan, files_read
+from stallbench.analysis.memory import PREFETCH, sized_memory
+from stallbench.analysis.phases import RunPlan
 from stallbench.analysis.request import AnalysisRequest, NamedWorkload, ObjectData, cache_bytes
 from stallbench.analysis.results import LoaderReport, Workload
 from stallbench.analysis.runs import Bandwidths, Job, collected
-from stallbench.conditions.cgroup import StorageLimits
 from stallbench.conditions.limits import AUTO
 from stallbench.conditions.storage import DataSize, dataset_size
 from stallbench.jobs.kinds import KINDS
-from stallbench.jobs.spec import JobSpec
 
 __all__ = ["analyze", "prepare"]
 
@@ -68,20 +59,23 @@ def prepare(
         **req.limits.known(),
         prefetch_factor=PREFETCH if req.workers > 0 else None,
     )
-    plan = RunPlan(workload=workload, transform=req.transform, seed=req.seed, **_packing(req, data, lengths))
-    if req.limits.memory_limit == AUTO:
-        plan = replace(plan, workload=replace(workload, memory_limit=_auto_memory(plan, kinds)))
-    return plan
+    auto = req.limits.memory_limit == AUTO  # sized by ``analyze``, from the job's own memory
+    packing = _packing(req, data, lengths)
+    return RunPlan(workload=workload, transform=req.transform, seed=req.seed, auto_memory=auto, **packing)
 
 
 def analyze(
     job: Job, kinds: Sequence[str], on_step: Callable[[str], None] | None = None, log: IO[str] | None = None
 ) -> Iterator[LoaderReport]:
-    """The one method, for a generated workload (a ``RunPlan``) and the user's command (a ``UserJob``): one
-    report per column (``job.variants``: with packing, each kind padded, then packed), yielded as each is
-    done, so an interrupted compare keeps the finished ones. The machine is measured once, after the first
-    column's runs, when the job's workers are known: storage is read by as many readers as they are."""
+    """The one method, for a generated workload (a ``RunPlan``) and the user's command (a ``UserJob``): the
+    memory limit sized where it is ``auto`` (``memory.sized_memory``), then one report per column
+    (``job.variants``: with packing, each kind padded, then packed), yielded as each is done, so an
+    interrupted compare keeps the finished ones. The machine is measured once, after the first column's
+    runs, when the job's workers are known: storage is read by as many readers as they are."""
     step = on_step or (lambda label: None)
+    if job.limits.memory_limit == AUTO:
+        job = sized_memory(job, kinds, log)
+        step("memory measured")
     bandwidths: Bandwidths | None = None
     with job.opened() as (opened, measure):
         for variant in opened.variants(kinds):
@@ -135,18 +129,3 @@ def _opened(data: Path | ObjectData) -> tuple[DataSize, int, np.ndarray | None]:
         return DataSize(device_bytes=source.nbytes, record_bytes=source.nbytes), len(source), None
     lengths = source.token_lengths() if getattr(source, "kind", None) == "tokens" else None
     return dataset_size(data), len(source), lengths
-
-
-def _auto_memory(plan: RunPlan, kinds: Sequence[str]) -> int:
-    """The same limit for every loader: the cache budget plus the largest measured job memory (+ margin)."""
-    w = plan.workload
-    steps = probe_batches(w.workers)
-    probe_plan = replace(plan, workload=replace(w, epochs=1, compute=None), max_batches=steps)
-
-    def probe(kind: str, cache_dir: Path, limits: StorageLimits) -> None:
-        ours = dict(cache_bytes=probe_cache_bytes(w.samples), cache_dir=str(cache_dir))
-        job = probe_plan.job(kind, w.data, **(ours if KINDS[kind].cached else {}))
-        probe_plan.run_job(job, JobSpec(out_dir="", steps=steps, epochs=1, data=(w.data,)), limits)
-
-    read = [path for kind in kinds for path in files_read(w.data, kind)]
-    return memory_limit(w.cache_bytes, measure_overhead(probe, list(kinds), read), w.workers)

@@ -8,7 +8,7 @@ the prediction.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import fmean
 from typing import IO
 
@@ -89,11 +89,13 @@ class NotRunnable(ValueError):
 
 
 def apply_advice(job: UserJob, report: LoaderReport, kind: str, log: IO[str] | None = None) -> Applied | None:
-    """Rerun the cold run of loaders ``kind`` (as analyzed) with the setting the report's advice names
-    (``report.advised``), and only that setting changed; None where it names none."""
+    """Rerun the cold run of loaders ``kind`` (as analyzed, under the limits its runs had: ``--memory-limit
+    auto`` as sized) with the setting the report's advice names (``report.advised``), and only that setting
+    changed; None where it names none."""
     chosen = report.advised
     if chosen is None:
         return None
+    job = replace(job, limits=report.workload.limits)
     cached = KINDS[chosen.loader].cached
     if not cached and chosen.workers == report.workload.workers:  # torch's advice: a cache, not workers
         raise NotRunnable(

@@ -2,7 +2,7 @@
 
 Both loaders of a comparison get the same memory limit: the cache budget plus the memory the job itself
 needs, measured here (``measure_overhead``) in a cgroup while each loader runs its first few batches; a
-generated job and the user's own command alike (each hands in how to run its probe).
+generated job and the user's own command alike (``sized_memory``: each job runs its own probe).
 """
 
 from __future__ import annotations
@@ -12,13 +12,22 @@ import os
 import shutil
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
+from stallbench.analysis.runs import Job
 from stallbench.conditions.cgroup import StorageLimits
+from stallbench.conditions.limits import AUTO
 from stallbench.conditions.storage import evict_page_cache, resident_bytes
 from stallbench.jobs.run import scratch_cache_dir
 
-__all__ = ["EXTRA_WORKER_MARGIN", "OVERHEAD_MARGIN", "measure_overhead", "memory_limit", "probe_cache_bytes"]
+__all__ = [
+    "EXTRA_WORKER_MARGIN",
+    "OVERHEAD_MARGIN",
+    "measure_overhead",
+    "memory_limit",
+    "probe_cache_bytes",
+    "sized_memory",
+]
 
 # Headroom over the measured overhead: the kernel's own objects (inodes, page tables) and later allocations
 # grow a job a few MB past its probe, and a cache in /dev/shm cannot be reclaimed, so it would meet the OOM
@@ -86,3 +95,19 @@ def memory_limit(cache_bytes: int, overheads: dict[str, int], workers: int = 2) 
     while limit - reserve_for_limit(limit, own) < base:  # 5% of the limit: a fixed point a step or two away
         limit = base + reserve_for_limit(limit, own)
     return limit
+
+
+def sized_memory(job: Job, kinds: Sequence[str], log: IO[str] | None = None) -> Job:
+    """``--memory-limit auto``, for every job: the cache budget plus the most memory the job needs with any
+    of the loaders ``kinds`` (each run as its probe, ``Job.memory_probe``), and the margins of
+    ``memory_limit`` for as many workers as the probes ran. A job whose limit is not ``auto`` as it is."""
+    if job.limits.memory_limit != AUTO:
+        return job
+    workers: list[int] = []
+
+    def probe(kind: str, cache_dir: Path, limits: StorageLimits) -> None:
+        workers.extend(job.memory_probe(kind, cache_dir, limits, log))
+
+    read = list(dict.fromkeys(os.fspath(path) for kind in kinds for path in job.read_by(kind)))  # each once
+    overheads = measure_overhead(probe, kinds, read)
+    return job.sized(memory_limit(job.cache_bytes or 0, overheads, max(workers, default=0)))

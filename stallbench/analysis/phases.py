@@ -15,16 +15,18 @@ import shutil
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import IO, Any
 
 from stallbench.analysis.measure import measure_bandwidths, measure_memory_bandwidth
+from stallbench.analysis.memory import probe_batches, probe_cache_bytes
 from stallbench.analysis.object_data import in_memory_copy, network_bandwidth, object_source
 from stallbench.analysis.request import local_files
 from stallbench.analysis.results import Workload
 from stallbench.analysis.runs import Bandwidths, Phase, Variant, three_runs
 from stallbench.analysis.training import replay_lengths
 from stallbench.conditions.cgroup import StorageLimits
-from stallbench.conditions.limits import Limits
+from stallbench.conditions.limits import AUTO, Limits
 from stallbench.jobs.command import CommandRun, run_command
 from stallbench.jobs.converted import existing_copy
 from stallbench.jobs.kinds import KINDS
@@ -46,6 +48,7 @@ class RunPlan:
     packing: str | None = None  # token data: each loader also runs packed with this algorithm
     max_len: int | None = None  # with packing: tokens per pack at most
     in_memory_data: str | None = None  # data in object storage copied to memory, for every run but the cold
+    auto_memory: bool = False  # --memory-limit auto, not sized yet (``sized`` sets the workload's limit)
 
     def job(self, kind: str, data: str, packing: str | None = None, **options: Any) -> WorkloadJob:
         """What the generated job trains on with loader ``kind`` over ``data``; ``options``: the rest of the
@@ -73,11 +76,16 @@ class RunPlan:
 
     @property
     def limits(self) -> Limits:
-        return self.workload.limits
+        asked = self.workload.limits
+        return replace(asked, memory_limit=AUTO) if self.auto_memory else asked
 
     @property
     def dataset_bytes(self) -> int:
         return self.workload.dataset_bytes
+
+    @property
+    def cache_bytes(self) -> int | None:
+        return self.workload.cache_bytes
 
     @property
     def steps(self) -> int | None:
@@ -116,6 +124,23 @@ class RunPlan:
     def made_by(self, kind: str, cold_rows: Sequence[LoaderEpoch]) -> str:
         """The kind planned: the generated job makes its batches with it."""
         return kind
+
+    def read_by(self, kind: str) -> list[str]:
+        return files_read(self.workload.data, kind)
+
+    def memory_probe(
+        self, kind: str, cache_dir: Path, limits: StorageLimits, log: IO[str] | None = None
+    ) -> list[int]:
+        w = self.workload
+        steps = probe_batches(w.workers)
+        probe = replace(self, workload=replace(w, epochs=1, compute=None), max_batches=steps)
+        ours = dict(cache_bytes=probe_cache_bytes(w.samples), cache_dir=str(cache_dir))
+        job = probe.job(kind, w.data, **(ours if KINDS[kind].cached else {}))
+        run = probe.run_job(job, JobSpec(out_dir="", steps=steps, epochs=1, data=(w.data,)), limits)
+        return [r.workers for r in run.records]
+
+    def sized(self, memory_limit: int) -> RunPlan:
+        return replace(self, workload=replace(self.workload, memory_limit=memory_limit), auto_memory=False)
 
     def run_job(self, job: WorkloadJob, spec: JobSpec, limits: StorageLimits | None = None) -> CommandRun:
         """The generated ``job`` run once under ``spec``; what it writes is kept only for the error, should

@@ -81,6 +81,7 @@ class Job(Protocol):
 
     limits: Limits  # the cold run's, as the options asked them
     dataset_bytes: int
+    cache_bytes: int | None  # our loader's cache in the cold run
     steps: int | None  # batches an epoch is cut to; None: whole epochs
 
     def variants(self, kinds: Sequence[str]) -> list[Variant]:
@@ -103,6 +104,21 @@ class Job(Protocol):
 
     def made_by(self, kind: str, cold_rows: Sequence[LoaderEpoch]) -> str:
         """The kind of loader whose batches the column of ``kind`` measured."""
+        ...
+
+    def read_by(self, kind: str) -> Sequence[str | Path]:
+        """The local files the job reads with loader ``kind``."""
+        ...
+
+    def memory_probe(
+        self, kind: str, cache_dir: Path, limits: StorageLimits, log: IO[str] | None
+    ) -> list[int]:
+        """The job with loader ``kind`` cut to its first ``memory.probe_batches`` inside ``limits`` (our
+        cache in ``cache_dir``, holding no record); the workers of the loaders it ran."""
+        ...
+
+    def sized(self, memory_limit: int) -> Job:
+        """The job with ``--memory-limit auto`` sized to ``memory_limit`` bytes."""
         ...
 
 

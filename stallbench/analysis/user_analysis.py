@@ -19,7 +19,7 @@ from statistics import fmean
 from typing import IO, Any
 
 from stallbench.analysis.measure import measure_bandwidths
-from stallbench.analysis.memory import measure_overhead, memory_limit, probe_batches, probe_cache_bytes
+from stallbench.analysis.memory import probe_batches, probe_cache_bytes
 from stallbench.analysis.results import Workload, steady
 from stallbench.analysis.runs import Bandwidths, Phase, Variant, three_runs
 from stallbench.analysis.training import replay_lengths
@@ -31,7 +31,7 @@ from stallbench.jobs.kinds import kind_of_class
 from stallbench.jobs.run import scratch_cache_dir
 from stallbench.jobs.spec import JobSpec, LoaderEpoch
 
-__all__ = ["CommandRuns", "UserJob", "run_once", "run_user_phases", "sized_memory"]
+__all__ = ["CommandRuns", "UserJob", "run_once", "run_user_phases"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,22 @@ class UserJob:
         """The kind of the class that made the cold run's batches: a script may keep its own loader."""
         return kind_of_class(cold_rows[-1].loader_class)
 
+    def read_by(self, kind: str) -> tuple[Path, ...]:
+        return self.data
+
+    def memory_probe(
+        self, kind: str, cache_dir: Path, limits: StorageLimits, log: IO[str] | None = None
+    ) -> list[int]:
+        """Its workers are known only once it runs: cut to the fewest batches of ``probe_batches``."""
+        probe = replace(self, steps=probe_batches(None), epochs=1)
+        records = sum(1 for _ in files_in(self.data))
+        spec = probe.spec(kind, cache_bytes=probe_cache_bytes(records), cache_dir=str(cache_dir))
+        run = run_command(self.argv, spec, limits=limits, time_limit=self.time_limit, log=log)
+        return [r.workers for r in run.records]
+
+    def sized(self, memory_limit: int) -> UserJob:
+        return replace(self, limits=self.limits.sized(memory_limit))
+
 
 def run_user_phases(job: UserJob, kind: str, log: IO[str] | None = None) -> Iterator[tuple[str, CommandRun]]:
     """The three runs of ``job`` with the loaders ``kind`` ("as-is", "torch" or "cached")."""
@@ -140,21 +156,3 @@ def run_once(
         return run_command(job.argv, spec, limits=limits, time_limit=job.time_limit, log=log)
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
-
-
-def sized_memory(job: UserJob, kinds: Sequence[str], log: IO[str] | None = None) -> UserJob:
-    """``--memory-limit auto`` sized as for a generated job: the cache budget plus the most memory the
-    command needs with any of the loaders ``kinds``, measured over its first ``probe_batches`` (our
-    loader's cache held at its index), and the margins of ``memory.memory_limit``."""
-    workers: list[int] = []
-    probe_job = replace(job, steps=probe_batches(None), epochs=1)  # its workers are known only once it runs
-    records = sum(1 for _ in files_in(job.data))
-
-    def probe(kind: str, cache_dir: Path, limits: StorageLimits) -> None:
-        spec = probe_job.spec(kind, cache_bytes=probe_cache_bytes(records), cache_dir=str(cache_dir))
-        run = run_command(job.argv, spec, limits=limits, time_limit=job.time_limit, log=log)
-        workers.extend(r.workers for r in run.records)
-
-    overheads = measure_overhead(probe, kinds, job.data)
-    limit = memory_limit(job.cache_bytes or 0, overheads, max(workers, default=0))
-    return replace(job, limits=job.limits.sized(limit))

@@ -24,13 +24,13 @@ from stallbench.analysis.analyze import analyze
 from stallbench.analysis.phases import RunPlan
 from stallbench.analysis.request import AnalysisRequest
 from stallbench.analysis.results import LoaderReport
+from stallbench.analysis.runs import PHASES, Job
 from stallbench.cli.commands import Progress, prepare_data, report_outputs, say_error
 from stallbench.cli.stops import say_stopped
 from stallbench.conditions.cgroup import StorageConditionUnavailable
+from stallbench.conditions.limits import AUTO
 
-__all__ = ["RUNS_PER_LOADER", "Generated", "Target", "run_target"]
-
-RUNS_PER_LOADER = 3  # ingestion, prep, cold
+__all__ = ["Generated", "Target", "analysis_steps", "run_target"]
 
 
 class Target(Protocol):
@@ -92,6 +92,12 @@ def _stopped(args: argparse.Namespace, stop: KeyboardInterrupt, target: Target, 
     return status
 
 
+def analysis_steps(job: Job, kinds: Sequence[str]) -> int:
+    """The steps ``analyze`` tells of ``job``: the memory probe (``--memory-limit auto``), each column's three
+    runs and the machine measured once."""
+    return (job.limits.memory_limit == AUTO) + len(PHASES) * len(job.variants(kinds)) + 1
+
+
 class Generated:
     """A generated workload (or data on disk the options describe): generated and sized by ``prepare``."""
 
@@ -105,8 +111,7 @@ class Generated:
         self.plan = prepare_data(args, self.req, self.kinds)  # generation and the --memory-limit auto probe
 
     def steps(self) -> int:
-        runs = RUNS_PER_LOADER * len(self.kinds) * (2 if self.plan.packing else 1)  # packed beside padded
-        return 1 + runs  # the machine measured once
+        return analysis_steps(self.plan, self.kinds)
 
     def results(self, on_step: Callable[[str], None]) -> Iterator[LoaderReport]:
         return analyze(self.plan, self.kinds, on_step=on_step)

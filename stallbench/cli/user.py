@@ -16,10 +16,9 @@ from stallbench.analysis.analyze import analyze
 from stallbench.analysis.apply import NotRunnable, apply_advice
 from stallbench.analysis.job_report import NoTrainingLoader
 from stallbench.analysis.results import LoaderReport
-from stallbench.analysis.user_analysis import UserJob, sized_memory
+from stallbench.analysis.user_analysis import UserJob
 from stallbench.cli.commands import loader_kinds, report_outputs
-from stallbench.cli.targets import RUNS_PER_LOADER
-from stallbench.conditions.limits import AUTO
+from stallbench.cli.targets import analysis_steps
 from stallbench.conditions.storage import dataset_size
 from stallbench.jobs.command import CommandFailed
 from stallbench.jobs.kinds import SWAPPABLE
@@ -95,14 +94,10 @@ class Command:
         self.job = _job(args, self.command)
 
     def steps(self) -> int:
-        sizing = self.job.limits.memory_limit == AUTO
-        return sizing + 1 + RUNS_PER_LOADER * len(self.kinds)  # the memory probe, the machine, the runs
+        return analysis_steps(self.job, self.kinds)
 
     def results(self, on_step: Callable[[str], None]) -> Iterator[LoaderReport]:
         with _log(self.args) as log:
-            if self.job.limits.memory_limit == AUTO:
-                self.job = sized_memory(self.job, self.kinds, log)
-                on_step("memory measured")
             yield from analyze(self.job, self.kinds, on_step=on_step, log=log)
 
     def write(self, args: argparse.Namespace, done: Sequence[LoaderReport]) -> None:
