@@ -1,31 +1,42 @@
-"""The raw timestamps of a profiled loop, and what they derive: per-iteration timeline, epochs, transitions.
+"""What a profiled loop's epochs derive: per-iteration timeline, epoch rows, steady state, transitions.
 
-Recording keeps only ``time.perf_counter()`` stamps; every duration is computed here, after the fact.
-Iteration ``i`` of an epoch waits from ``calls[i]`` to ``returns[i]`` and steps from ``returns[i]`` to
-``calls[i + 1]`` (or to the epoch's ``end`` when the loop left early). Time in a marked phase is taken out
-of the step or epoch gap it falls in (a phase counts against the step it starts in, up to that step's end).
+Each epoch is measured by the bootstrap's own meter (``stallbench.jobs._timed``: the one timing layer at the
+iterator's boundary, for ``stallbench.profile``, its pytest fixture and ``stallbench analyze``): a batch
+waits from the ``__next__`` call to its return (the first from ``iter()``) and steps from that return to
+the next call (or to the epoch's ``end`` when the loop left early), less the marked phases that began in
+it (``jobs._transitions``). Here the meters' figures are read after the fact; a gap between two epochs is
+less the phases inside it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from array import array
 from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["EpochRecord", "PhaseRecord", "Timeline", "epoch_rows", "steady_state", "timeline", "transitions"]
+from stallbench.jobs._timed import EpochMeter
+
+__all__ = [
+    "PhaseRecord",
+    "ProfiledEpoch",
+    "Timeline",
+    "epoch_rows",
+    "steady_state",
+    "timeline",
+    "transitions",
+]
 
 
 @dataclasses.dataclass
-class EpochRecord:
-    """Stamps of one ``for`` over the profiler; consistent after every append, so readable at any time."""
+class ProfiledEpoch:
+    """One ``for`` over the profiler: its meter, and how it ended; readable at any time."""
 
-    calls: array = dataclasses.field(default_factory=lambda: array("d"))  # each __next__ call on the loader
-    returns: array = dataclasses.field(default_factory=lambda: array("d"))  # each batch returned
+    meter: EpochMeter
     end: float | None = None  # when the epoch's iterator finished (exhausted, break, error); None: open
     exhausted: bool = False  # the loader raised StopIteration
+    end_wait: float | None = None  # seconds inside the final ``__next__`` that raised it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,60 +55,39 @@ class Timeline(NamedTuple):
     step_s: np.ndarray
 
 
-def _minus_phases(starts: np.ndarray, ends: np.ndarray, phases: list[PhaseRecord]) -> np.ndarray:
-    """``ends - starts`` for sorted disjoint intervals, less the marked-phase time inside each."""
-    seconds = ends - starts
-    if phases and len(starts):
-        p_start = np.array([p.start for p in phases])
-        p_end = np.array([p.end for p in phases])
-        idx = np.searchsorted(starts, p_start, side="right") - 1
-        hit = idx >= 0
-        overlap = np.clip(np.minimum(p_end[hit], ends[idx[hit]]) - p_start[hit], 0.0, None)
-        np.subtract.at(seconds, idx[hit], overlap)
-    return seconds
+def _iterations(epoch: ProfiledEpoch) -> tuple[np.ndarray, np.ndarray]:
+    """Wait and step seconds of each batch of one epoch (a step not ended yet: NaN)."""
+    meter = epoch.meter
+    waits, steps = np.array(meter.batch_waits, dtype=float), np.array(meter.batch_steps, dtype=float)
+    return waits, np.append(steps, [np.nan] * (len(waits) - len(steps)))
 
 
-def _iterations(rec: EpochRecord, phases: list[PhaseRecord]) -> tuple[np.ndarray, np.ndarray]:
-    """Wait and step seconds of each batch of one epoch."""
-    calls, returns = np.array(rec.calls, dtype=float), np.array(rec.returns, dtype=float)
-    n = len(returns)
-    ends = calls[1 : n + 1]
-    if len(ends) < n:  # the last batch's step ended when the loop left, or is still running
-        ends = np.append(ends, np.nan if rec.end is None else rec.end)
-    return returns - calls[:n], _minus_phases(returns, ends, phases)
-
-
-def timeline(records: list[EpochRecord], phases: list[PhaseRecord]) -> Timeline:
-    parts = [_iterations(rec, phases) for rec in records]
+def timeline(epochs: list[ProfiledEpoch]) -> Timeline:
+    parts = [_iterations(epoch) for epoch in epochs]
     sizes = [len(w) for w, _ in parts]
     return Timeline(
-        epoch=np.repeat(np.arange(len(records)), sizes),
+        epoch=np.repeat(np.arange(len(epochs)), sizes),
         index=np.concatenate([np.arange(n) for n in sizes]) if sizes else np.zeros(0, dtype=int),
         wait_s=np.concatenate([w for w, _ in parts]) if parts else np.zeros(0),
         step_s=np.concatenate([s for _, s in parts]) if parts else np.zeros(0),
     )
 
 
-def _end_wait(rec: EpochRecord) -> float | None:
-    """Seconds inside the final __next__ that raised StopIteration."""
-    return rec.end - rec.calls[-1] if rec.exhausted and rec.end is not None else None
-
-
-def epoch_rows(records: list[EpochRecord], phases: list[PhaseRecord]) -> list[dict]:
+def epoch_rows(epochs: list[ProfiledEpoch]) -> list[dict]:
     rows = []
-    for i, rec in enumerate(records):
-        wait, step = _iterations(rec, phases)
-        last = rec.end if rec.end is not None else max(rec.calls[-1], rec.returns[-1] if rec.returns else 0.0)
+    for i, epoch in enumerate(epochs):
+        meter = epoch.meter
+        last = epoch.end if epoch.end is not None else max(meter.asked, meter.last_activity)
         rows.append(
             {
                 "index": i,
-                "iterations": len(wait),
-                "complete": rec.exhausted,
-                "seconds": last - rec.calls[0],
-                "wait_s": float(wait.sum()),
-                "step_s": float(np.nansum(step)),
-                "first_batch_s": float(wait[0]) if len(wait) else None,
-                "end_wait_s": _end_wait(rec),
+                "iterations": meter.batches,
+                "complete": epoch.exhausted,
+                "seconds": last - meter.start,
+                "wait_s": meter.wait,
+                "step_s": meter.step,
+                "first_batch_s": meter.first_batch if meter.batches else None,
+                "end_wait_s": epoch.end_wait,
             }
         )
     return rows
@@ -122,16 +112,21 @@ def steady_state(tl: Timeline) -> dict:
     return out
 
 
-def transitions(records: list[EpochRecord], phases: list[PhaseRecord]) -> dict:
+def _gap(start: float, end: float, phases: list[PhaseRecord]) -> float:
+    """``end - start`` less the marked phases inside it."""
+    inside = sum(max(0.0, min(p.end, end) - max(p.start, start)) for p in phases)
+    return end - start - inside
+
+
+def transitions(epochs: list[ProfiledEpoch], phases: list[PhaseRecord]) -> dict:
     """First batches, epoch-end waits, gaps between epochs (less phases) and phase durations."""
-    pairs = [(a.end, b.calls[0]) for a, b in itertools.pairwise(records) if a.end is not None]
-    gaps = _minus_phases(np.array([s for s, _ in pairs]), np.array([e for _, e in pairs]), phases)
+    pairs = [(a.end, b.meter.start) for a, b in itertools.pairwise(epochs) if a.end is not None]
     named: dict[str, list[float]] = {}
     for p in phases:
         named.setdefault(p.name, []).append(p.end - p.start)
     return {
-        "first_batch_s": [r.returns[0] - r.calls[0] for r in records if r.returns],
-        "epoch_gap_s": [float(g) for g in gaps],
-        "epoch_end_wait_s": [w for w in map(_end_wait, records) if w is not None],
+        "first_batch_s": [e.meter.first_batch for e in epochs if e.meter.batches],
+        "epoch_gap_s": [_gap(start, end, phases) for start, end in pairs],
+        "epoch_end_wait_s": [e.end_wait for e in epochs if e.end_wait is not None],
         "phases": named,
     }

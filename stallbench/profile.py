@@ -11,10 +11,12 @@
 
 A batch's *wait* is the time inside the loader's ``__next__`` (the first one includes ``iter(loader)``:
 worker start-up and prefetch); its *step* is the time from that return to the next ``__next__`` call, less
-marked phases. Transitions are reported apart from the steady state: each epoch's first batch, the time
-inside the final ``__next__`` that raised StopIteration (epoch end wait), the gap from one epoch's end to
-the next epoch's first call less marked phases, and the phases. Steady state is every other batch. A loop
-left by ``break`` or an exception (KeyboardInterrupt included) keeps its partial epoch.
+marked phases. Each epoch is timed by the one timing layer that ``stallbench analyze`` measures a command
+with (``stallbench.jobs._timed``); a phase is a transition of that layer too. Transitions are reported
+apart from the steady state: each epoch's first batch, the time inside the final ``__next__`` that raised
+StopIteration (epoch end wait), the gap from one epoch's end to the next epoch's first call less marked
+phases, and the phases. Steady state is every other batch. A loop left by ``break`` or an exception
+(KeyboardInterrupt included) keeps its partial epoch.
 
 JSON written by ``save`` (``PROFILE_SCHEMA_VERSION = 1``; seconds throughout; null where not measured)::
 
@@ -44,8 +46,10 @@ from typing import Any
 from stallbench import _timeline
 from stallbench._files import write_atomic
 from stallbench._grid import grid
-from stallbench._timeline import EpochRecord, PhaseRecord, Timeline
+from stallbench._timeline import PhaseRecord, ProfiledEpoch, Timeline
 from stallbench._words import counted
+from stallbench.jobs._timed import Counters, EpochMeter, TimedIterator
+from stallbench.jobs._transitions import marked
 
 __all__ = ["PROFILE_SCHEMA_VERSION", "Profile", "Timeline", "profile"]
 
@@ -58,7 +62,7 @@ class Profile:
     def __init__(self, loader: Iterable[Any], name: str) -> None:
         self.loader = loader
         self.name = name
-        self._epochs: list[EpochRecord] = []
+        self._epochs: list[ProfiledEpoch] = []
         self._phases: list[PhaseRecord] = []
         self._open_phase: str | None = None
 
@@ -68,21 +72,19 @@ class Profile:
     def _epoch(self) -> Iterator[Any]:
         if self._open_phase is not None:
             raise ValueError(f"an epoch cannot run inside phase {self._open_phase!r}; mark phases between")
-        rec = EpochRecord()
-        self._epochs.append(rec)
-        called, returned, clock = rec.calls.append, rec.returns.append, time.perf_counter
-        called(clock())
+        epoch = ProfiledEpoch(EpochMeter(time.perf_counter(), Counters()))
+        self._epochs.append(epoch)
+
+        def exhausted(meter: EpochMeter, end: float) -> None:
+            epoch.exhausted, epoch.end, epoch.end_wait = True, end, end - meter.asked
+
         try:
-            batches = iter(self.loader)
-            while True:
-                batch = next(batches)
-                returned(clock())
-                yield batch
-                called(clock())
-        except StopIteration:
-            rec.exhausted = True
+            yield from TimedIterator(iter(self.loader), epoch.meter, None, exhausted)
         finally:
-            rec.end = clock()
+            if epoch.end is None:  # left by break or an error: a step running then ends now
+                meter, now = epoch.meter, time.perf_counter()
+                waiting = meter.last_return is None or meter.asked > meter.last_return
+                epoch.end = now if waiting else meter.end_at(now)
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -98,19 +100,21 @@ class Profile:
         try:
             yield
         finally:
-            self._phases.append(PhaseRecord(name, start, time.perf_counter()))
+            end = time.perf_counter()
+            self._phases.append(PhaseRecord(name, start, end))
+            marked("phase", start, end - start)  # taken out of the step it began in
             self._open_phase = None
 
     def timeline(self) -> Timeline:
         """Per batch: epoch, index in the epoch, wait_s, step_s (NaN while a step is still running)."""
-        return _timeline.timeline(self._epochs, self._phases)
+        return _timeline.timeline(self._epochs)
 
     def to_dict(self) -> dict[str, Any]:
         """What ``save`` writes (see the module docstring for the schema)."""
         return {
             "schema": f"stallbench.profile/{PROFILE_SCHEMA_VERSION}",
             "name": self.name,
-            "epochs": _timeline.epoch_rows(self._epochs, self._phases),
+            "epochs": _timeline.epoch_rows(self._epochs),
             "steady": _timeline.steady_state(self.timeline()),
             "transitions": _timeline.transitions(self._epochs, self._phases),
             "loader_stats": _loader_stats(self.loader),

@@ -240,3 +240,20 @@ def test_errors() -> None:
             list(prof)
     assert list(prof) == [1, 2]
     assert list(prof.to_dict()["transitions"]["phases"]) == ["eval"]
+
+
+def test_profile_times_with_the_bootstraps_layer_and_its_phases_are_its_transitions() -> None:
+    from stallbench.jobs import _transitions
+    from stallbench.jobs._timed import EpochMeter
+
+    prof = profile(list(range(3)))
+    before = _transitions.reading()
+    for batch in prof:
+        if batch == 0:
+            with prof.phase("eval"):
+                time.sleep(0.020)
+    (epoch,) = prof._epochs
+    assert isinstance(epoch.meter, EpochMeter)  # the meter `stallbench analyze` writes LoaderEpoch lines from
+    assert _transitions.since(before)["phase"][1] == 1
+    assert epoch.meter.transitions["phase"][0] >= 0.020  # taken out of the first step
+    assert epoch.meter.batches == 3 and prof.to_dict()["epochs"][0]["step_s"] < 0.020

@@ -153,6 +153,7 @@ class EpochMeter:
         self.batch_waits: list[float] = []  # per batch, the first TIMELINE_BATCHES
         self.batch_steps: list[float] = []
         self.last_return: float | None = None  # when the latest batch was handed to the script
+        self.asked = start  # when the script last asked for a batch (``__next__``), or called iter()
         # (when, transitions' reading, counters): it handed out all its batches and another loader was
         # iterated then; its epoch ends there unless its loop asks for one more (``end_step``)
         self.held: tuple[float, int, Counters] | None = None
@@ -233,7 +234,9 @@ class EpochMeter:
         if len(self.batch_waits) < TIMELINE_BATCHES:
             self.batch_waits.append(returned - asked)
         try:
-            from stallbench import batches  # torch is loaded: a loader has handed out a batch
+            if "torch" not in sys.modules:  # no tensor in it (a list profiled): not torch's import time
+                raise LookupError
+            from stallbench import batches
 
             self.samples += batches.batch_samples(batch)
             tokens = batches.batch_tokens(batch, self.room) if self.counts_tokens else None
@@ -300,6 +303,7 @@ class TimedIterator:
             if meter.batches == self._steps:
                 self._end(now)
                 raise StopIteration
+        meter.asked = now
         _handing.depth = getattr(_handing, "depth", 0) + 1
         try:
             batch = next(inner)

@@ -7,6 +7,7 @@
   ``_save_checkpoint``, accelerate's ``save_state``: whole, the state gathered and the file written) made by
   the main thread (a background thread's overlaps the loop: no part of it), timed around the call, once its
   module is imported (``watched_modules``); one inside another is the outer's;
+* a **phase** the script marks itself (``stallbench.profile``'s ``phase``: an evaluation, a checkpoint);
 * a **compilation** by ``torch.compile``: its first calls and each recompile, timed by the start and end
   callbacks torch's compiler runs around the outermost compile (``torch._dynamo.callback``), registered once
   that module is imported (an optimizer imports it; a script without ``torch.compile`` makes none).
@@ -28,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-__all__ = ["end_epoch", "reading", "since", "watched_modules"]
+__all__ = ["end_epoch", "marked", "reading", "since", "watched_modules"]
 
 
 class _Event(NamedTuple):
@@ -74,6 +75,11 @@ def end_epoch(source: str, start: float, end: float, inside: dict[str, list[floa
     or gap between epochs it began in, less what it counted itself (``inside``: the checkpoints it wrote)."""
     seconds = end - start - sum(seconds for seconds, _ in inside.values())
     _events.append(_Event("evaluation", source, start, max(0.0, seconds)))
+
+
+def marked(kind: str, began: float, seconds: float) -> None:
+    """A stretch the script marked itself (``stallbench.profile``'s phases, kind ``"phase"``)."""
+    _events.append(_Event(kind, "", began, seconds))
 
 
 def watched_modules() -> dict[str, Callable[[Any], None]]:

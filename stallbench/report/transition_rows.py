@@ -16,6 +16,7 @@ _TRANSITION_NAMES = {
     "evaluation": "evaluation",
     "checkpoint": "checkpoint writes",
     "compilation": "compilation",
+    "phase": "phases marked (stallbench.profile)",
 }
 Made = Callable[[Breakdown], Mapping[str, tuple[float, float]]]  # per kind: seconds, count
 Said = Callable[[Breakdown, float, float], str]  # a cell's text from the seconds and count
