@@ -9,6 +9,7 @@ import pytest
 
 from stallbench.analysis import whatif
 from stallbench.analysis.analyze import analyze, prepare
+from stallbench.analysis.memory import sized_memory
 from stallbench.analysis.phases import RunPlan
 from stallbench.analysis.request import AnalysisRequest, CacheSpec
 from stallbench.analysis.results import LoaderReport, Prediction
@@ -58,7 +59,8 @@ def checked_demo_request(root: Path) -> AnalysisRequest:
 
 def plan_for(req: AnalysisRequest, config: Config) -> RunPlan:
     """The cached loader's plan at ``config``; memory "auto" is sized again for this cache and workers."""
-    return prepare(replace(req, cache=CacheSpec(config.cache), workers=config.workers), ("cached",))
+    plan = prepare(replace(req, cache=CacheSpec(config.cache), workers=config.workers), ("cached",))
+    return sized_memory(plan, ("cached",))
 
 
 def analyze_one(plan: RunPlan, kind: str) -> LoaderReport:

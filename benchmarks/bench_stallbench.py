@@ -31,6 +31,7 @@ from _stallbench_cases import (
 )
 
 from stallbench.analysis.analyze import prepare
+from stallbench.analysis.memory import sized_memory
 from stallbench.analysis.phases import RunPlan
 from stallbench.analysis.request import AnalysisRequest
 from stallbench.analysis.results import LoaderReport
@@ -49,7 +50,8 @@ def demo(bench_data_root: Path) -> AnalysisRequest:
 
 @pytest.fixture(scope="module")
 def compare_plan(demo: AnalysisRequest) -> RunPlan:
-    return prepare(demo, KINDS)
+    """The demo's "auto" memory sized once, over both kinds: one limit for both, probed outside the timing."""
+    return sized_memory(prepare(demo, KINDS), KINDS)
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
@@ -49,7 +50,7 @@ from stallbench._grid import grid
 from stallbench._timeline import PhaseRecord, ProfiledEpoch, Timeline
 from stallbench._words import counted
 from stallbench.jobs._timed import Counters, EpochMeter, TimedIterator
-from stallbench.jobs._transitions import marked
+from stallbench.jobs._transitions import marked, reading
 
 __all__ = ["PROFILE_SCHEMA_VERSION", "Profile", "Timeline", "profile"]
 
@@ -65,6 +66,7 @@ class Profile:
         self._epochs: list[ProfiledEpoch] = []
         self._phases: list[PhaseRecord] = []
         self._open_phase: str | None = None
+        self._id = f"profile:{id(self)}"  # its phases' source: another profile's meter leaves them in
 
     def __iter__(self) -> Iterator[Any]:
         return self._epoch()
@@ -72,14 +74,18 @@ class Profile:
     def _epoch(self) -> Iterator[Any]:
         if self._open_phase is not None:
             raise ValueError(f"an epoch cannot run inside phase {self._open_phase!r}; mark phases between")
-        epoch = ProfiledEpoch(EpochMeter(time.perf_counter(), Counters()))
+        # every batch kept one by one, and only this profile's phases taken out of its steps
+        meter = EpochMeter(time.perf_counter(), Counters(), kept_batches=sys.maxsize, phases_of=self._id)
+        epoch = ProfiledEpoch(meter)
         self._epochs.append(epoch)
 
         def exhausted(meter: EpochMeter, end: float) -> None:
             epoch.exhausted, epoch.end, epoch.end_wait = True, end, end - meter.asked
 
+        timed = TimedIterator(iter(self.loader), meter, None, exhausted, hands_out=False)
         try:
-            yield from TimedIterator(iter(self.loader), epoch.meter, None, exhausted)
+            for batch in timed:  # noqa: UP028 (``yield from`` would close the loader's iterator at a break)
+                yield batch
         finally:
             if epoch.end is None:  # left by break or an error: a step running then ends now
                 meter, now = epoch.meter, time.perf_counter()
@@ -96,13 +102,13 @@ class Profile:
                 f"phase {name!r} cannot start inside phase {self._open_phase!r}: phases do not nest"
             )
         self._open_phase = name
-        start = time.perf_counter()
+        start, inside = time.perf_counter(), reading()
         try:
             yield
         finally:
             end = time.perf_counter()
             self._phases.append(PhaseRecord(name, start, end))
-            marked("phase", start, end - start)  # taken out of the step it began in
+            marked(self._id, start, end, inside)  # taken out of the step it began in
             self._open_phase = None
 
     def timeline(self) -> Timeline:

@@ -78,3 +78,16 @@ def test_check_passes_what_is_not_asked(monkeypatch):
     NONE.check("/data", cold=False)  # a warm run asks nothing of the machine
     with pytest.raises(StorageConditionUnavailable):
         NONE.check("/data", cold=True)
+
+
+def test_a_memory_limit_under_which_python_stalls_is_named_too(monkeypatch):
+    import subprocess
+
+    def stalls(self, argv, **kwargs):
+        raise subprocess.TimeoutExpired(argv, kwargs.get("timeout"))
+
+    monkeypatch.setattr(StorageLimits, "__enter__", lambda self: self)
+    monkeypatch.setattr(StorageLimits, "__exit__", lambda self, *exc: None)
+    monkeypatch.setattr(StorageLimits, "run", stalls)
+    with pytest.raises(StorageConditionUnavailable, match="did not start within 30 s under it"):
+        limits_module._check_python_fits(1 << 20)

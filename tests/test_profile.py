@@ -257,3 +257,40 @@ def test_profile_times_with_the_bootstraps_layer_and_its_phases_are_its_transiti
     assert _transitions.since(before)["phase"][1] == 1
     assert epoch.meter.transitions["phase"][0] >= 0.020  # taken out of the first step
     assert epoch.meter.batches == 3 and prof.to_dict()["epochs"][0]["step_s"] < 0.020
+
+
+def test_another_profiles_phase_is_left_in_this_ones_step_and_a_nested_event_is_counted_once() -> None:
+    from stallbench.jobs import _transitions
+
+    outer, other = profile(list(range(2))), profile([])
+    for batch in outer:
+        if batch == 0:
+            with other.phase("x"):  # another profile's: still this loop's step
+                time.sleep(0.030)
+            with outer.phase("eval"):  # an evaluation inside it: one transition each moment
+                began = time.perf_counter()
+                time.sleep(0.030)
+                _transitions.end_epoch("1:EvalSet", began, time.perf_counter(), {})
+    meter = outer._epochs[0].meter
+    assert 0.030 <= meter.step < 0.045
+    assert meter.transitions["evaluation"][0] >= 0.030 and meter.transitions["phase"][0] < 0.010
+
+
+def test_a_loader_iterated_inside_a_profiled_next_is_not_taken_for_the_bootstraps() -> None:
+    from stallbench.jobs._timed import handing_out
+
+    seen = []
+
+    class Wrapper:  # iterates its loader lazily, inside the profile's __next__
+        def __iter__(self):
+            seen.append(handing_out())
+            yield from range(3)
+
+    _run(profile(Wrapper()))
+    assert seen == [False]
+
+
+def test_every_batch_of_a_long_epoch_is_kept() -> None:
+    prof = profile(range(100_005))  # past the bootstrap's 100,000 kept per epoch
+    _run(prof)
+    assert prof.to_dict()["steady"]["iterations"] == 100_004 and len(prof.timeline().wait_s) == 100_005

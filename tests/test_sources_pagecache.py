@@ -224,3 +224,15 @@ def test_parquet_never_evicts(disk):
     path = _arrow_file(disk, "data.parquet")
     ours, after_reads, after_evictions = residency_after_reads(partial(ArrowSource, path), [path], admit=True)
     assert ours == [False] * RECORDS and after_reads > 0.95 and after_evictions > 0.95
+
+
+@pytest.mark.parametrize("told", [0, 10, 3 << 20, 8 << 20], ids=["empty", "short", "exact", "long"])
+def test_a_file_is_read_to_its_end_whatever_size_its_fstat_told(tmp_path, told):
+    """A file grown since its fstat (told less) or shrunk (told more) is read whole, as FileIO.readall does."""
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(3 << 20))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert _pagecache._read_to_end(fd, told) == path.read_bytes()
+    finally:
+        os.close(fd)

@@ -53,6 +53,7 @@ __all__ = [
 
 PAGE = mmap.PAGESIZE
 _CANNOT_TELL = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
+_TAIL_READ = 1 << 20  # a read past a file's expected end: what it grew by, or the rest of a short read
 
 
 def resident_prefix(fd: int, offset: int, length: int) -> bytearray | None:
@@ -154,12 +155,13 @@ def read_admitting(
 
 def _read_to_end(fd: int, size: int) -> bytes:
     """The file's bytes from where ``fd`` stands to its end, ``size`` (its fstat) expected: read until the
-    kernel says the end, as ``FileIO.readall`` does (a file grown since, a filesystem giving short reads)."""
+    kernel says the end, as ``FileIO.readall`` does (a file grown since, a filesystem giving short reads),
+    asking a small read at a time past ``size`` so that no read allocates the whole size again."""
     raw = os.read(fd, size + 1)
     if not raw:
         return raw
     chunks = [raw]
-    while chunk := os.read(fd, max(size, 1 << 16)):
+    while chunk := os.read(fd, _TAIL_READ):
         chunks.append(chunk)
     return raw if len(chunks) == 1 else b"".join(chunks)
 

@@ -11,6 +11,7 @@ dataset's bytes, and what-if predictions, which speak of whole datasets and cach
 from __future__ import annotations
 
 import contextlib
+import functools
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -53,6 +54,11 @@ class UserJob:
         """A run of the command with loaders ``kind``; ``options``: the rest of the :class:`JobSpec`."""
         data = tuple(str(p) for p in self.data)
         return JobSpec(out_dir="", steps=self.steps, epochs=self.epochs, loader=kind, data=data, **options)
+
+    @functools.cached_property
+    def records(self) -> int:
+        """The files of ``data``, counted once (a folder of a million files is walked once)."""
+        return sum(1 for _ in files_in(self.data))
 
     def cgroup(self) -> StorageLimits | None:
         """The cgroup of the cold run's limits, on reads from the disk of the data."""
@@ -104,8 +110,7 @@ class UserJob:
     ) -> list[int]:
         """Its workers are known only once it runs: cut to the fewest batches of ``probe_batches``."""
         probe = replace(self, steps=probe_batches(None), epochs=1)
-        records = sum(1 for _ in files_in(self.data))
-        spec = probe.spec(kind, cache_bytes=probe_cache_bytes(records), cache_dir=str(cache_dir))
+        spec = probe.spec(kind, cache_bytes=probe_cache_bytes(self.records), cache_dir=str(cache_dir))
         run = run_command(self.argv, spec, limits=limits, time_limit=self.time_limit, log=log)
         return [r.workers for r in run.records]
 

@@ -108,7 +108,7 @@ class Generated:
         self.plan: RunPlan | None = None
 
     def prepare(self, args: argparse.Namespace) -> None:
-        self.plan = prepare_data(args, self.req, self.kinds)  # generation and the --memory-limit auto probe
+        self.plan = prepare_data(args, self.req, self.kinds)  # generated and converted: its runs come after
 
     def steps(self) -> int:
         return analysis_steps(self.plan, self.kinds)

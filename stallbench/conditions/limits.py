@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import subprocess
 import sys
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ __all__ = ["AUTO", "NONE", "Limits", "probe_storage_conditions"]
 
 PathArg = str | os.PathLike
 AUTO = "auto"  # --memory-limit auto: the cache budget plus the job's measured memory
+_PYTHON_STARTS_WITHIN = 30.0  # seconds a bare Python process takes at most to start under a memory limit
 _MEMORY_FS = {"tmpfs", "ramfs", "devtmpfs", "hugetlbfs"}
 
 
@@ -114,14 +116,25 @@ def _check_python_fits(memory_limit: int) -> None:
     """``StorageConditionUnavailable`` where the kernel kills a bare Python process under ``memory_limit``:
     said before any run, not found as the cold run's kill after the others."""
     limits = StorageLimits(memory_limit=memory_limit)
-    with limits:
-        done = limits.run([sys.executable, "-I", "-c", "import json, os"], capture_output=True)
-    if done.returncode == -signal.SIGKILL:
-        raise StorageConditionUnavailable(
-            f"--memory-limit {format_bytes(memory_limit)} is too small: the kernel killed a bare Python "
-            "process under it; give the job the memory it needs besides the cache (stallbench measures it "
-            "with --memory-limit auto)"
-        )
+    argv = [sys.executable, "-I", "-c", "import json, os"]
+    try:
+        with limits:
+            done = limits.run(argv, capture_output=True, timeout=_PYTHON_STARTS_WITHIN)
+    except subprocess.TimeoutExpired:  # swapped rather than killed: as unusable
+        killed = False
+    else:
+        killed = done.returncode == -signal.SIGKILL
+        if not killed:
+            return
+    happened = (
+        "the kernel killed a bare Python process under it"
+        if killed
+        else f"a bare Python process did not start within {_PYTHON_STARTS_WITHIN:.0f} s under it"
+    )
+    raise StorageConditionUnavailable(
+        f"--memory-limit {format_bytes(memory_limit)} is too small: {happened}; give the job the memory it "
+        "needs besides the cache (stallbench measures it with --memory-limit auto)"
+    )
 
 
 def probe_storage_conditions(path: PathArg = ".") -> dict[str, str | None]:

@@ -136,8 +136,12 @@ class EpochMeter:
         counts_tokens: bool = False,
         room: int | None = None,
         loader: str | None = None,
+        kept_batches: int = TIMELINE_BATCHES,
+        phases_of: str | None = None,
     ) -> None:
         self.start, self.before, self.cuda = start, before, cuda
+        self.kept_batches = kept_batches  # batches whose wait and step are kept one by one
+        self.phases_of = phases_of  # a profile's meter: only its own marked phases are taken out
         self.called = start  # when the script called iter(), before the measuring began
         self.loader = loader  # the loader's id: its own epochs are no transition of its own
         self.transitions: dict[str, list[float]] = {}  # per kind, [seconds, count] taken out of the steps
@@ -212,7 +216,8 @@ class EpochMeter:
         """A step, or more of the last one (the time after an epoch's last batch, ``end_at``), less the
         transitions begun in it (since the latest batch's return)."""
         began = self._step_began
-        for kind, (spent, count) in transitions.since(self._marks, self.loader, began_after=began).items():
+        made = transitions.since(self._marks, self.loader, began_after=began, phases_of=self.phases_of)
+        for kind, (spent, count) in made.items():
             total = self.transitions.setdefault(kind, [0.0, 0])
             total[0] += spent
             total[1] += count
@@ -231,7 +236,7 @@ class EpochMeter:
             asked = self.start
         self.wait += returned - asked
         self.batches += 1
-        if len(self.batch_waits) < TIMELINE_BATCHES:
+        if len(self.batch_waits) < self.kept_batches:
             self.batch_waits.append(returned - asked)
         try:
             if "torch" not in sys.modules:  # no tensor in it (a list profiled): not torch's import time
@@ -254,13 +259,18 @@ class EpochMeter:
         return [[wait, step] for wait, step in zip(self.batch_waits, steps, strict=True)]
 
 
+_OWN_ATTRIBUTES = frozenset({"_inner", "_meter", "_steps", "_on_end", "_before_step_end", "_nests"})
+
+
 class TimedIterator:
     """The loader's iterator as the script sees it: the same batches, timed; after ``steps`` batches it ends
     the epoch itself and drops the real iterator, as a ``break`` would (its workers shut down as torch does).
 
     ``on_end(meter, end)`` is called once when the epoch ends on its own (StopIteration or ``steps``);
     ``before_step_end(now)`` before each step is closed (other loaders' epochs inside it end first; it
-    returns the clock the step ends at).
+    returns the clock the step ends at). ``hands_out``: inside its ``__next__`` the thread is handing out
+    batches (``handing_out``), so a loader iterated there is part of this one; a profile's iterator is not
+    the bootstrap's, and says so with False.
     """
 
     def __init__(
@@ -270,10 +280,12 @@ class TimedIterator:
         steps: int | None,
         on_end: Callable[..., None],
         before_step_end: Callable[[float], float] | None = None,
+        hands_out: bool = True,
     ) -> None:
         self._inner: Iterator[Any] | None = inner
         self._meter, self._steps, self._on_end = meter, steps, on_end
         self._before_step_end = before_step_end
+        self._nests = 1 if hands_out else 0
 
     def __iter__(self) -> TimedIterator:
         return self
@@ -285,7 +297,14 @@ class TimedIterator:
         return n if self._steps is None else min(n, self._steps)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_inner", "_meter", "_steps", "_on_end", "_before_step_end"):
+        if name.startswith("__") or name in (
+            "_inner",
+            "_meter",
+            "_steps",
+            "_on_end",
+            "_before_step_end",
+            "_nests",
+        ):
             raise AttributeError(name)
         return getattr(self._inner, name)
 
@@ -304,7 +323,7 @@ class TimedIterator:
                 self._end(now)
                 raise StopIteration
         meter.asked = now
-        _handing.depth = getattr(_handing, "depth", 0) + 1
+        _handing.depth = getattr(_handing, "depth", 0) + self._nests
         try:
             batch = next(inner)
         except StopIteration:
@@ -314,7 +333,7 @@ class TimedIterator:
             meter.wait += time.perf_counter() - now
             raise
         finally:
-            _handing.depth -= 1
+            _handing.depth -= self._nests
         meter.add_batch(now, time.perf_counter(), batch)
         return batch
 

@@ -57,13 +57,19 @@ def reading() -> int:
 
 
 def since(
-    before: int, own: str | None = None, until: int | None = None, began_after: float = float("-inf")
+    before: int,
+    own: str | None = None,
+    until: int | None = None,
+    began_after: float = float("-inf"),
+    phases_of: str | None = None,
 ) -> dict[str, list[float]]:
     """Per kind, [seconds, count] of the events from reading ``before`` to ``until`` (default: now) that
-    began after ``began_after``, less the epochs of loader ``own``."""
+    began after ``began_after``, less the epochs of loader ``own``, and with ``phases_of`` (a profile's
+    meter) less the phases another profile marked."""
     spent: dict[str, list[float]] = {}
     for event in _events[before:until]:
-        if event.began >= began_after and not (own is not None and event.source == own):
+        theirs = phases_of is not None and event.kind == "phase" and event.source != phases_of
+        if event.began >= began_after and not (own is not None and event.source == own) and not theirs:
             total = spent.setdefault(event.kind, [0.0, 0])
             total[0] += event.seconds
             total[1] += 1
@@ -77,9 +83,12 @@ def end_epoch(source: str, start: float, end: float, inside: dict[str, list[floa
     _events.append(_Event("evaluation", source, start, max(0.0, seconds)))
 
 
-def marked(kind: str, began: float, seconds: float) -> None:
-    """A stretch the script marked itself (``stallbench.profile``'s phases, kind ``"phase"``)."""
-    _events.append(_Event(kind, "", began, seconds))
+def marked(source: str, began: float, end: float, inside: int) -> None:
+    """A phase the script marked itself (``stallbench.profile``'s, named ``source`` by its profile) from
+    ``began`` to ``end``, less what was counted in it since reading ``inside`` (a checkpoint it wrote): each
+    moment is one transition's, as an evaluation's."""
+    counted = sum(seconds for seconds, _ in since(inside, began_after=began).values())
+    _events.append(_Event("phase", source, began, max(0.0, end - began - counted)))
 
 
 def watched_modules() -> dict[str, Callable[[Any], None]]:
