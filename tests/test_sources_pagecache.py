@@ -78,7 +78,9 @@ def residency_after_reads(
     after_evictions = resident_bytes(files) / size
     del source, got
     gc.collect()  # a mapping left to a later collection keeps its pages: the next call could not evict them
-    return [ours for _, ours in offered], after_reads, after_evictions
+    # to a hundredth: a page or two the kernel reclaims meanwhile (other work's memory: 1 of 2,048 pages was,
+    # once in a suite run) is not what the test tells apart (all of the data, or none of it)
+    return [ours for _, ours in offered], round(after_reads, 2), round(after_evictions, 2)
 
 
 def test_resident_bytes_and_evict(disk):
