@@ -230,7 +230,7 @@ def test_parquet_never_evicts(disk):
 
 @pytest.mark.parametrize("told", [0, 10, 3 << 20, 8 << 20], ids=["empty", "short", "exact", "long"])
 def test_a_file_is_read_to_its_end_whatever_size_its_fstat_told(tmp_path, told):
-    """A file grown since its fstat (told less) or shrunk (told more) is read whole, as FileIO.readall does."""
+    """A file grown since its fstat (told less) or shrunk (told more) is read whole, as FileIO.readall."""
     path = tmp_path / "f.bin"
     path.write_bytes(os.urandom(3 << 20))
     fd = os.open(path, os.O_RDONLY)
