@@ -1,15 +1,16 @@
-"""The recipes of ``docs/architecture.md``, each followed once: a source in its smallest form, through the
-cache with nothing more; and the step each recipe asks of every source, peer loader and what-if knob already
-in the tree (named where the recipe says), so that the next one is held to it too."""
+"""The recipes of ``docs/architecture.md``, each followed once: a source in its smallest form
+(``helpers.MemorySource``), through the cache with nothing more; and the step each recipe asks of every
+source, peer loader and what-if knob already in the tree (named where the recipe says), so that the next
+one is held to it too."""
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import inspect
 from pathlib import Path
 
 import pytest
+from helpers import MemorySource
 
 import loader
 from loader.errors import BadRecordError
@@ -24,44 +25,21 @@ from stallbench.report.table import DRAWN
 REPO = Path(__file__).resolve().parents[1]
 
 
-class Squares(Source):
-    """The source recipe, as written: ``__len__``, ``read`` (a bad record named), ``label``, ``describe`` and
-    a ``fingerprint`` that changes with the records."""
-
-    def __init__(self, n: int, bad: int | None = None) -> None:
-        self.n, self.bad = n, bad
-
-    def __len__(self) -> int:
-        return self.n
-
-    def read(self, index: int) -> bytes:
-        if index == self.bad:
-            raise BadRecordError(self.describe(index), index, "the square is not there")
-        return (index * index).to_bytes(8, "little") * 64
-
-    def label(self, index: int) -> int:
-        return index % 3
-
-    def describe(self, index: int) -> str:
-        return f"squares[{index}]"
-
-    @property
-    def fingerprint(self) -> str:
-        return hashlib.sha256(f"squares-{self.n}".encode()).hexdigest()
-
-
 def test_a_source_written_by_the_recipe_is_cached_by_the_loader_with_nothing_more(tmp_path):
-    dataset = loader.SourceDataset(Squares(40))
-    dl = loader.DataLoader(dataset, batch_size=8, cache_bytes=1 << 20, cache_dir=tmp_path, collate_fn=list)
+    source = MemorySource(40)  # the recipe in its smallest form: the five members, nothing of the loader's
+    cache = dict(cache_bytes=1 << 20, cache_dir=tmp_path)
+    dl = loader.DataLoader(loader.SourceDataset(source), batch_size=8, collate_fn=list, **cache)
     epochs = [[sample for batch in dl for sample in batch] for _ in range(2)]
-    assert epochs[0] == epochs[1] == [(Squares(40).read(i), i % 3) for i in range(40)]
+    assert epochs[0] == epochs[1] == [(source.read(i), source.label(i)) for i in range(40)]
     stats = dl.stats()
     assert (stats.misses, stats.hits) == (40, 40)  # every record read once, then served by the cache
 
 
 def test_a_bad_record_of_a_recipe_source_is_named():
-    dl = loader.DataLoader(loader.SourceDataset(Squares(8, bad=5)), batch_size=4, collate_fn=list)
-    with pytest.raises(BadRecordError, match=r"squares\[5\]"):
+    source = MemorySource(8)
+    source.records[5] = None
+    dl = loader.DataLoader(loader.SourceDataset(source), batch_size=4, collate_fn=list)
+    with pytest.raises(BadRecordError, match=r"memory\[5\]"):
         list(dl)
 
 
