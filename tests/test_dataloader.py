@@ -351,3 +351,18 @@ def test_an_image_folder_job_loads_neither_pyarrow_nor_lmdb_nor_psutil(tmp_path,
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["[[], [], []]", "[['lmdb', 'pyarrow']]"]  # named: imported then
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_collate_fn_set_after_init_is_used_as_torchs_and_keeps_the_stats(tmp_path, workers):
+    """Torch lets ``collate_fn`` be set on a made loader; ours uses it too, and stats() still counts every
+    record (each batch's collate publishes the counts: an unwrapped one lost the first epoch's)."""
+    source = MemorySource(40)
+    ours = DataLoader(
+        SourceDataset(source), batch_size=8, num_workers=workers, cache_bytes=1 << 20, cache_dir=tmp_path
+    )
+    theirs = torch.utils.data.DataLoader(SourceDataset(source), batch_size=8, num_workers=workers)
+    ours.collate_fn = theirs.collate_fn = list
+    assert [list(ours) for _ in range(2)] == [list(theirs)] * 2
+    stats = ours.stats()
+    assert (stats.misses, stats.hits, stats.samples) == (40, 40, 80)

@@ -30,6 +30,7 @@ from loader.resume.resumable import ResumableEpochs
 from loader.serving.files import CachedFiles
 from loader.stats.board import StatsBoard
 from loader.stats.loader_stats import LoaderStats
+from loader.transport.collate import TimedCollate
 from loader.transport.ready_first import check_ready_first
 
 __all__ = ["DataLoader"]
@@ -223,6 +224,11 @@ class DataLoader(ResumableEpochs, torch.utils.data.DataLoader[_T_co]):
         Dataset's own reads (``cache_files``)."""
         if self.num_workers > 0:
             self.check_worker_number_rationality()
+        made = self._opened.collate_fn
+        if isinstance(made, TimedCollate) and not isinstance(self.collate_fn, TimedCollate):
+            # a collate_fn set after __init__ (torch lets it be), timed as one given to it: each batch's
+            # collate publishes the counts stats() reads (without it the first epoch's were lost)
+            self.collate_fn = TimedCollate(self.collate_fn, made.board, made.batched)
         tracking = self._tracking() if self._replay is not None else None
         return self._workers_started(counting_iterator(self, tracking, skip=SKIPPED, serve=self._files))
 
