@@ -154,7 +154,7 @@ class EpochMeter:
         self.wait = self.step = self.first_batch = self.cuda_sync = 0.0
         self.batches = self.samples = 0
         self.valid_tokens = self.token_slots = 0  # 0 and 0 at the end: no token batch
-        self.batch_waits: list[float] = []  # per batch, the first TIMELINE_BATCHES
+        self.batch_waits: list[float] = []  # per batch, the first ``kept_batches``
         self.batch_steps: list[float] = []
         self.last_return: float | None = None  # when the latest batch was handed to the script
         self.asked = start  # when the script last asked for a batch (``__next__``), or called iter()
@@ -297,14 +297,7 @@ class TimedIterator:
         return n if self._steps is None else min(n, self._steps)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in (
-            "_inner",
-            "_meter",
-            "_steps",
-            "_on_end",
-            "_before_step_end",
-            "_nests",
-        ):
+        if name.startswith("__") or name in _OWN_ATTRIBUTES:
             raise AttributeError(name)
         return getattr(self._inner, name)
 
