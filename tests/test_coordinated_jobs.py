@@ -3,6 +3,7 @@ one late; every job gets every batch exactly once, in the group's order, and not
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from loader.coordinated.area import MIN_LOCK_WAIT
@@ -22,6 +24,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
 JOB = Path(__file__).with_name("_coordinated_job.py")
 REPO = JOB.parent.parent
 SAMPLES = 96  # 12 batches of 8
+_started: list[subprocess.Popen] = []  # this test's jobs: killed, with their workers, whatever the outcome
+
+
+@pytest.fixture(autouse=True)
+def _kill_what_the_test_started():
+    """Every job a test started is gone when it ends: one that failed (a job held past its patience) left
+    its jobs running, and the rest of the suite beside them (seen once: the next tests met their zombie)."""
+    yield
+    while _started:
+        proc = _started.pop()
+        if proc.poll() is None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+                for p in tree:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        p.resume()
+                        p.kill()
+            proc.communicate()
 
 
 def start(tmp_path: Path, name: str, own_group: bool = False, **config) -> subprocess.Popen:
@@ -29,7 +49,7 @@ def start(tmp_path: Path, name: str, own_group: bool = False, **config) -> subpr
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(config))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(JOB.parent)])}
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, str(JOB), str(path)],
         env=env,
         text=True,
@@ -37,6 +57,8 @@ def start(tmp_path: Path, name: str, own_group: bool = False, **config) -> subpr
         stderr=subprocess.PIPE,
         start_new_session=own_group,
     )
+    _started.append(proc)
+    return proc
 
 
 def finish(proc: subprocess.Popen) -> tuple[list[dict], dict, str]:

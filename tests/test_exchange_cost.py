@@ -5,6 +5,7 @@ again, never trusted."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -24,9 +25,14 @@ pytestmark = pytest.mark.multiproc  # each probe starts two processes
 
 
 def probe_processes() -> list[psutil.Process]:
-    return [
-        p for p in psutil.Process().children() if "stallbench.analysis.exchange_cost" in " ".join(p.cmdline())
-    ]
+    """This process's children that are an exchange probe; another test's child not yet reaped (a zombie:
+    its command line is gone) is none."""
+    probes = []
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.ZombieProcess, psutil.NoSuchProcess):
+            if "stallbench.analysis.exchange_cost" in " ".join(child.cmdline()):
+                probes.append(child)
+    return probes
 
 
 def shm() -> set[str]:
