@@ -99,7 +99,8 @@ def free_heap_then_fork(make_loader) -> tuple[int, int]:
 def test_a_fork_pins_none_of_the_heaps_free_memory_where_torchs_pins_it():
     torch_before, torch_worker = free_heap_then_fork(torch.utils.data.DataLoader)
     ours_before, ours_worker = free_heap_then_fork(loader.DataLoader)
-    assert torch_worker > torch_before - FREED_MIB * 1024 / 4  # the worker maps the freed pages
+    # torch's worker maps most of the freed pages (a suite's process once mapped 0.5 MiB less than 3/4)
+    assert torch_worker > torch_before - FREED_MIB * 1024 / 2
     assert ours_worker < ours_before - FREED_MIB * 1024 / 2  # trimmed before the fork
     # against torch's worker forked the same way: the trim kept most of the freed memory out of ours (in a
     # suite's big process our worker's own start took up to 17 MiB of the 64 a lone run shows)
