@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from stallbench.cli import _args as types
-from stallbench.cli.commands import interrupted, run_analysis, run_demo, run_simulate
-from stallbench.cli.stops import stops_as_ctrl_c
+from stallbench.cli.commands import run_analysis, run_demo, run_simulate
+from stallbench.cli.stops import say_stopped, stops_as_ctrl_c
 from stallbench.cli.user import Command, split_command
 from stallbench.conditions.limits import AUTO, NONE, Limits
 from stallbench.conditions.storage import PAGE
@@ -295,4 +295,4 @@ def _interruptible(command: Callable[[argparse.Namespace], int], args: argparse.
     try:
         return command(args)
     except KeyboardInterrupt as stop:  # before a command's own handler (e.g. while the demo imports torch)
-        return interrupted(args, stop)
+        return say_stopped(args.command, stop, False)

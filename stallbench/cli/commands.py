@@ -11,12 +11,10 @@ from stallbench.analysis.analyze import prepare
 from stallbench.analysis.phases import RunPlan
 from stallbench.analysis.request import AnalysisRequest
 from stallbench.analysis.results import LoaderReport
-from stallbench.cli.stops import say_stopped
 from stallbench.conditions.cgroup import StorageConditionUnavailable
 
 __all__ = [
     "Progress",
-    "interrupted",
     "loader_kinds",
     "prepare_data",
     "report_outputs",
@@ -65,19 +63,6 @@ def prepare_data(
     """:func:`~stallbench.analysis.analyze.prepare`, with a progress bar while a workload is generated."""
     with Progress(args, "generating data", unit="image") as bar:
         return prepare(req, kinds, progress=bar.to, cold=cold)
-
-
-def interrupted(
-    args: argparse.Namespace,
-    stop: KeyboardInterrupt,
-    reports: Sequence[LoaderReport] = (),
-    by_epoch: bool = False,
-) -> int:
-    """Ctrl-C (or SIGTERM, SIGHUP: ``stops``) anywhere in a command: say so, write what was measured so
-    far; exit code 128 + the signal's number."""
-    status = say_stopped(args.command, stop, bool(reports))
-    report_outputs(args, reports, by_epoch)
-    return status
 
 
 def report_outputs(args: argparse.Namespace, reports: Sequence[LoaderReport], by_epoch: bool = False) -> None:

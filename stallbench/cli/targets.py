@@ -99,7 +99,8 @@ def analysis_steps(job: Job, kinds: Sequence[str]) -> int:
 
 
 class Generated:
-    """A generated workload (or data on disk the options describe): generated and sized by ``prepare``."""
+    """A generated workload (or data on disk the options describe): generated and converted by ``prepare``,
+    its memory limit sized by ``analyze``."""
 
     progress = ("runs", "run")
 
