@@ -79,16 +79,16 @@ class Profile:
         epoch = ProfiledEpoch(meter)
         self._epochs.append(epoch)
 
-        def exhausted(meter: EpochMeter, end: float) -> None:
+        def exhausted(_: EpochMeter, end: float) -> None:
             epoch.exhausted, epoch.end, epoch.end_wait = True, end, end - meter.asked
 
-        timed = TimedIterator(iter(self.loader), meter, None, exhausted, hands_out=False)
-        try:
+        try:  # iter() too: a loader that fails to start ends its epoch there, as one that fails later
+            timed = TimedIterator(iter(self.loader), meter, None, exhausted, hands_out=False)
             for batch in timed:  # noqa: UP028 (``yield from`` would close the loader's iterator at a break)
                 yield batch
         finally:
             if epoch.end is None:  # left by break or an error: a step running then ends now
-                meter, now = epoch.meter, time.perf_counter()
+                now = time.perf_counter()
                 waiting = meter.last_return is None or meter.asked > meter.last_return
                 epoch.end = now if waiting else meter.end_at(now)
 

@@ -294,3 +294,15 @@ def test_every_batch_of_a_long_epoch_is_kept() -> None:
     prof = profile(range(100_005))  # past the bootstrap's 100,000 kept per epoch
     _run(prof)
     assert prof.to_dict()["steady"]["iterations"] == 100_004 and len(prof.timeline().wait_s) == 100_005
+
+
+def test_a_loader_that_fails_to_start_ends_its_epoch_there() -> None:
+    class Broken:
+        def __iter__(self):
+            raise RuntimeError("no workers")
+
+    prof = profile(Broken())
+    with pytest.raises(RuntimeError, match="no workers"):
+        _run(prof)
+    (row,) = prof.to_dict()["epochs"]
+    assert (row["iterations"], row["complete"]) == (0, False) and prof._epochs[0].end is not None

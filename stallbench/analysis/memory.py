@@ -29,11 +29,11 @@ __all__ = [
     "sized_memory",
 ]
 
+PREFETCH = 2  # torch's default prefetch_factor: batches each worker keeps ready
+PROBE_BATCHES = 10  # the fewest batches of a memory probe: 4 workers' queues full
 # Headroom over the measured overhead: the kernel's own objects (inodes, page tables) and later allocations
 # grow a job a few MB past its probe, and a cache in /dev/shm cannot be reclaimed, so it would meet the OOM
 # killer. The margin goes to both loaders: the page cache of torch's loader gets to use it.
-PREFETCH = 2  # torch's default prefetch_factor: batches each worker keeps ready
-PROBE_BATCHES = 10  # the fewest batches of a memory probe: 4 workers' queues full
 OVERHEAD_MARGIN = 32 << 20
 # Workers beyond the cores each grow past the probe too: over a long run their copy-on-write pages of the
 # parent are copied, which a probe of a few batches does not see (measured: a 4-worker job on 2 cores was
