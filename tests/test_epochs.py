@@ -74,7 +74,10 @@ def test_the_ingestion_run_of_a_generated_job_replays_as_many_batches_as_the_pre
     prep = _epochs(job, epochs=2)
     replayed = _epochs(job, epochs=2, mode="ingestion", replay_batches=1)
     assert [e.batches for e in prep] == [e.batches for e in replayed] == [3, 3]
-    assert all(e.mode == "ingestion" and e.storage_bytes == 0 for e in replayed)
+    assert [e.stats["samples"] for e in prep] == [20, 20]
+    # the pipeline made no sample in a replayed epoch (the kernel's read count would also see a library's
+    # page read back after another process's memory pressure took it)
+    assert all(e.mode == "ingestion" and e.stats["samples"] == 0 for e in replayed)
     assert [e.samples for e in replayed] == [24, 24]  # the first batch of 8, three times an epoch
 
 
