@@ -2,19 +2,21 @@
 
 Storage reads release the GIL, so with records on storage a worker no longer sits idle on I/O between two
 decodes. With records in memory (our cache, the page cache) a fetch is a ~10 us copy: there is nothing to
-hide, and the threads only cost (measured: ~100 us per 500x375 JPEG, 8% of its decode). So each worker
-decides from what it measures: it fetches one by one and times it, turns read-ahead on when a record's fetch
-costs more than a memory copy would (``MIN_FETCH_S`` plus its bytes at ``COPY_BPS``: a 112 KB record from
-memory takes ~57 us on a slow VM) and at least ``ON_RATIO`` of its decode. It turns it off again as soon as
-a batch read ahead came wholly from our cache (a memory copy, whatever the threads measured), and re-measures
-one by one every ``PROBE_EVERY`` batches, turning it off below ``OFF_RATIO``. A batch whose misses all came
-from the page cache at memory speed turns it off too.
+hide, and the threads only cost (measured: ~100 us per 500x375 JPEG, 8% of its decode). So each worker decides
+from what it measures: it fetches a batch's first records one by one (until ``PROBE_MISSES`` of them missed
+our cache: a whole batch one by one is 64 round trips in a row, 3.5 s with 50 ms to object storage) and times
+them, turns read-ahead on, for the rest of that batch already, when a record's fetch costs more than a memory
+copy would (``MIN_FETCH_S`` plus its bytes at ``COPY_BPS``: a 112 KB record from memory takes ~57 us on a slow
+VM) and at least ``ON_RATIO`` of its decode. It turns it off again as soon as a batch read ahead came wholly
+from our cache (a memory copy, whatever the threads measured), and re-measures so every ``PROBE_EVERY``
+batches, turning it off below ``OFF_RATIO``. A batch whose misses all came from the page cache at memory speed
+turns it off too.
 
 Slow fetches do not mean threads help: storage capped in bytes per second (a throttled cgroup, a saturated
-disk) is as slow with 4 reads in flight as with one. So each one-by-one batch also weighs what the threads
-bought: when the batches read ahead since the last one took more than ``PAYS_BELOW`` of its time per record,
-read-ahead goes off for ``HOLD_OFF`` batches. (Measured, 200 MB/s cap, 2 workers: the threads left epoch 1
-no faster and the warm epochs after it 3-10% slower than with one-by-one reads.)
+disk) is as slow with 4 reads in flight as with one. So each batch measured one by one also weighs what the
+threads bought: when the records read ahead since the last one took more than ``PAYS_BELOW`` of its time per
+record, read-ahead goes off for ``HOLD_OFF`` batches. (Measured, 200 MB/s cap, 2 workers: the threads left
+epoch 1 no faster and the warm epochs after it 3-10% slower than with one-by-one reads.)
 
 How many fetches run at once comes from the same measure: a fetch that waits ``f`` (a network round trip to
 object storage, a disk seek) while a record decodes in ``d`` is hidden by ``ceil(f / d) + 1`` fetches in
@@ -40,6 +42,7 @@ __all__ = [
     "ON_RATIO",
     "PAYS_BELOW",
     "PROBE_EVERY",
+    "PROBE_MISSES",
     "SLOWER_THAN_COPY",
     "ReadAhead",
 ]
@@ -52,6 +55,7 @@ COPY_BPS = 1e9  # bytes per second a memory copy reaches at the least (measured 
 SLOWER_THAN_COPY = 2.0
 ON_RATIO, OFF_RATIO = 0.10, 0.05  # fetch time per record, as a fraction of its decode time
 PROBE_EVERY = 16  # while on, one batch in this many is fetched one by one to measure the fetch again
+PROBE_MISSES = 4  # a batch measured one by one: its first records, until this many missed our cache
 PAYS_BELOW = 0.9  # batches read ahead must take at most this share of a one-by-one batch's time per record
 HOLD_OFF = 4 * PROBE_EVERY  # batches read-ahead stays off after it did not pay
 
