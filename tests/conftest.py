@@ -5,6 +5,7 @@ run once for the tests that check it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -115,9 +116,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_moto(port: int) -> subprocess.Popen:
+def _start_moto(port: int, *tls: str) -> subprocess.Popen:
+    """moto's S3 server on loopback; ``tls``: its certificate and key files (else plain HTTP)."""
+    options = ["-c", tls[0], "-k", tls[1]] if tls else []
     server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port), *options],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -131,24 +134,43 @@ def _start_moto(port: int) -> subprocess.Popen:
     raise RuntimeError("moto's S3 server did not start within 30 s")
 
 
-@pytest.fixture
-def s3_server(monkeypatch) -> Iterator[subprocess.Popen]:
-    """A fresh S3 server on loopback, boto3 (and the processes a test starts) pointed at it through its own
-    environment variables."""
+@contextlib.contextmanager
+def _s3_server(monkeypatch, scheme: str, *tls: str, **env: str) -> Iterator[subprocess.Popen]:
     port = _free_port()
     for name, value in {
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ENDPOINT_URL": f"{scheme}://127.0.0.1:{port}",
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",
+        **env,
     }.items():
         monkeypatch.setenv(name, value)
-    proc = _start_moto(port)
+    proc = _start_moto(port, *tls)
     try:
         yield proc
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture
+def s3_server(monkeypatch) -> Iterator[subprocess.Popen]:
+    """A fresh S3 server on loopback, boto3 (and the processes a test starts) pointed at it through its own
+    environment variables."""
+    with _s3_server(monkeypatch, "http") as proc:
+        yield proc
+
+
+@pytest.fixture
+def s3_tls_server(monkeypatch, tmp_path_factory) -> Iterator[subprocess.Popen]:
+    """``s3_server`` over TLS, its certificate signed by an authority of the test's own, which boto3
+    (``AWS_CA_BUNDLE``), curl (``CURL_CA_BUNDLE``) and obstore (``SSL_CERT_FILE``) are told to trust."""
+    from certificates import loopback_certificate
+
+    ca, cert, key = loopback_certificate(tmp_path_factory.mktemp("tls"))
+    trust = dict.fromkeys(("AWS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"), str(ca))
+    with _s3_server(monkeypatch, "https", str(cert), str(key), **trust) as proc:
+        yield proc
 
 
 DemoRun = tuple[Path, subprocess.CompletedProcess]

@@ -16,8 +16,8 @@ from helpers import documented_command, upload_jpegs
 
 from loader.cache import index_bytes
 from stallbench.analysis import phases
-from stallbench.analysis.object_data import _local_path
 from stallbench.analysis.results import Workload
+from stallbench.jobs.object_copies import local_path
 from stallbench.report import validate_report_json
 from stallbench.workloads import make_jpeg_folder
 
@@ -89,8 +89,8 @@ def test_a_command_s_data_must_be_local(tmp_path):
 )
 def test_a_key_no_local_folder_can_hold_is_named_not_written_outside(tmp_path, key):
     with pytest.raises(ValueError, match=re.escape(repr(key))):
-        _local_path(tmp_path / "copy", key)
-    assert _local_path(tmp_path / "copy", "cat/x.jpg") == tmp_path / "copy" / "cat" / "x.jpg"
+        local_path(tmp_path / "copy", key)
+    assert local_path(tmp_path / "copy", "cat/x.jpg") == tmp_path / "copy" / "cat" / "x.jpg"
 
 
 def test_every_run_but_the_cold_one_reads_the_copy_in_memory(monkeypatch, tmp_path):

@@ -59,10 +59,10 @@ def test_each_loader_gives_every_sample_ours_gives_once_an_epoch(images, kind):
 @pytest.mark.parametrize("kind", OTHERS)
 def test_a_copy_is_made_once_and_again_when_the_data_changes(images, kind):
     copy = convert(str(images), kind)
-    assert copy == images.with_name(f"imgs.{kind}") and existing_copy(images, kind) == copy
-    stamp = (copy / "stallbench-source.json").stat()
+    assert copy == str(images.with_name(f"imgs.{kind}")) and existing_copy(images, kind) == copy
+    stamp = (Path(copy) / "stallbench-source.json").stat()
     assert convert(str(images), kind) == copy
-    assert (copy / "stallbench-source.json").stat().st_ino == stamp.st_ino  # reused, not written again
+    assert (Path(copy) / "stallbench-source.json").stat().st_ino == stamp.st_ino  # reused, not written again
     first = sorted(images.rglob("*.jpg"))[0]
     first.write_bytes(sorted(images.rglob("*.jpg"))[1].read_bytes())
     with pytest.raises(ConversionError, match=r"no .* copy of .* that matches it"):
@@ -180,3 +180,44 @@ def test_a_command_cannot_be_compared_with_a_loader_of_another_format(images, tm
     assert done.returncode == 2
     assert "litdata reads data converted to its own format" in done.stderr
     assert "choose from torch, cached" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.fixture
+def bucket(s3_tls_server, images) -> str:
+    from helpers import upload_jpegs
+
+    upload_jpegs(images)
+    return "s3://data/train"
+
+
+@pytest.mark.slow
+def test_compare_runs_the_other_loaders_on_their_copies_in_the_bucket_as_documented(bucket, tmp_path):
+    command = "stallbench compare --data s3://data/train --loaders litdata"
+    done = _stallbench(*documented_command(REFERENCE, command), "--no-progress", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    validate_report_json(report)
+    assert [r["loader"] for r in report["loaders"]] == [LITDATA, WEBDATASET]
+    for r in report["loaders"]:
+        pipeline = [e for run in r["runs"] if run["phase"] != "ingestion" for e in run["epochs"]]
+        assert [e["samples"] for e in pipeline] == [IMAGES] * 4, r["loader"]
+    assert all(existing_copy(bucket, kind) == f"{bucket}.{kind}" for kind in OTHERS)
+
+
+def test_a_copy_in_the_bucket_is_put_once_and_what_is_not_ours_is_named(s3_server, images):
+    import boto3
+    from helpers import upload_jpegs
+
+    upload_jpegs(images)
+    s3 = boto3.client("s3")
+    copy = convert("s3://data/train", WEBDATASET)
+    assert copy == "s3://data/train.webdataset"
+    stamp = s3.head_object(Bucket="data", Key="train.webdataset/stallbench-source.json")["ETag"]
+    assert convert("s3://data/train", WEBDATASET) == copy  # reused: nothing put again
+    assert s3.head_object(Bucket="data", Key="train.webdataset/stallbench-source.json")["ETag"] == stamp
+    s3.put_object(Bucket="data", Key="train.litdata/theirs.bin", Body=b"not ours")
+    with pytest.raises(ConversionError, match=r"s3://data/train\.litdata: .*something else is there"):
+        convert("s3://data/train", LITDATA)
+    assert s3.get_object(Bucket="data", Key="train.litdata/theirs.bin")["Body"].read() == b"not ours"
+    with pytest.raises(ConversionError, match=r"s3://data/train\.litdata: no litdata copy"):
+        existing_copy("s3://data/train", LITDATA)

@@ -39,11 +39,11 @@ def prepare(
     will evict the page cache (``compare --jobs`` runs warm), so data on a memory filesystem will do."""
     data = _materialise(req, progress)
     size, samples, lengths = _opened(data)
-    for kind in kinds:
-        if KINDS[kind].converts:
-            from stallbench.jobs.others import convert  # here: it loads torch, and --help does not
+    converted = tuple(kind for kind in kinds if KINDS[kind].converts)
+    for kind in converted:
+        from stallbench.jobs.others import convert  # here: it loads torch, and --help does not
 
-            convert(str(data), kind)
+        convert(str(data), kind)
     cache = cache_bytes(req.cache, size.device_bytes)
     req.limits.check(data, cold, over_network=isinstance(data, ObjectData))
     workload = Workload(
@@ -61,7 +61,14 @@ def prepare(
     )
     auto = req.limits.memory_limit == AUTO  # sized by ``analyze``, from the job's own memory
     packing = _packing(req, data, lengths)
-    return RunPlan(workload=workload, transform=req.transform, seed=req.seed, auto_memory=auto, **packing)
+    return RunPlan(
+        workload=workload,
+        transform=req.transform,
+        seed=req.seed,
+        auto_memory=auto,
+        converted=converted,
+        **packing,
+    )
 
 
 def analyze(

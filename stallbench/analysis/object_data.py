@@ -14,7 +14,6 @@ reads the bucket itself, with our cache empty. Objects are read through our load
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import shutil
 import time
@@ -23,12 +22,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from stallbench.jobs.object_copies import download
 from stallbench.jobs.run import scratch_cache_dir
 
 __all__ = ["in_memory_copy", "network_bandwidth", "object_source"]
 
 _PROBE_BYTES, _PROBE_SECONDS = 128 << 20, 4.0  # the network probe reads at most this, or about this long
-_COPY_REQUESTS = 16  # GETs in flight while the copy is made (untimed)
 
 
 def object_source(url: str) -> Any:
@@ -54,33 +53,14 @@ def network_bandwidth(source: Any, readers: int = 1, seed: int = 0) -> float:
     return total / (time.perf_counter() - start)
 
 
-def _local_path(folder: Path, key: str) -> Path:
-    """Where the object ``key`` (under the prefix) goes in the copy; ValueError for a key no local image
-    folder could hold as the same record (an empty, ``.`` or ``..`` part, or one a local folder hides)."""
-    parts = key.split("/")
-    if any(part in ("", ".", "..") or part.startswith(".") for part in parts):
-        raise ValueError(f"the object key {key!r} has no place in a local copy of the image folder")
-    return folder.joinpath(*parts)
-
-
 @contextlib.contextmanager
 def in_memory_copy(source: Any) -> Iterator[Path]:
     """The objects of ``source`` copied, in their layout (``<class>/<key>``), to a private folder in
     ``/dev/shm``; removed when done, or by a later run if this one is killed (``scratch_cache_dir``)."""
     root = scratch_cache_dir("/dev/shm")
     folder = root / "data"
-    under = f"s3://{source.bucket}/{source.prefix}"
-
-    def copy(index: int) -> None:
-        target = _local_path(folder, source.describe(index)[len(under) :])
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(source.read(index))
-
     try:
-        with ThreadPoolExecutor(_COPY_REQUESTS) as pool:
-            list(pool.map(copy, range(len(source))))
+        download(source, folder)
         yield folder
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -48,6 +48,7 @@ class RunPlan:
     packing: str | None = None  # token data: each loader also runs packed with this algorithm
     max_len: int | None = None  # with packing: tokens per pack at most
     in_memory_data: str | None = None  # data in object storage copied to memory, for every run but the cold
+    converted: tuple[str, ...] = ()  # the kinds that read the data converted to their own format
     auto_memory: bool = False  # --memory-limit auto, not sized yet (``sized`` sets the workload's limit)
 
     def job(self, kind: str, data: str, packing: str | None = None, **options: Any) -> WorkloadJob:
@@ -112,6 +113,10 @@ class RunPlan:
             return
         source = object_source(w.data)
         with in_memory_copy(source) as copy:
+            for kind in self.converted:  # the copy in memory in each one's own format, beside it (untimed)
+                from stallbench.jobs.others import convert  # here: it loads torch
+
+                convert(str(copy), kind)
             yield (
                 replace(self, in_memory_data=str(copy)),
                 lambda readers: (network_bandwidth(source, readers), measure_memory_bandwidth()),
@@ -151,8 +156,10 @@ class RunPlan:
 
 def files_read(data: str, kind: str) -> list[str]:
     """The local files ``kind`` reads of the workload's ``data``: its copy in the kind's own format, the data
-    itself, or none for data in object storage (fetched over the network)."""
-    return [str(existing_copy(data, kind))] if KINDS[kind].converts else local_files(data)
+    itself, or none for data in object storage (fetched over the network, a copy too)."""
+    if KINDS[kind].converts and local_files(data):
+        return [existing_copy(data, kind)]
+    return local_files(data)
 
 
 def run_phases(plan: RunPlan, kind: str, packed: bool = False) -> Iterator[tuple[Phase, CommandRun]]:

@@ -1,4 +1,5 @@
-"""An image folder converted, once, into the format another loader reads: the folder beside the data.
+"""An image folder converted, once, into the format another loader reads: the folder beside the data (in
+object storage, the location beside it in the bucket: ``object_copies``).
 
 LitData and WebDataset (``stallbench.jobs.others``) read their own formats, written by their own tools, so
 ``compare --loaders litdata,webdataset`` converts the data first, untimed, as their users do. The copy goes
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from stallbench.conditions.storage import in_object_storage
+from stallbench.jobs.object_copies import converted_object_copy, object_copy, stamped
 
 __all__ = ["ConversionError", "converted_copy", "existing_copy"]
 
@@ -40,10 +42,6 @@ class ConversionError(ValueError):
 def _fingerprint(data: str | os.PathLike) -> str:
     import loader
 
-    if in_object_storage(data):
-        raise ConversionError(
-            f"{data}: other loaders are compared on a local image folder, not in object storage"
-        )
     path = Path(data)
     if not path.is_dir() or (path / "data.mdb").exists() or (path / "state.json").exists():
         raise ConversionError(f"{path}: other loaders are compared on an image folder (class/image.jpg)")
@@ -72,16 +70,19 @@ def _stamp(copy: Path) -> str | None:
     return None
 
 
-def converted_copy(data: str | os.PathLike, kind: str, write: Write) -> Path:
+def converted_copy(data: str | os.PathLike, kind: str, write: Write) -> str:
     """The copy of the image folder ``data`` for ``kind``: reused where its stamp matches the data, else
     written again by ``write``; ConversionError for data that is not an image folder, a folder at the
     copy's name that is not a copy of ours, a copy that would not be on the data's filesystem, or a
-    conversion that fails (a folder that cannot be written, the tool's own error)."""
+    conversion that fails (a folder that cannot be written, the tool's own error). Data in object storage
+    gets its copy beside it in the bucket (``object_copies``)."""
+    if in_object_storage(data):
+        return _in_the_bucket(str(data), kind, lambda source: converted_object_copy(source, kind, write))
     fingerprint = _fingerprint(data)
     copy = _copy_path(data, kind)
     found = _stamp(copy)
     if found == fingerprint:
-        return copy
+        return str(copy)
     if found is None and (copy.exists() or copy.is_symlink()):
         raise ConversionError(f"{copy}: the {kind} copy of {data} goes here, and something else is there")
     if Path(data).resolve().stat().st_dev != copy.parent.stat().st_dev:
@@ -92,7 +93,27 @@ def converted_copy(data: str | os.PathLike, kind: str, write: Write) -> Path:
         _write_whole(data, copy, fingerprint, lambda folder: write(str(data), folder))
     except OSError as err:
         raise ConversionError(f"{copy}: the {kind} copy of {data} cannot be written: {err}") from err
-    return copy
+    return str(copy)
+
+
+def _in_the_bucket(url: str, kind: str, use: Callable[[object], str | None]) -> str | None:
+    """``use`` of the image folder at ``url`` (loader's source of it); ConversionError naming the copy and
+    the cause where the data cannot be listed, copied, converted or put back."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    import loader
+
+    try:
+        return use(loader.ImageFolder(url, transform=None).source)
+    except (
+        loader.SourceError,
+        loader.BadRecordError,
+        ValueError,
+        OSError,
+        ClientError,
+        BotoCoreError,
+    ) as err:
+        raise ConversionError(f"{object_copy(url, kind)}: the {kind} copy of {url}: {err}") from err
 
 
 def _write_whole(
@@ -114,10 +135,20 @@ def _write_whole(
         raise
 
 
-def existing_copy(data: str | os.PathLike, kind: str) -> Path:
-    """The ``kind`` copy of ``data`` a parent made before the job started; ConversionError where there is
-    none (the data was not converted, or changed since)."""
-    copy = _copy_path(data, kind)
-    if _stamp(copy) != _fingerprint(data):
-        raise ConversionError(f"{copy}: no {kind} copy of {data} that matches it (convert it first)")
+def existing_copy(data: str | os.PathLike, kind: str) -> str:
+    """The ``kind`` copy of ``data`` a parent made before the job started (a folder, or a location in the
+    bucket); ConversionError where there is none (the data was not converted, or changed since)."""
+    if in_object_storage(data):
+        copy = _in_the_bucket(str(data), kind, lambda source: stamped(source, kind))
+    else:
+        copy = _copy_path(data, kind)
+        copy = str(copy) if _stamp(copy) == _fingerprint(data) else None
+    if copy is None:
+        raise ConversionError(
+            f"{_where(data, kind)}: no {kind} copy of {data} that matches it (convert it first)"
+        )
     return copy
+
+
+def _where(data: str | os.PathLike, kind: str) -> str:
+    return object_copy(str(data), kind) if in_object_storage(data) else str(_copy_path(data, kind))

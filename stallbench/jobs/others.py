@@ -10,21 +10,28 @@ The copies are written by their tools (``writers``), once (``converted``).
 
 Each sample is the job's transform of the image's bytes and its label, as our dataset gives it; neither loader
 has a cache of its own for local data (LitData reads its chunks in place, WebDataset streams its shards), so
-both read through the page cache, as torch's loader does. Their stage times are not timed (they have no
-hook for it). MosaicML Streaming is not among them: its package imports torchvision, which does not import
-beside the torch these jobs run.
+both read through the page cache, as torch's loader does. For data in object storage each reads its copy in
+the bucket (``object_copies``): LitData downloads whole chunks into its chunk cache on local disk (its default
+settings, in a folder of the run's own) and WebDataset streams each shard through curl every epoch. Their
+stage times are not timed (they have no hook for it). MosaicML Streaming is not among them: its package
+imports torchvision, which does not import beside the torch these jobs run.
 """
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torch.utils.data import IterableDataset
 
+from stallbench.conditions.storage import in_object_storage
 from stallbench.jobs.converted import ConversionError, converted_copy, existing_copy
 from stallbench.jobs.kinds import LITDATA, WEBDATASET
+from stallbench.jobs.object_copies import presigned_urls
 from stallbench.jobs.writers import WRITERS
 
 if TYPE_CHECKING:
@@ -35,7 +42,7 @@ __all__ = ["build_litdata", "build_webdataset", "convert"]
 _SHUFFLE_BUFFER = 1_000  # samples WebDataset shuffles among (its documentation's example)
 
 
-def convert(data: str, kind: str) -> Path:
+def convert(data: str, kind: str) -> str:
     """The copy of the image folder ``data`` that ``kind`` reads, written with its own tool where there is
     none yet (untimed: the parent converts before the runs); ConversionError where its library is missing."""
     try:
@@ -67,8 +74,20 @@ def build_litdata(dataset: Any, collate: Callable, job: WorkloadJob, **common: A
 
     copy = existing_copy(job.data, LITDATA)
     sample = _Sample(dataset.transform)
-    streaming = litdata.StreamingDataset(str(copy), shuffle=True, seed=job.seed, transform=sample.of_item)
+    where = {"cache_dir": _chunk_cache()} if in_object_storage(copy) else {}
+    streaming = litdata.StreamingDataset(copy, shuffle=True, seed=job.seed, transform=sample.of_item, **where)
     return litdata.StreamingDataLoader(streaming, collate_fn=collate, **_loader_options(common))
+
+
+def _chunk_cache() -> str:
+    """A private folder for LitData's chunks of a copy in object storage, removed when this process ends
+    (its default, under the home folder, outlives the run: the next run's first epoch would read it, not
+    the bucket). Its other cache settings stay at their defaults."""
+    from stallbench.jobs.run import scratch_cache_dir
+
+    folder = scratch_cache_dir(tempfile.gettempdir())
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return str(folder)
 
 
 def build_webdataset(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> Any:
@@ -76,7 +95,7 @@ def build_webdataset(dataset: Any, collate: Callable, job: WorkloadJob, **common
     import torch
     import webdataset
 
-    shards = sorted(str(p) for p in existing_copy(job.data, WEBDATASET).glob("shard-*.tar"))
+    shards = _shards(existing_copy(job.data, WEBDATASET))
     pipeline = (
         webdataset.WebDataset(shards, shardshuffle=len(shards), empty_check=False)  # a new order each epoch
         .shuffle(_SHUFFLE_BUFFER)
@@ -85,6 +104,14 @@ def build_webdataset(dataset: Any, collate: Callable, job: WorkloadJob, **common
     )
     pipeline = _Sized(pipeline, len(dataset))
     return torch.utils.data.DataLoader(pipeline, collate_fn=collate, **_loader_options(common))
+
+
+def _shards(copy: str) -> list[str]:
+    """WebDataset's shards: the files of a local copy, or URLs of a copy in object storage, which it reads
+    through curl, as its documentation shows for HTTP (presigned: the bucket need not be public)."""
+    if in_object_storage(copy):
+        return presigned_urls(copy, ".tar")
+    return sorted(str(p) for p in Path(copy).glob("shard-*.tar"))
 
 
 class _Sized(IterableDataset):

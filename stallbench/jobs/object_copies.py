@@ -1,0 +1,142 @@
+"""Data in object storage, copied: to a local folder (to read it without the network, or to convert it), and
+another loader's converted copy put back beside it in the bucket.
+
+An image folder at ``s3://bucket/prefix`` converted for a loader that reads its own format (LitData,
+WebDataset: ``stallbench.jobs.others``) goes to ``s3://bucket/prefix.<kind>/``, where that loader reads it
+over the same network as the data. The objects are copied to a private local folder, converted there by the
+loader's own tool, uploaded, and the stamp (``stallbench-source.json``: the listing's fingerprint, every key,
+size and ETag) put last, so a copy cut short is never taken for whole. A copy whose stamp matches the data is
+reused; a stale one of ours (the data changed) is replaced; objects there without our stamp are an error
+naming the location, never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "STAMP",
+    "converted_object_copy",
+    "download",
+    "local_path",
+    "object_copy",
+    "presigned_urls",
+    "stamped",
+]
+
+STAMP = "stallbench-source.json"
+_REQUESTS = 16  # GETs or PUTs in flight while a copy is made (untimed)
+_URL_SECONDS = 7 * 24 * 3600  # a presigned URL's life: S3's longest
+
+
+def local_path(folder: Path, key: str) -> Path:
+    """Where the object ``key`` (under the prefix) goes in the copy; ValueError for a key no local image
+    folder could hold as the same record (an empty, ``.`` or ``..`` part, or one a local folder hides)."""
+    parts = key.split("/")
+    if any(part in ("", ".", "..") or part.startswith(".") for part in parts):
+        raise ValueError(f"the object key {key!r} has no place in a local copy of the image folder")
+    return folder.joinpath(*parts)
+
+
+def download(source: Any, folder: Path) -> None:
+    """Every object of the image folder ``source`` (``loader``'s S3 source) written to ``folder``, in its
+    layout (``<class>/<key>``), each file created new and private."""
+    under = f"s3://{source.bucket}/{source.prefix}"
+
+    def copy(index: int) -> None:
+        target = local_path(folder, source.describe(index)[len(under) :])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(source.read(index))
+
+    with ThreadPoolExecutor(_REQUESTS) as pool:
+        list(pool.map(copy, range(len(source))))
+
+
+def object_copy(url: str, kind: str) -> str:
+    """Where the ``kind`` copy of the image folder at ``url`` goes: ``s3://bucket/prefix.<kind>``."""
+    return f"{url.rstrip('/')}.{kind}"
+
+
+def _client() -> Any:
+    import boto3
+
+    return boto3.session.Session().client("s3")
+
+
+def _stamp(s3: Any, bucket: str, prefix: str) -> str | None:
+    """The fingerprint our stamp under ``prefix`` holds; None where there is none we can read."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return json.loads(s3.get_object(Bucket=bucket, Key=prefix + STAMP)["Body"].read())["fingerprint"]
+    except (ClientError, BotoCoreError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _keys(s3: Any, bucket: str, prefix: str) -> list[str]:
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return [obj["Key"] for page in pages for obj in page.get("Contents", [])]
+
+
+def stamped(source: Any, kind: str) -> str | None:
+    """The ``kind`` copy of ``source``'s data whose stamp matches it, else None."""
+    from loader.sources import split_url
+
+    copy = object_copy(source.url, kind)
+    bucket, prefix = split_url(copy)
+    return copy if _stamp(_client(), bucket, prefix) == source.fingerprint else None
+
+
+def converted_object_copy(source: Any, kind: str, write: Callable[[str, Path], None]) -> str:
+    """The ``kind`` copy of the image folder ``source`` reads, reused where its stamp matches, else written
+    by ``write`` (an image folder, an empty folder) from a local copy and uploaded; ValueError naming the
+    location where objects not ours are there. The tool's and the store's errors propagate (OSError,
+    botocore's)."""
+    from loader.sources import split_url
+
+    copy = object_copy(source.url, kind)
+    bucket, prefix = split_url(copy)
+    s3 = _client()
+    found = _stamp(s3, bucket, prefix)
+    if found == source.fingerprint:
+        return copy
+    old = _keys(s3, bucket, prefix)
+    if found is None and old:
+        raise ValueError(f"{copy}: the {kind} copy of {source.url} goes here, and something else is there")
+    with tempfile.TemporaryDirectory(prefix="sb-convert-") as work:
+        data, out = Path(work) / "data", Path(work) / "copy"
+        download(source, data)
+        out.mkdir()
+        write(str(data), out)
+        for key in sorted(old, key=lambda k: k != prefix + STAMP):  # the stamp first: a copy cut short
+            s3.delete_object(Bucket=bucket, Key=key)
+        files = [p for p in out.rglob("*") if p.is_file()]
+        with ThreadPoolExecutor(_REQUESTS) as pool:
+            put = lambda p: s3.upload_file(str(p), bucket, prefix + p.relative_to(out).as_posix())  # noqa: E731
+            list(pool.map(put, files))
+    stamp = json.dumps({"fingerprint": source.fingerprint, "data": source.url})
+    s3.put_object(Bucket=bucket, Key=prefix + STAMP, Body=stamp.encode())
+    return copy
+
+
+def presigned_urls(copy: str, suffix: str) -> list[str]:
+    """A URL that reads each object under ``copy`` whose name ends with ``suffix`` (sorted), signed by this
+    process's credentials: what a loader that reads HTTP (WebDataset, through curl) is given."""
+    from loader.sources import split_url
+
+    bucket, prefix = split_url(copy)
+    s3 = _client()
+    keys = sorted(k for k in _keys(s3, bucket, prefix) if k.endswith(suffix))
+    sign = {"Bucket": bucket}
+    return [
+        s3.generate_presigned_url("get_object", Params={**sign, "Key": k}, ExpiresIn=_URL_SECONDS)
+        for k in keys
+    ]
