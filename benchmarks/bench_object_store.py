@@ -1,119 +1,58 @@
 """Object storage behind a link the kernel shapes: epoch 1 at the link's limit, then only the cache's misses.
 
-3,000 generated JPEGs of 112 KB (344 MB) in moto's S3 server, run in a network namespace of its own and
-reached over a veth pair whose server side sends at most 200 Mbit/s (``tc qdisc tbf``:
+3,000 generated JPEGs of 112 KB (344 MB) in moto's S3 server, on plain HTTP, run in a network namespace of its
+own and reached over a veth pair whose server side sends at most 200 Mbit/s (``tc qdisc tbf``:
 ``tests/shaped_s3.py``), with no latency added, then 10 ms and 50 ms added to each round trip by a proxy
-between the client and the link (``tests/delay_proxy.py``: ``tc netem`` is not in this machine's kernel).
-``loader.ImageFolder("s3://data/train", transform=None)``: the records' bytes, counted by a collate that only
-counts, so the epoch is the fetch path alone. 2 workers, batch 64, shuffled, 3 epochs; torch's DataLoader
-(one GET at a time per worker, no cache), then ours with a cache of half the data (``readahead`` measured).
-The link's limit is the objects' bytes over the rate measured by one large GET through the same link.
-Targets:
+between the client and the link (``tests/delay_proxy.py``: ``tc netem`` is not in this machine's kernel)
+(``_shaped_bucket``). ``loader.ImageFolder("s3://data/train", transform=None)``: the records' bytes, counted
+by a collate that only counts, so the epoch is the fetch path alone. 2 workers, batch 64, shuffled, 3 epochs;
+torch's DataLoader (one GET at a time per worker, no cache), then ours with a cache of half the data
+(``readahead`` measured). The link's limit is the objects' bytes over the rate measured by one large GET
+through the same link. Targets:
 
 - ours' epoch 1 within 15% of the link's limit (dataset bytes / rate), 25% with 50 ms of latency;
 - ours' epochs 2 and 3 fetch at most their floor, ``(1 - C/D) D``, plus 2% of D, and take at most 0.6 of
   torch's epoch (torch fetches every record every epoch).
+
+The loaders users pick instead, on the same bucket: ``bench_object_store_peers.py``.
 
     python -m pytest benchmarks/bench_object_store.py -p no:cacheprovider --benchmark-enable -s
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
 import pytest
 import torch.utils.data
+from _shaped_bucket import EPOCHS, MB, URL, count, epochs, latency, shaped_bucket
 
 import loader
 from stallbench.report import plain_table
-from stallbench.workloads import make_jpeg_folder
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from delay_proxy import delayed
-from shaped_s3 import shaped_s3_server
-
-RECORDS, RECORD_BYTES, RATE_BITS, EPOCHS = 3_000, 114_688, 200_000_000, 3
-URL = "s3://data/train"
 LINK_TOLERANCE = {0: 0.15, 10: 0.15, 50: 0.25}  # by the milliseconds added to each round trip
 FLOOR_TOLERANCE, MAX_STEADY_RATIO = 0.02, 0.6
-MB = 1e6
-
-
-def _count(batch: list) -> int:
-    return len(batch)
 
 
 @pytest.fixture(scope="module")
 def bucket(bench_data_root: Path) -> Iterator[float]:
-    """The images in the shaped server's bucket; yields the link's rate in bytes/s, as one GET measures it."""
-    images = make_jpeg_folder(bench_data_root / f"jpeg-{RECORDS}x{RECORD_BYTES}", num_images=RECORDS,
-                              record_bytes=RECORD_BYTES)  # fmt: skip
-    with shaped_s3_server(RATE_BITS) as server:
-        saved = {
-            k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-        }
-        os.environ.update(
-            AWS_ENDPOINT_URL=server.endpoint, AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench"
-        )
-        os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-        try:
-            s3 = boto3.client("s3")
-            s3.create_bucket(Bucket="data")
-            for path in sorted(images.rglob("*.jpg")):
-                s3.put_object(Bucket="data", Key=f"train/{path.relative_to(images)}", Body=path.read_bytes())
-            s3.put_object(Bucket="data", Key="probe", Body=os.urandom(32 << 20))
-            start = time.perf_counter()
-            got = len(s3.get_object(Bucket="data", Key="probe")["Body"].read())
-            yield got / (time.perf_counter() - start)
-        finally:
-            for k, v in saved.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-
-
-def _epochs(dl: torch.utils.data.DataLoader, fetched) -> list[tuple[float, int | None]]:
-    """(seconds, bytes fetched or None where the loader does not count them) per epoch."""
-    out = []
-    for _ in range(EPOCHS):
-        before, start = fetched(), time.perf_counter()
-        assert sum(dl) == RECORDS  # every record, once
-        after = fetched()
-        out.append((time.perf_counter() - start, None if after is None else after - before))
-    return out
-
-
-@contextlib.contextmanager
-def _latency(rtt_ms: int) -> Iterator[None]:
-    """boto3 pointed at a proxy adding ``rtt_ms`` to each round trip to the shaped server (none: as it is)."""
-    endpoint = os.environ["AWS_ENDPOINT_URL"]
-    if not rtt_ms:
-        yield
-        return
-    host, port = endpoint.removeprefix("http://").rsplit(":", 1)
-    with delayed(host, int(port), rtt_ms) as (near, proxy_port, _):
-        os.environ["AWS_ENDPOINT_URL"] = f"http://{near}:{proxy_port}"
-        try:
-            yield
-        finally:
-            os.environ["AWS_ENDPOINT_URL"] = endpoint
+    """The images in the shaped server's bucket, on plain HTTP; the link's rate in bytes/s."""
+    with shaped_bucket(bench_data_root) as rate:
+        yield rate
 
 
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("rtt_ms", LINK_TOLERANCE)
 def test_epoch_one_at_the_link_then_the_misses(benchmark, bucket: float, rtt_ms: int) -> None:
-    with _latency(rtt_ms):
+    with latency(rtt_ms):
         _epoch_one_at_the_link_then_the_misses(benchmark, bucket, rtt_ms)
 
 
 def _epoch_one_at_the_link_then_the_misses(benchmark, rate: float, rtt_ms: int) -> None:
-    common = dict(batch_size=64, shuffle=True, num_workers=2, persistent_workers=True, collate_fn=_count)
+    common = dict(batch_size=64, shuffle=True, num_workers=2, persistent_workers=True, collate_fn=count)
     nbytes = loader.ImageFolder(URL, transform=None).source.nbytes
     cache_dir = tempfile.mkdtemp(prefix="sbbench-", dir="/dev/shm")
 
@@ -123,8 +62,8 @@ def _epoch_one_at_the_link_then_the_misses(benchmark, rate: float, rtt_ms: int) 
             loader.ImageFolder(URL, transform=None), cache_bytes=nbytes // 2, cache_dir=cache_dir, **common
         )
         return {
-            "torch": _epochs(theirs, lambda: None),
-            "cached": _epochs(ours, lambda: ours.stats().bytes_from_source),
+            "torch": epochs(theirs, lambda: None),
+            "cached": epochs(ours, lambda: ours.stats().bytes_from_source),
         }
 
     try:

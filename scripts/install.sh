@@ -18,9 +18,10 @@ python3 -m venv "$venv"
 pip="$venv/bin/python -m pip --disable-pip-version-check -q"
 # torch==2.13.0 is pinned here: it installs the CPU build from this machine's disk in seconds.
 $pip install -r requirements-ci.txt
-# LitData, a loader `stallbench compare --loaders litdata` runs beside ours: it declares torchvision, which
-# does not import beside this torch and which it does not use for what we run, so it goes in without it.
-$pip install --no-deps litdata==0.2.76 obstore==0.12.1 tifffile==2026.3.3
+# LitData and MosaicML Streaming, loaders `stallbench compare --loaders litdata,streaming` runs beside ours:
+# each declares torchvision, which does not import beside this torch and which neither uses for what we run,
+# so they go in without it (Streaming's other dependencies are in requirements-ci.txt).
+$pip install --no-deps litdata==0.2.76 obstore==0.12.1 tifffile==2026.3.3 mosaicml-streaming==0.13.0
 $pip install --no-deps -e .
 
 # Anything above may have pulled Pillow (matplotlib does); both install as PIL and the last one wins.

@@ -1,6 +1,6 @@
 """A certificate authority of the test's own and a certificate it signs for 127.0.0.1: an S3 server on
-loopback speaking TLS, as clients that refuse plain HTTP (LitData's obstore client) need. Made with
-``cryptography``, the library moto itself uses for its certificates."""
+loopback (or a proxy in front of one) speaking TLS, as clients that refuse plain HTTP (LitData's obstore
+client) need. Made with ``cryptography``, the library moto itself uses for its certificates."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import datetime
 import ipaddress
 from pathlib import Path
 
-__all__ = ["loopback_certificate"]
+__all__ = ["server_certificate"]
 
 
 def _name(common: str):
@@ -28,7 +28,7 @@ def _pem_key(key) -> bytes:
     )
 
 
-def loopback_certificate(folder: Path) -> tuple[Path, Path, Path]:
+def server_certificate(folder: Path) -> tuple[Path, Path, Path]:
     """(the authority's certificate, the server's certificate, the server's key), PEM files in ``folder``;
     the server's names 127.0.0.1 and is good for a day."""
     from cryptography import x509

@@ -165,9 +165,9 @@ def s3_server(monkeypatch) -> Iterator[subprocess.Popen]:
 def s3_tls_server(monkeypatch, tmp_path_factory) -> Iterator[subprocess.Popen]:
     """``s3_server`` over TLS, its certificate signed by an authority of the test's own, which boto3
     (``AWS_CA_BUNDLE``), curl (``CURL_CA_BUNDLE``) and obstore (``SSL_CERT_FILE``) are told to trust."""
-    from certificates import loopback_certificate
+    from certificates import server_certificate
 
-    ca, cert, key = loopback_certificate(tmp_path_factory.mktemp("tls"))
+    ca, cert, key = server_certificate(tmp_path_factory.mktemp("tls"))
     trust = dict.fromkeys(("AWS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"), str(ca))
     with _s3_server(monkeypatch, "https", str(cert), str(key), **trust) as proc:
         yield proc

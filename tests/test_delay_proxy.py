@@ -1,7 +1,8 @@
 """The delaying proxy (``tests/delay_proxy.py``, latency where the kernel has no netem) adds the round trip
 it claims (at least it, and within 10% or 2 ms over); object storage read through it gives the folder's
 records, each GET at least a round trip slower, and a read after the proxy is killed names the object, not a
-hang (issue 49, requirement 1)."""
+hang (issue 49, requirement 1); over TLS, as a load balancer in front of object storage, to a client that
+trusts its authority only."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from delay_proxy import delayed
 from test_object_store import bucket, server  # noqa: F401  (fixtures)
 
 from loader import ImageFolderSource
-from loader.errors import BadRecordError
+from loader.errors import BadRecordError, SourceError
 from loader.sources import S3ImageFolderSource
 
 pytestmark = pytest.mark.multiproc
@@ -83,3 +84,25 @@ def test_object_storage_through_the_proxy_is_the_folder_and_the_proxy_killed_is_
         named = r"s3://data/train/class0/img003.jpg.*cannot read the object"
         with pytest.raises(BadRecordError, match=named):
             source.read(3)
+
+
+def test_the_proxy_serves_tls_to_a_client_that_trusts_its_authority(
+    bucket,  # noqa: F811
+    server,  # noqa: F811
+    monkeypatch,
+    tmp_path,
+):
+    """As a load balancer in front of object storage: TLS to the client, plain HTTP to the server."""
+    from certificates import server_certificate
+
+    url, local = bucket
+    ca, cert, key = server_certificate(tmp_path)
+    upstream = int(os.environ["AWS_ENDPOINT_URL"].rsplit(":", 1)[1])
+    with delayed("127.0.0.1", upstream, 10, (str(cert), str(key))) as (host, port, _):
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"https://{host}:{port}")
+        monkeypatch.setenv("AWS_CA_BUNDLE", str(ca))
+        source = S3ImageFolderSource(url)
+        assert [source.read(i) for i in range(3)] == [ImageFolderSource(local).read(i) for i in range(3)]
+        monkeypatch.delenv("AWS_CA_BUNDLE")  # an authority the client was not told to trust: named
+        with pytest.raises(SourceError, match=r"'s3://data/train' cannot be listed: .*(SSL|certificate)"):
+            S3ImageFolderSource(url, attempts=1)

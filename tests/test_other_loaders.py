@@ -1,5 +1,6 @@
-"""LitData and WebDataset beside torch's loader and ours: the data converted with their own tools, every
-sample as our dataset gives it, and ``stallbench compare --loaders`` with all four in one report."""
+"""LitData, MosaicML Streaming and WebDataset beside torch's loader and ours: the data converted with their
+own tools (beside it, or beside it in the bucket), every sample as our dataset gives it, and ``stallbench
+compare --loaders`` with all five in one report."""
 
 from __future__ import annotations
 
@@ -18,14 +19,15 @@ from helpers import documented_command
 import loader
 from stallbench.jobs.converted import ConversionError, converted_copy, existing_copy
 from stallbench.jobs.kinds import KINDS
-from stallbench.jobs.others import LITDATA, WEBDATASET, convert
+from stallbench.jobs.others import LITDATA, STREAMING, WEBDATASET, convert
 from stallbench.jobs.spec import GENERATED_STATS, WorkloadJob
+from stallbench.jobs.streaming_import import STAND_IN_NOTE
 from stallbench.report import validate_report_json
 from stallbench.workloads import make_jpeg_folder
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "docs" / "stallbench.md"
-OTHERS = (LITDATA, WEBDATASET)
+OTHERS = (LITDATA, STREAMING, WEBDATASET)
 IMAGES = 40
 
 
@@ -136,6 +138,35 @@ def test_a_library_not_installed_is_named(images, monkeypatch):
         convert(str(images), LITDATA)
 
 
+def test_streaming_s_package_is_named_as_pip_knows_it(images, monkeypatch):
+    def missing():
+        raise ImportError("No module named 'streaming'")
+
+    monkeypatch.setattr("stallbench.jobs.others.streaming", missing)
+    with pytest.raises(
+        ConversionError, match=r"streaming is not installed here \(pip install mosaicml-streaming\)"
+    ):
+        convert(str(images), STREAMING)
+
+
+def test_streaming_imports_beside_a_torchvision_that_does_not_and_nothing_else_sees_a_stand_in():
+    script = """
+import importlib.util, sys
+from stallbench.jobs.streaming_import import needs_stand_in, streaming
+package = streaming()
+assert needs_stand_in() and package.StreamingDataset and "torchvision" not in sys.modules
+assert importlib.util.find_spec("torchvision") is None  # what transformers and Lightning ask
+try:
+    package.vision.StreamingCIFAR10  # defined, never built here
+    package.vision.base.VisionDataset()
+except ImportError as err:
+    print(err)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "stallbench imported Streaming with a stand-in for it" in done.stdout
+
+
 def _stallbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
@@ -146,22 +177,23 @@ def _stallbench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_compare_puts_all_four_loaders_in_one_report_as_documented(tmp_path):
+def test_compare_puts_every_loader_in_one_report_as_documented(tmp_path):
     done = _stallbench(
         *documented_command(REFERENCE, "stallbench compare --data images:100 --loaders"), cwd=tmp_path
     )  # in a fresh folder: its data generated there
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     validate_report_json(report)
-    assert [r["loader"] for r in report["loaders"]] == ["torch", "cached", "litdata", "webdataset"]
-    assert set(report["ratios_to_baseline"]) == {"cached", "litdata", "webdataset"}
+    assert [r["loader"] for r in report["loaders"]] == ["torch", "cached", *OTHERS]
+    assert set(report["ratios_to_baseline"]) == {"cached", *OTHERS}
     images = report["workload"]["samples"]
     for r in report["loaders"]:
         pipeline = [e for run in r["runs"] if run["phase"] != "ingestion" for e in run["epochs"]]
         assert [e["samples"] for e in pipeline] == [images] * 4, r["loader"]
     cold = {r["loader"]: next(run for run in r["runs"] if run["phase"] == "cold") for r in report["loaders"]}
     assert all(run["epochs"][0]["storage_bytes"] > 0 for run in cold.values())  # each read its own files
-    assert "litdata vs torch" in done.stdout and "webdataset vs torch" in done.stdout
+    assert all(f"{kind} vs torch" in done.stdout for kind in OTHERS)
+    assert " ".join(STAND_IN_NOTE.split()) in " ".join(done.stdout.split())  # named where it stood in
 
 
 def test_a_command_cannot_be_compared_with_a_loader_of_another_format(images, tmp_path):
@@ -197,10 +229,10 @@ def test_compare_runs_the_other_loaders_on_their_copies_in_the_bucket_as_documen
     assert done.returncode == 0, done.stderr
     report = json.loads((tmp_path / "report.json").read_text())
     validate_report_json(report)
-    assert [r["loader"] for r in report["loaders"]] == [LITDATA, WEBDATASET]
+    assert [r["loader"] for r in report["loaders"]] == list(OTHERS)
     for r in report["loaders"]:
         pipeline = [e for run in r["runs"] if run["phase"] != "ingestion" for e in run["epochs"]]
-        assert [e["samples"] for e in pipeline] == [IMAGES] * 4, r["loader"]
+        assert [e["samples"] for e in pipeline] == [IMAGES] * 2, r["loader"]  # prep, cold
     assert all(existing_copy(bucket, kind) == f"{bucket}.{kind}" for kind in OTHERS)
 
 

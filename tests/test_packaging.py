@@ -22,6 +22,7 @@ DISTRIBUTIONS = {
     "cv2": "opencv-python",
     "sklearn": "scikit-learn",
     "pynvml": "nvidia-ml-py",
+    "streaming": "mosaicml-streaming",
 }
 NOT_PINNED = {"pillow"}  # scripts/install.sh builds pillow-simd in its place
 
@@ -153,6 +154,8 @@ def _install_and_check(venv: Path, commands: list[list[str]], cwd: Path) -> None
         "import importlib.util, torch, pytorch_lightning, accelerate, datasets, litdata, webdataset, moto\n"
         "from transformers import Trainer\n"
         "import loader, stallbench\n"
+        "from stallbench.jobs.streaming_import import streaming\n"
+        "assert streaming().StreamingDataset\n"
         "print(torch.__version__, importlib.util.find_spec('torchvision') is None)"
     )
     done = subprocess.run([python, "-c", probe], cwd=cwd, text=True, capture_output=True, timeout=300)

@@ -21,8 +21,9 @@ from stallbench.analysis.results import LoaderReport, RankBreakdown, steady
 from stallbench.analysis.runs import Bandwidths, Job, Variant, cold_condition
 from stallbench.analysis.training import NoTrainingLoader, other_loaders, rank_runs, train_epochs
 from stallbench.jobs.command import CommandRun
-from stallbench.jobs.kinds import KINDS
+from stallbench.jobs.kinds import KINDS, STREAMING
 from stallbench.jobs.spec import AS_IS
+from stallbench.jobs.streaming_import import STAND_IN_NOTE, needs_stand_in
 
 __all__ = ["NoTrainingLoader", "job_report"]  # the first from .training
 
@@ -47,8 +48,6 @@ def job_report(
     made_by = job.made_by(variant.kind, cold_rows)
     loader = made_by if variant.kind == AS_IS else variant.kind
     cut = f"epochs cut to {job.steps} steps read {share:.0%} of the data: run without --steps for what-if"
-    made = cold_rows[-1].loader_class
-    note = f"the batches came from {made}, not {KINDS[loader].label}: this column measures that class."
     cold_steady = steady(list(phases["cold"].epochs))
     target = next(iter(runs["cold"].targets), None)
     extra = {
@@ -67,7 +66,7 @@ def job_report(
         breakdown=slowest.breakdown,
         what_if=share >= 0.99,
         said=cut,
-        note=note if made_by != loader else "",
+        note=" ".join(_notes(loader, made_by, cold_rows[-1].loader_class)),
         extra=extra,
     )
     return loader_report(measurement)
@@ -77,3 +76,16 @@ def _holding(ranks: Sequence[RankBreakdown]) -> int | None:
     """The rank whose data the others waited for most at the collectives; None where none was waited for."""
     most = max(ranks, key=lambda r: r.holds_others_seconds)
     return most.rank if most.holds_others_seconds > 0 else None
+
+
+def _notes(loader: str, made_by: str, made: str) -> list[str]:
+    """What the column's reader must know: the class that made the batches where it is not the one asked
+    for, and a peer run with a stand-in for an import it cannot have."""
+    notes = []
+    if made_by != loader:
+        notes.append(
+            f"the batches came from {made}, not {KINDS[loader].label}: this column measures that class."
+        )
+    if loader == STREAMING and needs_stand_in():
+        notes.append(STAND_IN_NOTE)
+    return notes

@@ -29,7 +29,11 @@ __all__ = [
 Build = Callable[..., Any]  # (dataset, collate, job, **DataLoader options) -> the loader
 
 TORCH, CACHED = "torch", "cached"
-LITDATA, WEBDATASET = "litdata", "webdataset"  # the other loaders (``stallbench.jobs.others``)
+LITDATA, STREAMING, WEBDATASET = (
+    "litdata",
+    "streaming",
+    "webdataset",
+)  # the others (``stallbench.jobs.others``)
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,12 @@ def _litdata(*args: Any, **common: Any) -> Any:
     return build_litdata(*args, **common)
 
 
+def _streaming(*args: Any, **common: Any) -> Any:
+    from stallbench.jobs.others import build_streaming
+
+    return build_streaming(*args, **common)
+
+
 def _webdataset(*args: Any, **common: Any) -> Any:
     from stallbench.jobs.others import build_webdataset
 
@@ -99,6 +109,7 @@ KINDS: dict[str, LoaderKind] = {
         LoaderKind(TORCH, "torch.utils.data.DataLoader", cached=False, build=_torch),
         LoaderKind(CACHED, "loader.DataLoader", cached=True, build=_cached),
         LoaderKind(LITDATA, "litdata.StreamingDataLoader", cached=False, build=_litdata, converts=True),
+        LoaderKind(STREAMING, "streaming.StreamingDataLoader", cached=False, build=_streaming, converts=True),
         LoaderKind(WEBDATASET, "webdataset.WebDataset", cached=False, build=_webdataset, converts=True),
     )
 }

@@ -67,8 +67,9 @@ def object_copy(url: str, kind: str) -> str:
 
 def _client() -> Any:
     import boto3
+    from botocore.config import Config
 
-    return boto3.session.Session().client("s3")
+    return boto3.session.Session().client("s3", config=Config(max_pool_connections=_REQUESTS))
 
 
 def _stamp(s3: Any, bucket: str, prefix: str) -> str | None:

@@ -6,15 +6,18 @@ The copies are written by their tools (``writers``), once (``converted``).
   ``litdata.StreamingDataLoader`` read them), the loader Lightning's users pick for data in object storage;
 - **WebDataset** (``webdataset.ShardWriter`` writes tar shards; ``webdataset.WebDataset`` shuffles the shard
   order and, within a buffer, the samples; torch's DataLoader splits the shards between its workers), the
-  format of many public image and text corpora.
+  format of many public image and text corpora;
+- **MosaicML Streaming** (``streaming.MDSWriter`` writes MDS shards; ``streaming.StreamingDataset`` with
+  ``shuffle=True``, subclassed to shape its samples, in ``streaming.StreamingDataLoader``), imported as
+  ``streaming_import`` says: its package imports torchvision, which does not import beside the torch these
+  jobs run.
 
-Each sample is the job's transform of the image's bytes and its label, as our dataset gives it; neither loader
-has a cache of its own for local data (LitData reads its chunks in place, WebDataset streams its shards), so
-both read through the page cache, as torch's loader does. For data in object storage each reads its copy in
-the bucket (``object_copies``): LitData downloads whole chunks into its chunk cache on local disk (its default
-settings, in a folder of the run's own) and WebDataset streams each shard through curl every epoch. Their
-stage times are not timed (they have no hook for it). MosaicML Streaming is not among them: its package
-imports torchvision, which does not import beside the torch these jobs run.
+Each sample is the job's transform of the image's bytes and its label, as our dataset gives it; none of them
+has a cache of its own for local data (each reads its files in place), so they read through the page cache,
+as torch's loader does. For data in object storage each reads its copy in the bucket (``object_copies``):
+LitData and Streaming download whole chunks or shards to local disk (their default settings, in a folder of
+the run's own) and WebDataset streams each shard through curl every epoch. Their stage times are not timed
+(they have no hook for it).
 """
 
 from __future__ import annotations
@@ -30,15 +33,17 @@ from torch.utils.data import IterableDataset
 
 from stallbench.conditions.storage import in_object_storage
 from stallbench.jobs.converted import ConversionError, converted_copy, existing_copy
-from stallbench.jobs.kinds import LITDATA, WEBDATASET
+from stallbench.jobs.kinds import LITDATA, STREAMING, WEBDATASET
 from stallbench.jobs.object_copies import presigned_urls
+from stallbench.jobs.streaming_import import streaming
 from stallbench.jobs.writers import WRITERS
 
 if TYPE_CHECKING:
     from stallbench.jobs.spec import WorkloadJob
 
-__all__ = ["build_litdata", "build_webdataset", "convert"]
+__all__ = ["build_litdata", "build_streaming", "build_webdataset", "convert"]
 
+_PACKAGES = {STREAMING: "mosaicml-streaming"}  # where the package's name on PyPI is not the kind's
 _SHUFFLE_BUFFER = 1_000  # samples WebDataset shuffles among (its documentation's example)
 
 
@@ -46,9 +51,12 @@ def convert(data: str, kind: str) -> str:
     """The copy of the image folder ``data`` that ``kind`` reads, written with its own tool where there is
     none yet (untimed: the parent converts before the runs); ConversionError where its library is missing."""
     try:
-        __import__(kind)
+        streaming() if kind == STREAMING else __import__(kind)
     except ImportError as err:
-        raise ConversionError(f"--loaders {kind}: {kind} is not installed here (pip install {kind})") from err
+        package = _PACKAGES.get(kind, kind)
+        raise ConversionError(
+            f"--loaders {kind}: {kind} is not installed here (pip install {package})"
+        ) from err
     return converted_copy(data, kind, WRITERS[kind])
 
 
@@ -80,14 +88,27 @@ def build_litdata(dataset: Any, collate: Callable, job: WorkloadJob, **common: A
 
 
 def _chunk_cache() -> str:
-    """A private folder for LitData's chunks of a copy in object storage, removed when this process ends
-    (its default, under the home folder, outlives the run: the next run's first epoch would read it, not
-    the bucket). Its other cache settings stay at their defaults."""
+    """A private folder for the chunks or shards a loader downloads from a copy in object storage, removed
+    when this process ends (LitData's default, under the home folder, outlives the run: the next run's
+    first epoch would read it, not the bucket). Its other cache settings stay at their defaults."""
     from stallbench.jobs.run import scratch_cache_dir
 
     folder = scratch_cache_dir(tempfile.gettempdir())
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return str(folder)
+
+
+def build_streaming(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> Any:
+    """MosaicML Streaming's loader over its copy of the job's image folder: read in place where the copy is
+    local, downloaded shard by shard into a folder of the run's own where it is in object storage (its other
+    settings at their defaults: a shard kept once downloaded, no cache limit)."""
+    from stallbench.jobs.streaming_samples import StreamingSamples
+
+    copy = existing_copy(job.data, STREAMING)
+    where = {"remote": copy, "local": _chunk_cache()} if in_object_storage(copy) else {"local": copy}
+    options = dict(shuffle=True, shuffle_seed=job.seed, batch_size=job.batch_size, **where)
+    samples = StreamingSamples(_Sample(dataset.transform).of_item, **options)
+    return streaming().StreamingDataLoader(samples, collate_fn=collate, **_loader_options(common))
 
 
 def build_webdataset(dataset: Any, collate: Callable, job: WorkloadJob, **common: Any) -> Any:

@@ -6,6 +6,8 @@
   (``/tmp/chunks``, ``/tmp/data``) unless told others; the child gets private ones, removed with it.
 - WebDataset: ``webdataset.ShardWriter`` into 16 tar shards (many more than the workers, as WebDataset asks),
   a sample per image: its bytes (``jpg``) and its label (``cls``).
+- MosaicML Streaming: ``streaming.MDSWriter`` into MDS shards of 64 MB (its default size, no compression),
+  columns ``image`` (bytes) and ``label`` (int).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from stallbench.jobs.kinds import LITDATA, WEBDATASET
+from stallbench.jobs.kinds import LITDATA, STREAMING, WEBDATASET
 
 __all__ = ["WRITERS"]
 
@@ -83,7 +85,17 @@ def write_webdataset(data: str, folder: Path) -> None:
             sink.write({"__key__": f"{index:09d}", "jpg": source.read(index), "cls": label})
 
 
-WRITERS = {LITDATA: write_litdata, WEBDATASET: write_webdataset}
+def write_streaming(data: str, folder: Path) -> None:
+    from stallbench.jobs.streaming_import import streaming
+
+    source = _source(data)
+    columns = {"image": "bytes", "label": "int"}
+    with streaming().MDSWriter(out=str(folder), columns=columns, progress_bar=False) as sink:
+        for index in range(len(source)):
+            sink.write({"image": source.read(index), "label": int(source.label(index))})
+
+
+WRITERS = {LITDATA: write_litdata, STREAMING: write_streaming, WEBDATASET: write_webdataset}
 
 if __name__ == "__main__":
     _optimize(*sys.argv[2:4])
