@@ -55,7 +55,7 @@ class SourceDataset(Dataset):
             return [self[i] for i in indices]
         samples = [] if readahead.wanted() else self._probed(readahead, indices)
         rest = indices[len(samples) :]
-        if rest and readahead.active:
+        if len(rest) and readahead.active:  # a batch sampler may yield an array or a tensor
             return samples + self._read_ahead(readahead, rest)
         return samples + [self[i] for i in rest]
 

@@ -253,3 +253,39 @@ def test_a_copy_in_the_bucket_is_put_once_and_what_is_not_ours_is_named(s3_serve
     assert s3.get_object(Bucket="data", Key="train.litdata/theirs.bin")["Body"].read() == b"not ours"
     with pytest.raises(ConversionError, match=r"s3://data/train\.litdata: no litdata copy"):
         existing_copy("s3://data/train", LITDATA)
+
+
+def test_a_copy_in_the_bucket_cut_short_or_stale_is_replaced_and_data_at_the_root_gets_none(
+    s3_server, images
+):
+    import boto3
+    from helpers import upload_jpegs
+
+    upload_jpegs(images)
+    s3 = boto3.client("s3")
+    # a conversion killed mid-upload: its first stamp says it was being written, a shard is half there
+    s3.put_object(
+        Bucket="data",
+        Key="train.webdataset/stallbench-source.json",
+        Body=b'{"data": "s3://data/train", "writing": true}',
+    )
+    s3.put_object(Bucket="data", Key="train.webdataset/shard-00000.tar", Body=b"half a shard")
+    with pytest.raises(ConversionError, match="no webdataset copy"):
+        existing_copy("s3://data/train", WEBDATASET)  # never trusted while cut short
+    copy = convert("s3://data/train", WEBDATASET)
+    shard = s3.get_object(Bucket="data", Key="train.webdataset/shard-00000.tar")["Body"].read()
+    assert shard != b"half a shard" and existing_copy("s3://data/train", WEBDATASET) == copy
+    s3.put_object(
+        Bucket="data", Key="train/class0/extra.jpg", Body=sorted(images.rglob("*.jpg"))[0].read_bytes()
+    )
+    with pytest.raises(ConversionError, match="no webdataset copy"):
+        existing_copy("s3://data/train", WEBDATASET)  # the data changed: the copy is stale
+    assert (
+        convert("s3://data/train", WEBDATASET) == copy
+        and existing_copy("s3://data/train", WEBDATASET) == copy
+    )
+    s3.create_bucket(Bucket="root")  # an image folder at a bucket's root
+    for path in sorted(images.rglob("*.jpg")):
+        s3.put_object(Bucket="root", Key=str(path.relative_to(images)), Body=path.read_bytes())
+    with pytest.raises(ConversionError, match=r"s3://root: .*bucket's root has no place beside it"):
+        convert("s3://root", WEBDATASET)

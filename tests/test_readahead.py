@@ -203,3 +203,12 @@ def test_object_storage_latency_opens_the_window_in_a_loader():
     dl = DataLoader(SourceDataset(source, transform=decode), batch_size=16, readahead=32)
     assert sorted(i for b, _ in dl for i in b.tolist()) == list(range(64))
     assert switch_of(dl).active and switch_of(dl).in_flight >= 8  # ~21; sleeps only stretch on a busy machine
+
+
+def test_a_batch_sampler_that_yields_arrays_is_read_ahead_as_lists_are():
+    import numpy as np
+
+    batches = [np.arange(i, i + 8) for i in range(0, 64, 8)]
+    dl = DataLoader(SourceDataset(SlowReads(64, delay=0.003), transform=first_index), batch_sampler=batches)
+    assert [b.tolist() for b, _ in dl] == [b.tolist() for b in batches]
+    assert switch_of(dl).active  # read ahead after the first batch's records measured it

@@ -54,9 +54,9 @@ COPY_BPS = 1e9  # bytes per second a memory copy reaches at the least (measured 
 # 112 KB from the page cache measured 137-248 us on threads, the same from storage at 200 MB/s 560 us or more.
 SLOWER_THAN_COPY = 2.0
 ON_RATIO, OFF_RATIO = 0.10, 0.05  # fetch time per record, as a fraction of its decode time
-PROBE_EVERY = 16  # while on, one batch in this many is fetched one by one to measure the fetch again
+PROBE_EVERY = 16  # while on, one batch in this many is measured one by one (its first records) again
 PROBE_MISSES = 4  # a batch measured one by one: its first records, until this many missed our cache
-PAYS_BELOW = 0.9  # batches read ahead must take at most this share of a one-by-one batch's time per record
+PAYS_BELOW = 0.9  # records read ahead must take at most this share of one-by-one records' time each
 HOLD_OFF = 4 * PROBE_EVERY  # batches read-ahead stays off after it did not pay
 
 
@@ -76,7 +76,8 @@ class ReadAhead:
         self._pid = -1
 
     def wanted(self) -> bool:
-        """Whether the next batch should be read ahead (False: fetch one by one and ``observe`` it)."""
+        """Whether the next batch should be read ahead (False: fetch its first records one by one and
+        ``observe`` them)."""
         self._batches += 1
         self._held = max(0, self._held - 1)
         return self.active and self._batches % PROBE_EVERY != 0
@@ -84,8 +85,8 @@ class ReadAhead:
     def observe(
         self, fetch_seconds: float, decode_seconds: float, records: int, nbytes: int = 0, seconds: float = 0.0
     ) -> None:
-        """A batch of ``records`` (``nbytes`` in all) fetched one by one, which took ``seconds`` in all:
-        switch read-ahead on or off from its fetch and decode times and what the threads bought."""
+        """``records`` of a batch (``nbytes`` in all) fetched one by one, which took ``seconds`` in all:
+        switch read-ahead on or off from their fetch and decode times and what the threads bought."""
         if records == 0:
             return
         if not self._paid(seconds / records) and self.active:

@@ -1,15 +1,15 @@
 """An image folder converted, once, into the format another loader reads: the folder beside the data (in
 object storage, the location beside it in the bucket: ``object_copies``).
 
-LitData and WebDataset (``stallbench.jobs.others``) read their own formats, written by their own tools, so
-``compare --loaders litdata,webdataset`` converts the data first, untimed, as their users do. The copy goes
-beside the data, ``<data>.<kind>``, and must be on the data's filesystem, so the storage condition (the page
-cache evicted, the kernel's read throttle on that device) holds for it as for the data. A copy made from the
-same records is reused: ``stallbench-source.json`` in it holds the image folder's fingerprint (every image's
-relative path and label, and each one's identity: its size and mtime). Only a copy this
-user owns, a real folder that no one else may write, is trusted: a fingerprint is no secret, and a planted
-copy could hold anything. A copy is written under a temporary name and renamed when whole; a stale one is
-renamed aside before the new one takes its name, and removed after. A folder at that name that we did not
+LitData, MosaicML Streaming and WebDataset (``stallbench.jobs.others``) read their own formats, written by
+their own tools, so ``compare --loaders litdata,streaming,webdataset`` converts the data first, untimed, as
+their users do. The copy goes beside the data, ``<data>.<kind>``, and must be on the data's filesystem, so the
+storage condition (the page cache evicted, the kernel's read throttle on that device) holds for it as for the
+data. A copy made from the same records is reused: ``stallbench-source.json`` in it holds the image folder's
+fingerprint (every image's relative path and label, and each one's identity: its size and mtime). Only a copy
+this user owns, a real folder that no one else may write, is trusted: a fingerprint is no secret, and a
+planted copy could hold anything. A copy is written under a temporary name and renamed when whole; a stale one
+is renamed aside before the new one takes its name, and removed after. A folder at that name that we did not
 write is an error naming it, never removed.
 """
 
@@ -99,21 +99,16 @@ def converted_copy(data: str | os.PathLike, kind: str, write: Write) -> str:
 def _in_the_bucket(url: str, kind: str, use: Callable[[object], str | None]) -> str | None:
     """``use`` of the image folder at ``url`` (loader's source of it); ConversionError naming the copy and
     the cause where the data cannot be listed, copied, converted or put back."""
+    from boto3.exceptions import Boto3Error  # a failed upload (S3UploadFailedError)
     from botocore.exceptions import BotoCoreError, ClientError
 
     import loader
 
+    failures = (loader.SourceError, loader.BadRecordError, ValueError, OSError, ClientError, BotoCoreError)
     try:
         return use(loader.ImageFolder(url, transform=None).source)
-    except (
-        loader.SourceError,
-        loader.BadRecordError,
-        ValueError,
-        OSError,
-        ClientError,
-        BotoCoreError,
-    ) as err:
-        raise ConversionError(f"{object_copy(url, kind)}: the {kind} copy of {url}: {err}") from err
+    except (*failures, Boto3Error) as err:
+        raise ConversionError(f"{_where(url, kind)}: the {kind} copy of {url}: {err}") from err
 
 
 def _write_whole(
@@ -151,4 +146,10 @@ def existing_copy(data: str | os.PathLike, kind: str) -> str:
 
 
 def _where(data: str | os.PathLike, kind: str) -> str:
-    return object_copy(str(data), kind) if in_object_storage(data) else str(_copy_path(data, kind))
+    """Where the ``kind`` copy of ``data`` goes, for an error: the data itself where no copy can go."""
+    if not in_object_storage(data):
+        return str(_copy_path(data, kind))
+    try:
+        return object_copy(str(data), kind)
+    except ValueError:
+        return str(data)

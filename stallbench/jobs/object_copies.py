@@ -1,13 +1,16 @@
 """Data in object storage, copied: to a local folder (to read it without the network, or to convert it), and
 another loader's converted copy put back beside it in the bucket.
 
-An image folder at ``s3://bucket/prefix`` converted for a loader that reads its own format (LitData,
-WebDataset: ``stallbench.jobs.others``) goes to ``s3://bucket/prefix.<kind>/``, where that loader reads it
-over the same network as the data. The objects are copied to a private local folder, converted there by the
-loader's own tool, uploaded, and the stamp (``stallbench-source.json``: the listing's fingerprint, every key,
-size and ETag) put last, so a copy cut short is never taken for whole. A copy whose stamp matches the data is
-reused; a stale one of ours (the data changed) is replaced; objects there without our stamp are an error
-naming the location, never overwritten.
+An image folder at ``s3://bucket/prefix`` converted for a loader that reads its own format (LitData, MosaicML
+Streaming, WebDataset: ``stallbench.jobs.others``) goes to ``s3://bucket/prefix.<kind>/``, in the data's own
+bucket, where that loader reads it over the same network as the data. The objects are copied to a private
+local folder, converted there by the loader's own tool, uploaded, and the stamp (``stallbench-source.json``:
+the listing's fingerprint, every key, size and ETag) put last, so a copy cut short is never taken for whole. A
+copy whose stamp matches the data is reused; a stale one of ours (the data changed), or one cut short (its
+stamp says it was being written), is replaced; objects there without our stamp are an error naming the
+location, never overwritten. Data at a bucket's root gets no copy: ``bucket.<kind>`` would be another bucket,
+which anyone may own. A copy in the bucket is trusted by its stamp, as the data is trusted by its place:
+whoever may write beside the data may change the data too.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from stallbench.jobs.leftovers import JOB_TMP_PREFIX
 
 __all__ = [
     "STAMP",
@@ -32,7 +37,7 @@ __all__ = [
 
 STAMP = "stallbench-source.json"
 _REQUESTS = 16  # GETs or PUTs in flight while a copy is made (untimed)
-_URL_SECONDS = 7 * 24 * 3600  # a presigned URL's life: S3's longest
+_URL_SECONDS = 24 * 3600  # a presigned URL's life: a day (curl's argv shows it to local users)
 
 
 def local_path(folder: Path, key: str) -> Path:
@@ -61,7 +66,13 @@ def download(source: Any, folder: Path) -> None:
 
 
 def object_copy(url: str, kind: str) -> str:
-    """Where the ``kind`` copy of the image folder at ``url`` goes: ``s3://bucket/prefix.<kind>``."""
+    """Where the ``kind`` copy of the image folder at ``url`` goes: ``s3://bucket/prefix.<kind>``, in the
+    data's own bucket; ValueError for data at a bucket's root, which has no prefix to sit beside
+    (``bucket.<kind>`` would be another bucket, which anyone may own)."""
+    from loader.sources import split_url
+
+    if not split_url(url)[1]:
+        raise ValueError(f"{url}: data at a bucket's root has no place beside it for a copy (give a prefix)")
     return f"{url.rstrip('/')}.{kind}"
 
 
@@ -72,14 +83,22 @@ def _client() -> Any:
     return boto3.session.Session().client("s3", config=Config(max_pool_connections=_REQUESTS))
 
 
-def _stamp(s3: Any, bucket: str, prefix: str) -> str | None:
-    """The fingerprint our stamp under ``prefix`` holds; None where there is none we can read."""
-    from botocore.exceptions import BotoCoreError, ClientError
+def _stamp(s3: Any, bucket: str, prefix: str) -> dict[str, Any] | None:
+    """Our stamp under ``prefix`` (``{"data": ...}``, with ``"fingerprint"`` once the copy is whole); None
+    where there is none, or where what is there is not one of ours. The store's other errors propagate."""
+    from botocore.exceptions import ClientError
 
     try:
-        return json.loads(s3.get_object(Bucket=bucket, Key=prefix + STAMP)["Body"].read())["fingerprint"]
-    except (ClientError, BotoCoreError, ValueError, TypeError, KeyError):
+        body = s3.get_object(Bucket=bucket, Key=prefix + STAMP)["Body"].read()
+    except ClientError as err:
+        if err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+            return None
+        raise
+    try:
+        stamp = json.loads(body)
+    except ValueError:
         return None
+    return stamp if isinstance(stamp, dict) and "data" in stamp else None
 
 
 def _keys(s3: Any, bucket: str, prefix: str) -> list[str]:
@@ -93,39 +112,47 @@ def stamped(source: Any, kind: str) -> str | None:
 
     copy = object_copy(source.url, kind)
     bucket, prefix = split_url(copy)
-    return copy if _stamp(_client(), bucket, prefix) == source.fingerprint else None
+    stamp = _stamp(_client(), bucket, prefix)
+    return copy if stamp is not None and stamp.get("fingerprint") == source.fingerprint else None
 
 
 def converted_object_copy(source: Any, kind: str, write: Callable[[str, Path], None]) -> str:
     """The ``kind`` copy of the image folder ``source`` reads, reused where its stamp matches, else written
     by ``write`` (an image folder, an empty folder) from a local copy and uploaded; ValueError naming the
-    location where objects not ours are there. The tool's and the store's errors propagate (OSError,
-    botocore's)."""
+    location where objects not ours are there. A copy of ours that is stale or was cut short (its stamp
+    says it was being written) is replaced: the stamp that says so goes first, so no run trusts what is
+    there meanwhile, and the whole one last. The tool's and the store's errors propagate (OSError,
+    botocore's and boto3's)."""
     from loader.sources import split_url
 
     copy = object_copy(source.url, kind)
     bucket, prefix = split_url(copy)
     s3 = _client()
     found = _stamp(s3, bucket, prefix)
-    if found == source.fingerprint:
+    if found is not None and found.get("fingerprint") == source.fingerprint:
         return copy
     old = _keys(s3, bucket, prefix)
     if found is None and old:
-        raise ValueError(f"{copy}: the {kind} copy of {source.url} goes here, and something else is there")
-    with tempfile.TemporaryDirectory(prefix="sb-convert-") as work:
+        raise ValueError("something else is there, not written by stallbench")
+    with tempfile.TemporaryDirectory(prefix=f"{JOB_TMP_PREFIX}-{os.getpid()}-convert-") as work:
         data, out = Path(work) / "data", Path(work) / "copy"
         download(source, data)
         out.mkdir()
         write(str(data), out)
-        for key in sorted(old, key=lambda k: k != prefix + STAMP):  # the stamp first: a copy cut short
-            s3.delete_object(Bucket=bucket, Key=key)
+        _put_stamp(s3, bucket, prefix, {"data": source.url, "writing": True})  # the upload's first write
+        for key in old:
+            if key != prefix + STAMP:
+                s3.delete_object(Bucket=bucket, Key=key)
         files = [p for p in out.rglob("*") if p.is_file()]
         with ThreadPoolExecutor(_REQUESTS) as pool:
             put = lambda p: s3.upload_file(str(p), bucket, prefix + p.relative_to(out).as_posix())  # noqa: E731
             list(pool.map(put, files))
-    stamp = json.dumps({"fingerprint": source.fingerprint, "data": source.url})
-    s3.put_object(Bucket=bucket, Key=prefix + STAMP, Body=stamp.encode())
+    _put_stamp(s3, bucket, prefix, {"data": source.url, "fingerprint": source.fingerprint})
     return copy
+
+
+def _put_stamp(s3: Any, bucket: str, prefix: str, stamp: dict[str, Any]) -> None:
+    s3.put_object(Bucket=bucket, Key=prefix + STAMP, Body=json.dumps(stamp).encode())
 
 
 def presigned_urls(copy: str, suffix: str) -> list[str]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,12 +87,13 @@ def build_litdata(dataset: Any, collate: Callable, job: WorkloadJob, **common: A
 
 
 def _chunk_cache() -> str:
-    """A private folder for the chunks or shards a loader downloads from a copy in object storage, removed
-    when this process ends (LitData's default, under the home folder, outlives the run: the next run's
-    first epoch would read it, not the bucket). Its other cache settings stay at their defaults."""
+    """A private folder for the chunks or shards a loader downloads from a copy in object storage, on disk
+    where our caches live by default, removed when this process ends, or by a later run where it was killed
+    (LitData's default, under the home folder, outlives the run: the next run's first epoch would read it,
+    not the bucket). Its other cache settings stay at their defaults."""
     from stallbench.jobs.run import scratch_cache_dir
 
-    folder = scratch_cache_dir(tempfile.gettempdir())
+    folder = scratch_cache_dir()
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return str(folder)
 
