@@ -110,3 +110,13 @@ def test_every_run_but_the_cold_one_reads_the_copy_in_memory(monkeypatch, tmp_pa
     for phase in ("prep", "ingestion", "cold"):
         target.run(phase, cache_bytes=None, limits=None)
     assert read == [(copy, (copy,)), (copy, (copy,)), (URL, (URL,))]
+
+
+def test_copies_in_memory_that_would_take_more_than_their_share_are_refused_before_any_run(monkeypatch):
+    from loader.system.memory import MemoryView
+    from stallbench.analysis import object_data
+
+    monkeypatch.setattr("loader.system.memory_view", lambda: MemoryView(1000 << 20, 2000 << 20, "the cgroup"))
+    object_data.check_room_for_copies(URL, 160 << 20, 2)  # 480 MiB of 1,000: within the half
+    with pytest.raises(ValueError, match=r"--data s3://data/train: .*2 converted copies.*\(the cgroup: "):
+        object_data.check_room_for_copies(URL, 200 << 20, 2)  # 600 MiB: more than half

@@ -16,6 +16,7 @@ import numpy as np
 
 from stallbench.analysis.job_report import job_report
 from stallbench.analysis.memory import PREFETCH, sized_memory
+from stallbench.analysis.object_data import check_room_for_copies
 from stallbench.analysis.phases import RunPlan
 from stallbench.analysis.request import AnalysisRequest, NamedWorkload, ObjectData, cache_bytes
 from stallbench.analysis.results import LoaderReport, Workload
@@ -40,6 +41,8 @@ def prepare(
     data = _materialise(req, progress)
     size, samples, lengths = _opened(data)
     converted = tuple(kind for kind in kinds if KINDS[kind].converts)
+    if isinstance(data, ObjectData):
+        check_room_for_copies(str(data), size.device_bytes, len(converted))
     for kind in converted:
         from stallbench.jobs.others import convert  # here: it loads torch, and --help does not
 

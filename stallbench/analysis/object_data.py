@@ -22,11 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from stallbench.conditions.sizes import format_bytes
 from stallbench.jobs.object_copies import download
 from stallbench.jobs.run import scratch_cache_dir
 
-__all__ = ["in_memory_copy", "network_bandwidth", "object_source"]
+__all__ = ["COPY_SHARE", "check_room_for_copies", "in_memory_copy", "network_bandwidth", "object_source"]
 
+COPY_SHARE = 0.5  # of the memory the analysis may take, at most this for the copies in /dev/shm
 _PROBE_BYTES, _PROBE_SECONDS = 128 << 20, 4.0  # the network probe reads at most this, or about this long
 
 
@@ -51,6 +53,26 @@ def network_bandwidth(source: Any, readers: int = 1, seed: int = 0) -> float:
             if total >= _PROBE_BYTES or time.perf_counter() - start >= _PROBE_SECONDS:
                 break
     return total / (time.perf_counter() - start)
+
+
+def check_room_for_copies(url: str, nbytes: int, converted: int) -> None:
+    """ValueError, before any run, where the prep run's copy of the ``nbytes`` objects at ``url`` in
+    ``/dev/shm``, and one copy in its own format for each of the ``converted`` loaders that read one, would
+    take more than ``COPY_SHARE`` of the memory this process may still take or of ``/dev/shm``'s free room:
+    pages in ``/dev/shm`` are memory the kernel cannot take back, and the jobs need the rest."""
+    from loader.system import memory_view
+
+    needed = nbytes * (1 + converted)
+    view, free = memory_view(), shutil.disk_usage("/dev/shm").free
+    room = min(view.headroom, free)
+    if needed > COPY_SHARE * room:
+        what = "the objects" + (f" and {converted} converted copies of them" if converted else "")
+        left = f"{view.source}: {format_bytes(view.headroom)}; /dev/shm free: {format_bytes(free)}"
+        raise ValueError(
+            f"--data {url}: the prep run reads a copy in /dev/shm ({what}: {format_bytes(needed)}), more "
+            f"than {COPY_SHARE:.0%} of the {format_bytes(room)} left ({left}); analyze a smaller prefix or "
+            "fewer --loaders"
+        )
 
 
 @contextlib.contextmanager
