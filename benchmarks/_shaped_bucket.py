@@ -17,7 +17,7 @@ import torch.utils.data
 from stallbench.workloads import make_jpeg_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from certificates import server_certificate
+from certificates import server_certificate, trusting
 from delay_proxy import delayed
 from shaped_s3 import shaped_s3_server
 
@@ -88,10 +88,7 @@ def latency(rtt_ms: int, tls_folder: Path | None = None) -> Iterator[None]:
     env, tls = {}, None
     if tls_folder is not None:
         ca, cert, key = server_certificate(tls_folder)
-        env, tls = (
-            dict.fromkeys(("AWS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"), str(ca)),
-            (str(cert), str(key)),
-        )
+        env, tls = trusting(ca), (str(cert), str(key))
     host, port = endpoint.removeprefix("http://").rsplit(":", 1)
     with delayed(host, int(port), rtt_ms, tls) as (near, proxy_port, _):
         scheme = "https" if tls else "http"

@@ -8,7 +8,7 @@ import datetime
 import ipaddress
 from pathlib import Path
 
-__all__ = ["server_certificate"]
+__all__ = ["server_certificate", "trusting"]
 
 
 def _name(common: str):
@@ -68,3 +68,9 @@ def server_certificate(folder: Path) -> tuple[Path, Path, Path]:
     paths[2].write_bytes(_pem_key(key))
     paths[2].chmod(0o600)
     return paths
+
+
+def trusting(ca: Path) -> dict[str, str]:
+    """The environment that has boto3 (``AWS_CA_BUNDLE``), curl (``CURL_CA_BUNDLE``) and obstore
+    (``SSL_CERT_FILE``) trust the authority whose certificate is ``ca``."""
+    return dict.fromkeys(("AWS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"), str(ca))

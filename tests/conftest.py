@@ -163,13 +163,12 @@ def s3_server(monkeypatch) -> Iterator[subprocess.Popen]:
 
 @pytest.fixture
 def s3_tls_server(monkeypatch, tmp_path_factory) -> Iterator[subprocess.Popen]:
-    """``s3_server`` over TLS, its certificate signed by an authority of the test's own, which boto3
-    (``AWS_CA_BUNDLE``), curl (``CURL_CA_BUNDLE``) and obstore (``SSL_CERT_FILE``) are told to trust."""
-    from certificates import server_certificate
+    """``s3_server`` over TLS, its certificate signed by an authority of the test's own, which boto3, curl
+    and obstore are told to trust (``certificates.trusting``)."""
+    from certificates import server_certificate, trusting
 
     ca, cert, key = server_certificate(tmp_path_factory.mktemp("tls"))
-    trust = dict.fromkeys(("AWS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE"), str(ca))
-    with _s3_server(monkeypatch, "https", str(cert), str(key), **trust) as proc:
+    with _s3_server(monkeypatch, "https", str(cert), str(key), **trusting(ca)) as proc:
         yield proc
 
 

@@ -29,11 +29,8 @@ __all__ = [
 Build = Callable[..., Any]  # (dataset, collate, job, **DataLoader options) -> the loader
 
 TORCH, CACHED = "torch", "cached"
-LITDATA, STREAMING, WEBDATASET = (
-    "litdata",
-    "streaming",
-    "webdataset",
-)  # the others (``stallbench.jobs.others``)
+# the other loaders (``stallbench.jobs.others``)
+LITDATA, STREAMING, WEBDATASET = "litdata", "streaming", "webdataset"
 
 
 @dataclass(frozen=True)

@@ -106,14 +106,23 @@ def _keys(s3: Any, bucket: str, prefix: str) -> list[str]:
     return [obj["Key"] for page in pages for obj in page.get("Contents", [])]
 
 
-def stamped(source: Any, kind: str) -> str | None:
-    """The ``kind`` copy of ``source``'s data whose stamp matches it, else None."""
+def _location(source: Any, kind: str) -> tuple[str, str, str]:
+    """The ``kind`` copy of ``source``'s data: its URL, bucket and prefix (``object_copy``)."""
     from loader.sources import split_url
 
     copy = object_copy(source.url, kind)
-    bucket, prefix = split_url(copy)
-    stamp = _stamp(_client(), bucket, prefix)
-    return copy if stamp is not None and stamp.get("fingerprint") == source.fingerprint else None
+    return copy, *split_url(copy)
+
+
+def _whole(stamp: dict[str, Any] | None, source: Any) -> bool:
+    """Whether ``stamp`` is that of a whole copy of ``source``'s data as it is now."""
+    return stamp is not None and stamp.get("fingerprint") == source.fingerprint
+
+
+def stamped(source: Any, kind: str) -> str | None:
+    """The ``kind`` copy of ``source``'s data whose stamp matches it, else None."""
+    copy, bucket, prefix = _location(source, kind)
+    return copy if _whole(_stamp(_client(), bucket, prefix), source) else None
 
 
 def converted_object_copy(source: Any, kind: str, write: Callable[[str, Path], None]) -> str:
@@ -123,13 +132,10 @@ def converted_object_copy(source: Any, kind: str, write: Callable[[str, Path], N
     says it was being written) is replaced: the stamp that says so goes first, so no run trusts what is
     there meanwhile, and the whole one last. The tool's and the store's errors propagate (OSError,
     botocore's and boto3's)."""
-    from loader.sources import split_url
-
-    copy = object_copy(source.url, kind)
-    bucket, prefix = split_url(copy)
+    copy, bucket, prefix = _location(source, kind)
     s3 = _client()
     found = _stamp(s3, bucket, prefix)
-    if found is not None and found.get("fingerprint") == source.fingerprint:
+    if _whole(found, source):
         return copy
     old = _keys(s3, bucket, prefix)
     if found is None and old:

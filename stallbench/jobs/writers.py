@@ -92,7 +92,7 @@ def write_streaming(data: str, folder: Path) -> None:
     columns = {"image": "bytes", "label": "int"}
     with streaming().MDSWriter(out=str(folder), columns=columns, progress_bar=False) as sink:
         for index in range(len(source)):
-            sink.write({"image": source.read(index), "label": int(source.label(index))})
+            sink.write(_record(source, index))
 
 
 WRITERS = {LITDATA: write_litdata, STREAMING: write_streaming, WEBDATASET: write_webdataset}
