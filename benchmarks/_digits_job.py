@@ -12,6 +12,9 @@ is ``loader.DataLoader`` with ``cache_bytes="auto"`` and ``cache_files=ROOT``, i
 one import and the one argument (CACHE_DIR ``none``: ours without a cache, the job's own memory with our
 loader). It prints one JSON line per epoch (seconds, accuracy, the kernel's storage bytes for the job, the
 training process's minor page faults, and for ours the bytes its cache holds) and stops at TARGET.
+
+``_digits_job.py loop torch|ours ROOT CACHE_DIR WORKERS EPOCHS`` iterates the same training loader with
+WORKERS workers and no step, and prints the epochs' seconds as one JSON line: what the loader alone costs.
 """
 
 from __future__ import annotations
@@ -65,8 +68,10 @@ class Digits(torch.utils.data.Dataset):
         return torch.from_numpy(pixels)[None], int(path.parent.name)
 
 
-def loaders(kind: str, root: Path, cache_dir: str) -> tuple[torch.utils.data.DataLoader, ...]:
-    common = dict(batch_size=64, num_workers=2, persistent_workers=True)
+def loaders(
+    kind: str, root: Path, cache_dir: str, workers: int = 2
+) -> tuple[torch.utils.data.DataLoader, ...]:
+    common = dict(batch_size=64, num_workers=workers, persistent_workers=workers > 0)
     if kind == "ours" and cache_dir != "none":
         common.update(cache_bytes="auto", cache_dir=cache_dir, cache_files=str(root))
     make_loader = loader.DataLoader if kind == "ours" else torch.utils.data.DataLoader
@@ -129,8 +134,22 @@ def main(kind: str, root: str, cache_dir: str, target: str, max_epochs: str, eva
             return
 
 
+def loop(kind: str, root: str, cache_dir: str, workers: str, epochs: str) -> None:
+    torch.set_num_threads(1)
+    train = loaders(kind, Path(root), cache_dir, int(workers))[0]
+    seconds = []
+    for _ in range(int(epochs)):
+        start = time.perf_counter()
+        for _batch in train:
+            pass
+        seconds.append(time.perf_counter() - start)
+    print(json.dumps({"seconds": seconds}), flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(Path(sys.argv[2]))
+    elif sys.argv[1] == "loop":
+        loop(*sys.argv[2:])
     else:
         main(*sys.argv[1:])

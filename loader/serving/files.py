@@ -26,7 +26,7 @@ from loader.serving.held_reads import Held, HeldReads
 from loader.sources._file_records import file_identity
 from loader.sources.file_tree import FileTreeSource, shared_listing
 from loader.system.home import default_cache_dir
-from loader.system.pagecache import evict_file, read_admitting
+from loader.system.pagecache import PAGE, evict_file, read_admitting, resident_count
 from loader.system.sizing import sized_cache_bytes
 
 __all__ = ["LARGEST_FILE", "CachedFiles", "FileRead"]
@@ -78,12 +78,13 @@ class CachedFiles:
         self._caches = [_open_store(source, capacity, cache_dir, warn) for source, capacity in pairs]
         self._held: HeldReads | None = None  # reads waiting for admission (hold_admissions)
 
-    def read(self, path: PathArg) -> FileRead | None:
+    def read(self, path: PathArg, resident: Callable[[bool], None] | None = None) -> FileRead | None:
         """The file's bytes, whether the store had them and whether this read admitted them (a ``FileRead``);
         None when ``path`` is not a listed file under the
         roots, is gone, is no longer a regular file or has more than ``largest`` bytes. A path (relative:
         from the working folder) through links or with ``..`` is matched as the kernel would. Raises OSError
-        when a listed file cannot be read."""
+        when a listed file cannot be read. ``resident`` is told, of a file read from storage where the
+        kernel says, whether every page of it was in the page cache before the read."""
         found = self._locate(path)
         if found is None:
             return None
@@ -108,7 +109,24 @@ class CachedFiles:
             raw, corrupt = served(cache, i, evict, None)
             if raw is not None and cache.held_as(i, identity):  # not given back and taken again meanwhile
                 return FileRead(raw, True, False)
-        return self._fetch(k, i, name, st, corrupt, evict)
+        return self._fetch(k, i, name, st, corrupt, evict, resident)
+
+    def resident(self, path: PathArg) -> bool | None:
+        """Whether every page of the listed file ``path`` is in the page cache now, where the kernel says;
+        None for a path not listed under the roots, gone or empty."""
+        found = self._locate(path)
+        if found is None:
+            return None
+        try:
+            fd = os.open(found[2], os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            count = resident_count(fd, size)
+        finally:
+            os.close(fd)
+        return None if count is None else count * PAGE >= size
 
     def hold_admissions(self) -> None:
         """Admit what is read from now on at ``admit_held``, together: one hold of each store's lock and a
@@ -170,7 +188,14 @@ class CachedFiles:
         return None
 
     def _fetch(
-        self, k: int, i: int, name: str, st: os.stat_result, corrupt: bool, evict: Callable[[], None]
+        self,
+        k: int,
+        i: int,
+        name: str,
+        st: os.stat_result,
+        corrupt: bool,
+        evict: Callable[[], None],
+        resident: Callable[[bool], None] | None,
     ) -> FileRead:
         """A file the store did not serve (``st``: its stat, taken before the read), read from storage and
         admitted while there is room (a slot held under another identity is taken again, in new space), or
@@ -178,9 +203,12 @@ class CachedFiles:
         cache = self._caches[k]
         if cache is None or corrupt or not cache.accepting(i):
             if cache is not None and cache.crowded():  # its pages would push the store's out
-                return FileRead(read_admitting(name, kept_out(evict), lambda nbytes: True)[0], False, False)
-            with io.FileIO(name) as f:
-                return FileRead(f.readall(), False, False)
+                raw = read_admitting(name, kept_out(evict), lambda nbytes: True, resident)[0]
+                return FileRead(raw, False, False)
+            if resident is None:
+                with io.FileIO(name) as f:
+                    return FileRead(f.readall(), False, False)
+            return FileRead(read_admitting(name, _admits_none, None, resident)[0], False, False)
         # admitted only at the size stat'ed: a file rewritten between our stat and our read is not stored
         identity = file_identity(st)
         holding = self._held
@@ -192,6 +220,7 @@ class CachedFiles:
             name,
             lambda raw, ours: len(raw) == st.st_size and admit(raw, ours),
             lambda nbytes: nbytes == st.st_size and cache.takes(i, nbytes, held),
+            resident,
         )
         return FileRead(raw, False, admitted)
 
@@ -202,6 +231,11 @@ class CachedFiles:
         if holding is not None and holding.hold((k, i), Held(Admission(i, raw, ours, identity), evict)):
             holding.flush(self._admit)
         return False
+
+
+def _admits_none(raw: bytes, ours: bool) -> bool:
+    """``read_admitting``'s ``admit`` for a file no store takes: its pages stay where the read left them."""
+    return False
 
 
 def _normal_absolute(name: str) -> bool:

@@ -29,6 +29,7 @@ from typing import Any
 from loader.fetching.fetched import Fetched, note_fetch
 from loader.serving.files import CachedFiles
 from loader.serving.served_file import served_file, served_text
+from loader.serving.stepping_aside import SteppingAside
 from loader.stats.board import StatsBoard
 
 __all__ = ["FileReads", "ServingWorkerInit", "serving"]
@@ -40,17 +41,28 @@ _busy = threading.local()  # inside our own read: its opens go to the real open
 
 class FileReads:
     """A ``CachedFiles`` whose reads count into a loader's ``StatsBoard`` as a source-backed dataset's fetches
-    do (``note_fetch``): hits and misses, their bytes and the time they took. Picklable, for spawned
-    workers."""
+    do (``note_fetch``): hits and misses, their bytes and the time they took; reads of files the page cache
+    holds pass to the real open (``loader.serving.stepping_aside``), counted as ``files_passed``.
+    Picklable, for spawned workers."""
 
     def __init__(self, files: CachedFiles, board: StatsBoard) -> None:
         self.files, self.board = files, board
+        self.aside = SteppingAside()
 
     def read(self, path: str | bytes | os.PathLike) -> bytes | None:
+        """The file's bytes as served, or None: the real open reads it."""
+        aside = self.aside
+        if aside.passing:
+            if aside.skips() or self.files.resident(path) is not False:
+                self.board.add("files_passed", 1)
+                return None
+            aside.found(False)  # a probe found its file gone from the page cache: served from now on
         start = time.perf_counter()
-        got = self.files.read(path)
+        got = self.files.read(path, aside.found)
         if got is None:
             return None
+        if got.hit and aside.probes():
+            aside.found(self.files.resident(path))
         fetched = Fetched(got.raw, got.hit, got.admitted, time.perf_counter() - start)
         note_fetch(self.board.add, None, fetched)
         return got.raw

@@ -30,6 +30,7 @@ FIELDS = (
     "bytes_from_peers",
     "peer_hits",
     "records_admitted",
+    "files_passed",
     "records_skipped",
     "records_corrupt",
     "memory_pauses",

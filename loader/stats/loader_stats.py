@@ -18,7 +18,9 @@ class LoaderStats:
     ``bytes_from_storage`` is what the kernel counted as read from the storage device by the loader's
     processes (``/proc/<pid>/io`` ``read_bytes``); ``bytes_from_source`` is what the sources returned, which
     includes reads served by the OS page cache. ``records_admitted`` counts admissions by this loader;
-    ``records_cached`` is what the shared cache holds, from any job. ``records_corrupt`` counts cached records
+    ``records_cached`` is what the shared cache holds, from any job. ``files_passed`` counts a Dataset's reads
+    under ``cache_files`` that went to the real ``open`` because the page cache held their files
+    (``loader.serving.stepping_aside``). ``records_corrupt`` counts cached records
     that failed their bounds or checksum check: each was read from the source instead, never served.
     ``memory_pauses`` counts the times a process stopped admitting for a while because memory was short.
     With ``partition_cache``, ``bytes_from_peers`` / ``peer_hits`` are the records other nodes' caches sent
@@ -47,6 +49,7 @@ class LoaderStats:
     bytes_from_peers: int = 0
     peer_hits: int = 0
     records_admitted: int = 0
+    files_passed: int = 0
     records_skipped: int = 0
     records_corrupt: int = 0
     memory_pauses: int = 0

@@ -125,19 +125,26 @@ def mincore(address: int, span: int, path: str) -> np.ndarray:
 
 
 def read_admitting(
-    path: str, admit: Callable[[bytes, bool], bool], takes: Callable[[int], bool] | None = None
+    path: str,
+    admit: Callable[[bytes, bool], bool],
+    takes: Callable[[int], bool] | None = None,
+    resident: Callable[[bool], None] | None = None,
 ) -> tuple[bytes, bool]:
     """Read a whole file and offer it to ``admit(raw, ours) -> bool``; ``ours``: this read brought every
     page of the file into the page cache (none was resident before it), so they are the store's to evict
     at the record's first hit (``evict_file``). Where ``mincore`` says none was resident and ``takes(size)``
     says the store will keep it, the file is read around the page cache instead (``system.direct``: in the
     device's own blocks, never held twice), and ``ours`` is False: there is nothing to evict. (Not where
-    the ``RWF_NOWAIT`` probe answers: it starts the kernel's readahead of what it did not find.)"""
+    the ``RWF_NOWAIT`` probe answers: it starts the kernel's readahead of what it did not find.)
+    ``resident`` is told whether every page of the file was resident before the read, where the kernel
+    says (never for an empty file)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # not a FileIO: its object cost ~1 us of a 4 KB miss
     try:
         size = os.fstat(fd).st_size
         before = resident_count(fd, size)
         if before is not None:
+            if resident is not None:
+                resident(before * PAGE >= size)
             cold = before == 0
             if cold and takes is not None and takes(size) and (raw := read_direct(fd, size)) is not None:
                 return raw, admit(raw, False)
@@ -147,6 +154,8 @@ def read_admitting(
         if head is None:  # this filesystem cannot tell what was resident: none of it is known to be ours
             raw = _read_to_end(fd, size)
             return raw, admit(raw, False)
+        if resident is not None and size:
+            resident(len(head) == size)
         raw = bytes(head) + os.pread(fd, size - len(head), len(head)) if len(head) < size else bytes(head)
         return raw, admit(raw, not head)
     finally:

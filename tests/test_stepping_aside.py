@@ -1,0 +1,176 @@
+"""``cache_files=`` steps aside for files the page cache holds: after ``PASS_AFTER`` misses in a row found
+wholly resident, a process's reads go to the real ``open`` (counted as ``files_passed``) but for a probe
+every ``PROBE_EVERY``-th read; a probe that finds its file gone from the page cache turns serving back on,
+and a store filled from storage keeps serving. The batches are torch's whatever the process does."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch.utils.data
+
+import loader
+from loader.serving.files import CachedFiles
+from loader.serving.open_hook import FileReads
+from loader.serving.stepping_aside import PASS_AFTER, PROBE_EVERY, SteppingAside
+from loader.stats.board import StatsBoard
+from loader.system.pagecache import evict_file
+
+FILES = 3 * PASS_AFTER + 8
+FORK_WARNING = "ignore:.*use of fork\\(\\) may lead to deadlocks:DeprecationWarning"
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> list[str]:
+    """FILES small files of distinct bytes, written (so the page cache holds them) and synced (so it can
+    give them back)."""
+    root = tmp_path / "data"
+    root.mkdir()
+    paths = []
+    for i in range(FILES):
+        path = root / f"{i:04d}.bin"
+        path.write_bytes(os.urandom(1000 + i))
+        paths.append(str(path))
+    os.sync()
+    return paths
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    (tmp_path / "cache").mkdir()
+    return tmp_path / "cache"
+
+
+def evicted(paths: list[str]) -> list[str]:
+    for path in paths:
+        evict_file(path)
+    return paths
+
+
+class Reads(torch.utils.data.Dataset):
+    """A user's own Dataset: each item opens its file and gives its bytes, whole."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> bytes:
+        with open(self.paths[i], "rb") as f:
+            return f.read()
+
+
+def whole(paths: list[str]) -> list[bytes]:
+    out = []
+    for path in paths:
+        with open(path, "rb") as f:
+            out.append(f.read())
+    return out
+
+
+def epoch(dl: torch.utils.data.DataLoader) -> list[bytes]:
+    return [sample for batch in dl for sample in batch]
+
+
+def ours(paths: list[str], cache_dir: Path, workers: int = 0) -> loader.DataLoader:
+    return loader.DataLoader(
+        Reads(paths),
+        batch_size=8,
+        collate_fn=list,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        cache_bytes=1 << 22,
+        cache_dir=cache_dir,
+        cache_files=os.path.dirname(paths[0]),
+    )
+
+
+def test_it_passes_after_a_run_of_resident_misses_and_serves_again_once_a_probe_finds_one_gone():
+    aside = SteppingAside()
+    for _ in range(PASS_AFTER - 1):
+        aside.found(True)
+        aside.found(None)  # a hit breaks no run
+    assert not aside.passing
+    aside.found(True)
+    assert aside.passing
+    assert [aside.skips() for _ in range(2 * PROBE_EVERY)] == ([True] * (PROBE_EVERY - 1) + [False]) * 2
+    aside.found(False)
+    assert not aside.passing
+    for _ in range(PASS_AFTER - 1):
+        aside.found(True)
+    aside.found(False)  # a miss from storage starts the run again
+    aside.found(True)
+    assert not aside.passing
+
+
+def test_a_worker_learns_afresh():
+    aside = SteppingAside()
+    for _ in range(PASS_AFTER):
+        aside.found(True)
+    assert aside.passing
+    assert not pickle.loads(pickle.dumps(aside)).passing
+
+
+def test_without_workers_a_warm_tree_passes_to_the_real_open_and_serves_once_the_page_cache_loses_it(
+    tree: list[str], cache_dir: Path
+):
+    dl = ours(tree, cache_dir)
+    assert epoch(dl) == whole(tree)
+    first = dl.stats()
+    assert (first.misses, first.records_admitted, first.hits) == (PASS_AFTER, PASS_AFTER, 0)
+    assert first.files_passed == FILES - PASS_AFTER
+    assert epoch(dl) == whole(tree)
+    assert dl.stats().files_passed == 2 * FILES - PASS_AFTER
+    assert dl.stats().misses == PASS_AFTER
+
+    evicted(tree)
+    assert epoch(dl) == whole(tree)
+    third = dl.stats()
+    passed = third.files_passed - (2 * FILES - PASS_AFTER)
+    assert 0 <= passed < PROBE_EVERY  # up to the first probe
+    assert third.hits == PASS_AFTER - passed  # the store's, from epoch 1, but those read before the probe
+    assert third.records_admitted == FILES  # every other one, read from storage
+    assert epoch(dl) == whole(tree)
+    fourth = dl.stats()
+    assert fourth.files_passed == third.files_passed  # the store filled from storage: it serves
+    assert fourth.hits - third.hits == FILES
+
+
+def test_a_cold_tree_is_served_from_the_first_read(tree: list[str], cache_dir: Path):
+    dl = ours(evicted(tree), cache_dir)
+    assert epoch(dl) == whole(tree)
+    assert epoch(dl) == whole(tree)
+    stats = dl.stats()
+    assert (stats.files_passed, stats.misses, stats.hits, stats.records_admitted) == (0, FILES, FILES, FILES)
+
+
+@pytest.mark.filterwarnings(FORK_WARNING)
+def test_each_worker_learns_from_its_own_reads(tree: list[str], cache_dir: Path):
+    dl = ours(tree, cache_dir, workers=2)
+    assert epoch(dl) == whole(tree)
+    stats = dl.stats()
+    assert stats.misses == stats.records_admitted == 2 * PASS_AFTER
+    assert stats.files_passed == FILES - 2 * PASS_AFTER
+    assert epoch(dl) == whole(tree)
+    assert dl.stats().files_passed == 2 * FILES - 2 * PASS_AFTER
+
+
+def test_a_restart_over_a_store_and_a_page_cache_that_both_hold_the_files_passes_after_probing_its_hits(
+    tree: list[str], cache_dir: Path
+):
+    first = FileReads(CachedFiles(os.path.dirname(tree[0]), 1 << 22, cache_dir), StatsBoard(0))
+    first.files.hold_admissions()
+    for path in tree:  # a first run whose files were read while the page cache held them: all admitted
+        first.files.read(path)
+    assert first.files.admit_held() == FILES
+    again = FileReads(CachedFiles(os.path.dirname(tree[0]), 1 << 22, cache_dir), StatsBoard(0))
+    hits = PASS_AFTER * PROBE_EVERY
+    assert [again.read(tree[i % FILES]) for i in range(hits)] == [whole(tree)[i % FILES] for i in range(hits)]
+    assert again.aside.passing
+    assert again.read(tree[0]) is None  # the real open reads it
+    again.board.flush(storage=False)
+    assert again.board.count("files_passed") == 1
