@@ -13,13 +13,14 @@ import pytest
 import torch.utils.data
 
 import loader
+from loader.serving import stepping_aside
 from loader.serving.files import CachedFiles
 from loader.serving.open_hook import FileReads
 from loader.serving.stepping_aside import PASS_AFTER, PROBE_EVERY, SteppingAside
 from loader.stats.board import StatsBoard
 from loader.system.pagecache import evict_file
 
-FILES = 3 * PASS_AFTER + 8
+FILES, BATCH = 3 * PASS_AFTER + 8, 8
 FORK_WARNING = "ignore:.*use of fork\\(\\) may lead to deadlocks:DeprecationWarning"
 
 
@@ -79,7 +80,7 @@ def epoch(dl: torch.utils.data.DataLoader) -> list[bytes]:
 def ours(paths: list[str], cache_dir: Path, workers: int = 0) -> loader.DataLoader:
     return loader.DataLoader(
         Reads(paths),
-        batch_size=8,
+        batch_size=BATCH,
         collate_fn=list,
         num_workers=workers,
         persistent_workers=workers > 0,
@@ -116,34 +117,45 @@ def test_a_worker_learns_afresh():
 
 
 def test_without_workers_a_warm_tree_passes_to_the_real_open_and_serves_once_the_page_cache_loses_it(
-    tree: list[str], cache_dir: Path
+    tree: list[str], cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ):
+    monkeypatch.setattr(stepping_aside, "PROBE_EVERY", 2)  # every other batch probes, every other read
+    want = whole(tree)  # read once: a comparison after each epoch would warm the page cache again
     dl = ours(tree, cache_dir)
-    assert epoch(dl) == whole(tree)
+    opens = []
+    monkeypatch.setattr(stepping_aside.SteppingAside, "replaces_open", counted(opens))
+    assert epoch(dl) == want
     first = dl.stats()
     assert (first.misses, first.records_admitted, first.hits) == (PASS_AFTER, PASS_AFTER, 0)
-    assert first.files_passed == FILES - PASS_AFTER
-    assert epoch(dl) == whole(tree)
-    assert dl.stats().files_passed == 2 * FILES - PASS_AFTER
-    assert dl.stats().misses == PASS_AFTER
+    assert 0 < first.files_passed < FILES - PASS_AFTER  # counted in the batches loaded with open replaced
+    assert opens.count(False) == opens.count(True) - PASS_AFTER // BATCH  # the rest, with Python's own
+    assert epoch(dl) == want
+    second = dl.stats()
+    assert (second.misses, second.hits) == (PASS_AFTER, 0)  # nothing served
 
     evicted(tree)
-    assert epoch(dl) == whole(tree)
-    third = dl.stats()
-    passed = third.files_passed - (2 * FILES - PASS_AFTER)
-    assert 0 <= passed < PROBE_EVERY  # up to the first probe
-    assert third.hits == PASS_AFTER - passed  # the store's, from epoch 1, but those read before the probe
-    assert third.records_admitted == FILES  # every other one, read from storage
-    assert epoch(dl) == whole(tree)
+    assert epoch(dl) == want
+    assert epoch(dl) == want
     fourth = dl.stats()
-    assert fourth.files_passed == third.files_passed  # the store filled from storage: it serves
-    assert fourth.hits - third.hits == FILES
+    assert fourth.records_cached == fourth.records_admitted == FILES  # served from storage since a probe
+    assert fourth.files_passed - second.files_passed < 2  # in a batch that probes: up to the first probe
+
+
+def counted(calls: list[bool]):
+    real = stepping_aside.SteppingAside.replaces_open
+
+    def replaces_open(self: stepping_aside.SteppingAside) -> bool:
+        calls.append(real(self))
+        return calls[-1]
+
+    return replaces_open
 
 
 def test_a_cold_tree_is_served_from_the_first_read(tree: list[str], cache_dir: Path):
+    want = whole(tree)
     dl = ours(evicted(tree), cache_dir)
-    assert epoch(dl) == whole(tree)
-    assert epoch(dl) == whole(tree)
+    assert epoch(dl) == want
+    assert epoch(dl) == want
     stats = dl.stats()
     assert (stats.files_passed, stats.misses, stats.hits, stats.records_admitted) == (0, FILES, FILES, FILES)
 

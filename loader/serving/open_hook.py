@@ -95,7 +95,11 @@ class ServingWorkerInit:
 @contextlib.contextmanager
 def serving(reads: FileReads) -> Iterator[None]:
     """Serve ``reads`` in this process for the block (the main process, loading a batch itself); what it
-    reads is admitted at the block's end."""
+    reads is admitted at the block's end. While its reads pass to the real open, most blocks run with
+    ``open`` untouched (``SteppingAside.replaces_open``)."""
+    if not reads.aside.replaces_open():
+        yield
+        return
     before = _reads
     _serve(reads)
     try:

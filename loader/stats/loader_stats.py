@@ -19,8 +19,9 @@ class LoaderStats:
     processes (``/proc/<pid>/io`` ``read_bytes``); ``bytes_from_source`` is what the sources returned, which
     includes reads served by the OS page cache. ``records_admitted`` counts admissions by this loader;
     ``records_cached`` is what the shared cache holds, from any job. ``files_passed`` counts a Dataset's reads
-    under ``cache_files`` that went to the real ``open`` because the page cache held their files
-    (``loader.serving.stepping_aside``). ``records_corrupt`` counts cached records
+    under ``cache_files`` that its ``open``'s replacement passed to the real one because the page cache held
+    their files (``loader.serving.stepping_aside``: without workers, most such batches run with ``open``
+    not replaced, uncounted). ``records_corrupt`` counts cached records
     that failed their bounds or checksum check: each was read from the source instead, never served.
     ``memory_pauses`` counts the times a process stopped admitting for a while because memory was short.
     With ``partition_cache``, ``bytes_from_peers`` / ``peer_hits`` are the records other nodes' caches sent
