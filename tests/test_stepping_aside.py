@@ -5,6 +5,7 @@ and a store filled from storage keeps serving. The batches are torch's whatever 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 from pathlib import Path
@@ -13,12 +14,15 @@ import pytest
 import torch.utils.data
 
 import loader
+from loader.serving import files as served_files
 from loader.serving import stepping_aside
 from loader.serving.files import CachedFiles
 from loader.serving.open_hook import FileReads
 from loader.serving.stepping_aside import PASS_AFTER, PROBE_EVERY, SteppingAside
 from loader.stats.board import StatsBoard
+from loader.system import memory
 from loader.system.pagecache import evict_file
+from loader.system.sizing import reserve_bytes
 
 FILES, BATCH = 3 * PASS_AFTER + 8, 8
 FORK_WARNING = "ignore:.*use of fork\\(\\) may lead to deadlocks:DeprecationWarning"
@@ -134,11 +138,47 @@ def test_without_workers_a_warm_tree_passes_to_the_real_open_and_serves_once_the
     assert (second.misses, second.hits) == (PASS_AFTER, 0)  # nothing served
 
     evicted(tree)
+    no_room(monkeypatch)  # what is not resident is lost, not new
     assert epoch(dl) == want
     assert epoch(dl) == want
     fourth = dl.stats()
     assert fourth.records_cached == fourth.records_admitted == FILES  # served from storage since a probe
     assert fourth.files_passed - second.files_passed < 2  # in a batch that probes: up to the first probe
+
+
+def no_room(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From now on the memory the job may take has no room for the files in the page cache."""
+    view = memory.MemoryView(headroom=0, limit=1 << 40, source="a test", kernel=0)
+    monkeypatch.setattr(served_files, "memory_view", lambda: view)
+    monkeypatch.setattr(stepping_aside, "ROOM_CHECK_S", 0.0)  # asked again at once
+
+
+def test_a_cold_tree_with_room_in_the_page_cache_passes_after_a_run_of_misses_and_serves_once_room_is_gone(
+    tree: list[str], cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    want = whole(tree)
+    dl = ours(evicted(tree), cache_dir)
+    assert dl.cache_files.page_cache_room()  # a small tree on a machine of gigabytes
+    assert epoch(dl) == want
+    first = dl.stats()
+    assert (first.misses, first.records_admitted, first.hits) == (PASS_AFTER, PASS_AFTER, 0)
+    assert epoch(dl) == want
+    assert (dl.stats().misses, dl.stats().hits) == (PASS_AFTER, 0)  # the page cache has the rest
+
+    no_room(monkeypatch)
+    monkeypatch.setattr(stepping_aside, "PROBE_EVERY", 2)
+    assert epoch(evicted(tree) and dl) == want
+    assert dl.stats().records_cached >= FILES - BATCH - 2  # served from storage since the first probe
+
+
+def test_room_is_the_memory_spare_holding_the_files_twice(tree: list[str], cache_dir: Path, monkeypatch):
+    files = CachedFiles(os.path.dirname(tree[0]), 1 << 22, cache_dir)
+    size = sum(os.path.getsize(p) for p in tree)
+    view = memory.MemoryView(headroom=0, limit=1 << 40, source="a test", kernel=0)
+    for spare, room in ((2 * size - 1, False), (2 * size, True)):
+        fixed = dataclasses.replace(view, headroom=spare + reserve_bytes(view))
+        monkeypatch.setattr(served_files, "memory_view", lambda fixed=fixed: fixed)
+        assert files.page_cache_room() is room
 
 
 def counted(calls: list[bool]):
@@ -151,7 +191,10 @@ def counted(calls: list[bool]):
     return replaces_open
 
 
-def test_a_cold_tree_is_served_from_the_first_read(tree: list[str], cache_dir: Path):
+def test_a_cold_tree_without_room_in_the_page_cache_is_served_from_the_first_read(
+    tree: list[str], cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    no_room(monkeypatch)
     want = whole(tree)
     dl = ours(evicted(tree), cache_dir)
     assert epoch(dl) == want

@@ -26,12 +26,14 @@ from loader.serving.held_reads import Held, HeldReads
 from loader.sources._file_records import file_identity
 from loader.sources.file_tree import FileTreeSource, shared_listing
 from loader.system.home import default_cache_dir
+from loader.system.memory import memory_view
 from loader.system.pagecache import PAGE, evict_file, read_admitting, resident_count
-from loader.system.sizing import sized_cache_bytes
+from loader.system.sizing import reserve_bytes, sized_cache_bytes
 
 __all__ = ["LARGEST_FILE", "CachedFiles", "FileRead"]
 
 LARGEST_FILE = 64 << 20  # bigger files are not served: read whole, they would cost more than they save
+ROOM_SHARE = 2  # the page cache has room for the files where the memory spare holds them this many times
 
 PathArg = str | bytes | os.PathLike
 
@@ -127,6 +129,13 @@ class CachedFiles:
         finally:
             os.close(fd)
         return None if count is None else count * PAGE >= size
+
+    def page_cache_room(self) -> bool:
+        """Whether the memory the job may still take, less what it keeps free for its own growth, holds the
+        files under the roots twice over: the page cache then keeps every file read, as it does for torch's
+        loader, and the store would only hold them a second time (``loader.serving.stepping_aside``)."""
+        view = memory_view()
+        return view.headroom - reserve_bytes(view) >= ROOM_SHARE * sum(s.nbytes for s in self.sources)
 
     def hold_admissions(self) -> None:
         """Admit what is read from now on at ``admit_held``, together: one hold of each store's lock and a

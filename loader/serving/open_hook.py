@@ -47,22 +47,20 @@ class FileReads:
 
     def __init__(self, files: CachedFiles, board: StatsBoard) -> None:
         self.files, self.board = files, board
-        self.aside = SteppingAside()
+        self.aside = SteppingAside(files.page_cache_room)
 
     def read(self, path: str | bytes | os.PathLike) -> bytes | None:
         """The file's bytes as served, or None: the real open reads it."""
         aside = self.aside
-        if aside.passing:
-            if aside.skips() or self.files.resident(path) is not False:
-                self.board.add("files_passed", 1)
-                return None
-            aside.found(False)  # a probe found its file gone from the page cache: served from now on
+        if aside.passing and (aside.skips() or aside.probe(self.files.resident(path))):
+            self.board.add("files_passed", 1)
+            return None
         start = time.perf_counter()
         got = self.files.read(path, aside.found)
         if got is None:
             return None
         if got.hit and aside.probes():
-            aside.found(self.files.resident(path))
+            aside.found_hit(self.files.resident(path))
         fetched = Fetched(got.raw, got.hit, got.admitted, time.perf_counter() - start)
         note_fetch(self.board.add, None, fetched)
         return got.raw
