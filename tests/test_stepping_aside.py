@@ -16,7 +16,7 @@ import torch.utils.data
 import loader
 from loader.serving import files as served_files
 from loader.serving import stepping_aside
-from loader.serving.files import CachedFiles
+from loader.serving.files import ROOM_SHARE, CachedFiles
 from loader.serving.open_hook import FileReads
 from loader.serving.stepping_aside import PASS_AFTER, PROBE_EVERY, SteppingAside
 from loader.stats.board import StatsBoard
@@ -171,11 +171,13 @@ def test_a_cold_tree_with_room_in_the_page_cache_passes_after_a_run_of_misses_an
     assert dl.stats().records_cached >= FILES - BATCH - 2  # served from storage since the first probe
 
 
-def test_room_is_the_memory_spare_holding_the_files_twice(tree: list[str], cache_dir: Path, monkeypatch):
+def test_room_is_the_memory_spare_holding_the_files_room_share_times(
+    tree: list[str], cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
     files = CachedFiles(os.path.dirname(tree[0]), 1 << 22, cache_dir)
     size = sum(os.path.getsize(p) for p in tree)
     view = memory.MemoryView(headroom=0, limit=1 << 40, source="a test", kernel=0)
-    for spare, room in ((2 * size - 1, False), (2 * size, True)):
+    for spare, room in ((ROOM_SHARE * size - 1, False), (ROOM_SHARE * size, True)):
         fixed = dataclasses.replace(view, headroom=spare + reserve_bytes(view))
         monkeypatch.setattr(served_files, "memory_view", lambda fixed=fixed: fixed)
         assert files.page_cache_room() is room

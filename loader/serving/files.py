@@ -33,7 +33,7 @@ from loader.system.sizing import reserve_bytes, sized_cache_bytes
 __all__ = ["LARGEST_FILE", "CachedFiles", "FileRead"]
 
 LARGEST_FILE = 64 << 20  # bigger files are not served: read whole, they would cost more than they save
-ROOM_SHARE = 2  # the page cache has room for the files where the memory spare holds them this many times
+ROOM_SHARE = 4  # the page cache has room for the files where the memory spare holds them this many times
 
 PathArg = str | bytes | os.PathLike
 
@@ -132,8 +132,9 @@ class CachedFiles:
 
     def page_cache_room(self) -> bool:
         """Whether the memory the job may still take, less what it keeps free for its own growth, holds the
-        files under the roots twice over: the page cache then keeps every file read, as it does for torch's
-        loader, and the store would only hold them a second time (``loader.serving.stepping_aside``)."""
+        files under the roots ``ROOM_SHARE`` times over: the page cache then keeps every file read, as it
+        does for torch's loader, and the store would only hold them a second time
+        (``loader.serving.stepping_aside``)."""
         view = memory_view()
         return view.headroom - reserve_bytes(view) >= ROOM_SHARE * sum(s.nbytes for s in self.sources)
 

@@ -12,7 +12,8 @@ or another's pushing it out, a dataset larger than the memory spare.
 
 So each process that serves watches what its misses find. After ``PASS_AFTER`` misses in a row whose every
 page was resident before the read, or that the page cache has room to keep (the memory the job may take,
-less its reserve, holds all the files twice: ``CachedFiles.page_cache_room``, asked at most once a second),
+less its reserve, holds all the files four times: ``CachedFiles.page_cache_room``, asked at most once a
+second: a margin for the job's growth, so that under a tight limit the store serves as before),
 its reads go to the real open, as with torch's loader. A hit is probed too, one in ``PROBE_EVERY``: a job
 restarted over files its page cache and its store both hold passes as well, while one whose store holds
 what the page cache does not keeps serving. While passing, every ``PROBE_EVERY``-th read is a probe: one
