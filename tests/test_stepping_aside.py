@@ -20,7 +20,7 @@ from loader.serving.files import ROOM_SHARE, CachedFiles
 from loader.serving.open_hook import FileReads
 from loader.serving.stepping_aside import PASS_AFTER, PROBE_EVERY, SteppingAside
 from loader.stats.board import StatsBoard
-from loader.system import memory
+from loader.system import memory, pagecache
 from loader.system.pagecache import evict_file
 from loader.system.sizing import reserve_bytes
 
@@ -81,9 +81,11 @@ def epoch(dl: torch.utils.data.DataLoader) -> list[bytes]:
     return [sample for batch in dl for sample in batch]
 
 
-def ours(paths: list[str], cache_dir: Path, workers: int = 0) -> loader.DataLoader:
+def ours(
+    paths: list[str], cache_dir: Path, workers: int = 0, dataset: Reads | None = None
+) -> loader.DataLoader:
     return loader.DataLoader(
-        Reads(paths),
+        Reads(paths) if dataset is None else dataset,
         batch_size=BATCH,
         collate_fn=list,
         num_workers=workers,
@@ -109,6 +111,17 @@ def test_it_passes_after_a_run_of_resident_misses_and_serves_again_once_a_probe_
         aside.found(True)
     aside.found(False)  # a miss from storage starts the run again
     aside.found(True)
+    assert not aside.passing
+
+
+def test_a_probe_that_learns_nothing_leaves_the_probe_to_the_next_read():
+    aside = SteppingAside()
+    for _ in range(PASS_AFTER):
+        aside.found(True)
+    assert [aside.skips() for _ in range(PROBE_EVERY)] == [True] * (PROBE_EVERY - 1) + [False]
+    assert aside.probe(None)  # a file not listed: still passing
+    assert not aside.skips()  # the next read probes
+    assert not aside.probe(False)  # no room asked for: gone from the page cache, so served again
     assert not aside.passing
 
 
@@ -181,6 +194,48 @@ def test_room_is_the_memory_spare_holding_the_files_room_share_times(
         fixed = dataclasses.replace(view, headroom=spare + reserve_bytes(view))
         monkeypatch.setattr(served_files, "memory_view", lambda fixed=fixed: fixed)
         assert files.page_cache_room() is room
+
+
+class ReadsWithLabels(Reads):
+    """Each item opens a label file of its own, not under ``cache_files``, after its listed file."""
+
+    def __init__(self, paths: list[str], label: str) -> None:
+        super().__init__(paths)
+        self.label = label
+
+    def __getitem__(self, i: int) -> bytes:
+        raw = super().__getitem__(i)
+        with open(self.label, "rb") as f:
+            return raw + f.read()
+
+
+def test_a_file_not_listed_opened_beside_each_listed_one_does_not_keep_the_probes_from_the_listed(
+    tree: list[str], cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(stepping_aside, "PROBE_EVERY", 2)  # two opens an item, a probe every other read
+    label = tmp_path / "label.txt"
+    label.write_bytes(b"7")
+    dl = ours(tree, cache_dir, dataset=ReadsWithLabels(tree, str(label)))
+    want = [raw + b"7" for raw in whole(tree)]
+    assert epoch(dl) == want
+    assert epoch(dl) == want
+    before = dl.stats().records_admitted
+    assert before == PASS_AFTER  # passing since
+    no_room(monkeypatch)
+    assert epoch(evicted(tree) and dl) == want
+    assert dl.stats().records_admitted >= FILES - BATCH - 2  # a listed file probed: served again
+
+
+def test_a_probe_of_a_file_the_kernel_will_not_answer_for_asks_as_a_miss_does(
+    tree: list[str], cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    files = CachedFiles(os.path.dirname(tree[0]), 1 << 22, cache_dir)
+    monkeypatch.setattr(pagecache, "cached_pages", lambda fd, offset, length: None)  # as for another user's
+    monkeypatch.setattr(pagecache, "can_tell", lambda fd: False)  # file: neither cachestat nor mincore tells
+    whole(tree[:2])
+    assert files.resident(tree[0]) is True
+    assert files.resident(evicted(tree[1:2])[0]) is False
+    assert files.resident(os.path.dirname(tree[0]) + "/not-listed.bin") is None
 
 
 def counted(calls: list[bool]):

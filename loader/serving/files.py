@@ -27,12 +27,13 @@ from loader.sources._file_records import file_identity
 from loader.sources.file_tree import FileTreeSource, shared_listing
 from loader.system.home import default_cache_dir
 from loader.system.memory import memory_view
-from loader.system.pagecache import PAGE, evict_file, read_admitting, resident_count
+from loader.system.pagecache import evict_file, read_admitting, wholly_resident
 from loader.system.sizing import reserve_bytes, sized_cache_bytes
 
 __all__ = ["LARGEST_FILE", "CachedFiles", "FileRead"]
 
 LARGEST_FILE = 64 << 20  # bigger files are not served: read whole, they would cost more than they save
+_TOLD_UP_TO = 1 << 20  # a file no store takes is read telling its residency up to this size
 ROOM_SHARE = 4  # the page cache has room for the files where the memory spare holds them this many times
 
 PathArg = str | bytes | os.PathLike
@@ -114,8 +115,9 @@ class CachedFiles:
         return self._fetch(k, i, name, st, corrupt, evict, resident)
 
     def resident(self, path: PathArg) -> bool | None:
-        """Whether every page of the listed file ``path`` is in the page cache now, where the kernel says;
-        None for a path not listed under the roots, gone or empty."""
+        """Whether every page of the listed file ``path`` is in the page cache now, asked as a miss asks
+        (``pagecache.wholly_resident``); None for a path not listed under the roots, gone, empty, or on a
+        filesystem that cannot tell."""
         found = self._locate(path)
         if found is None:
             return None
@@ -124,11 +126,9 @@ class CachedFiles:
         except OSError:
             return None
         try:
-            size = os.fstat(fd).st_size
-            count = resident_count(fd, size)
+            return wholly_resident(fd, os.fstat(fd).st_size)
         finally:
             os.close(fd)
-        return None if count is None else count * PAGE >= size
 
     def page_cache_room(self) -> bool:
         """Whether the memory the job may still take, less what it keeps free for its own growth, holds the
@@ -215,7 +215,7 @@ class CachedFiles:
             if cache is not None and cache.crowded():  # its pages would push the store's out
                 raw = read_admitting(name, kept_out(evict), lambda nbytes: True, resident)[0]
                 return FileRead(raw, False, False)
-            if resident is None:
+            if resident is None or st.st_size > _TOLD_UP_TO:  # big: read once, as the real open would
                 with io.FileIO(name) as f:
                     return FileRead(f.readall(), False, False)
             return FileRead(read_admitting(name, _admits_none, None, resident)[0], False, False)

@@ -67,7 +67,7 @@ class SteppingAside:
         if not self.passing:
             return True
         self._batches_to_probe -= 1
-        if self._batches_to_probe:
+        if self._batches_to_probe > 0:
             return False
         self._batches_to_probe = PROBE_EVERY
         return True
@@ -81,16 +81,19 @@ class SteppingAside:
         """Whether this read is a probe, every ``PROBE_EVERY``-th: while serving, of a hit (the caller asks
         whether the page cache holds the file too and tells ``found_hit``)."""
         self._to_probe -= 1
-        if self._to_probe:
+        if self._to_probe > 0:
             return False
-        self._to_probe = PROBE_EVERY
+        self._to_probe = PROBE_EVERY  # a thread of the Dataset's own between the two lines: no harm
         return True
 
     def probe(self, resident: bool | None) -> bool:
-        """A passing read's probe found its file ``resident`` (None: not listed, or the kernel would not
-        tell); whether reads still pass: a file not resident turns serving on, unless the page cache has
-        room to keep it (a file not read yet)."""
-        if resident is False:
+        """A passing read's probe found its file ``resident``; whether reads still pass: a file not resident
+        turns serving on, unless the page cache has room to keep it (a file not read yet). None (a file not
+        listed, gone, or whose residency cannot be told) says nothing: the next read probes instead, so that
+        a Dataset opening a file of its own beside each listed one is not probed on it alone."""
+        if resident is None:
+            self._to_probe = 1
+        elif not resident:
             self.found(False)
         return self.passing
 

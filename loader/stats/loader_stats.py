@@ -18,11 +18,11 @@ class LoaderStats:
     ``bytes_from_storage`` is what the kernel counted as read from the storage device by the loader's
     processes (``/proc/<pid>/io`` ``read_bytes``); ``bytes_from_source`` is what the sources returned, which
     includes reads served by the OS page cache. ``records_admitted`` counts admissions by this loader;
-    ``records_cached`` is what the shared cache holds, from any job. ``files_passed`` counts a Dataset's reads
-    under ``cache_files`` that its ``open``'s replacement passed to the real one because the page cache held
-    their files (``loader.serving.stepping_aside``: without workers, most such batches run with ``open``
-    not replaced, uncounted). ``records_corrupt`` counts cached records
-    that failed their bounds or checksum check: each was read from the source instead, never served.
+    ``records_cached`` is what the shared cache holds, from any job. ``files_passed`` counts a Dataset's opens
+    for reading under ``cache_files`` that its ``open``'s replacement passed to the real one while the page
+    cache held, or had room for, the files (``loader.serving.stepping_aside``; listed files or not; without
+    workers, most such batches run with ``open`` not replaced, uncounted). ``records_corrupt`` counts cached
+    records that failed their bounds or checksum check: each was read from the source instead, never served.
     ``memory_pauses`` counts the times a process stopped admitting for a while because memory was short.
     With ``partition_cache``, ``bytes_from_peers`` / ``peer_hits`` are the records other nodes' caches sent
     (the three sources of bytes: ``bytes_from_cache``, ``bytes_from_peers``, ``bytes_from_source``), and

@@ -49,11 +49,13 @@ __all__ = [
     "resident_count",
     "resident_pages",
     "resident_prefix",
+    "wholly_resident",
 ]
 
 PAGE = mmap.PAGESIZE
 _CANNOT_TELL = (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS)
 _TAIL_READ = 1 << 20  # a read past a file's expected end: what it grew by, or the rest of a short read
+_PROBED_BYTES = 1 << 20  # what ``wholly_resident`` copies at most where the kernel will not say
 
 
 def resident_prefix(fd: int, offset: int, length: int) -> bytearray | None:
@@ -96,6 +98,20 @@ def resident_count(fd: int, size: int) -> int | None:
         return count
     pages = resident_pages(fd, size)
     return None if pages is None else int(pages.sum())
+
+
+def wholly_resident(fd: int, size: int) -> bool | None:
+    """Whether every page of the file's first ``size`` bytes is resident now, asked as ``read_admitting``
+    asks (``resident_count``, else the ``RWF_NOWAIT`` probe, of at most its first ``_PROBED_BYTES``: the
+    probe copies what it finds); None for an empty file or where the filesystem cannot tell."""
+    count = resident_count(fd, size)
+    if count is not None:
+        return count * PAGE >= size
+    if size == 0:
+        return None
+    length = min(size, _PROBED_BYTES)
+    head = resident_prefix(fd, 0, length)
+    return None if head is None else len(head) == length
 
 
 def file_residency(fd: int, size: int) -> np.ndarray | None:
