@@ -31,12 +31,8 @@ EPOCHS, PAIRS, MIN_RATIO = 4, 3, 0.95
 
 
 @pytest.fixture(scope="module")
-def data(bench_data_root: Path) -> Path:
-    root = bench_data_root / "digits-v1"
-    if not (root / "test").is_dir():
-        shutil.rmtree(root, ignore_errors=True)
-        run_job([sys.executable, str(SCRIPT), "make", str(root)])
-    return root
+def data(digits_data: Path) -> Path:
+    return digits_data
 
 
 def epochs(kind: str, data: Path, workers: int, warm: bool) -> list[float]:

@@ -51,11 +51,8 @@ CONDITIONS = {  # name: (the job's environment added, MiB its evaluation holds)
 
 
 @pytest.fixture(scope="module")
-def data(bench_data_root: Path) -> Path:
-    root = bench_data_root / "digits-v1"
-    if not (root / "test").is_dir():
-        shutil.rmtree(root, ignore_errors=True)
-        run_job([sys.executable, str(SCRIPT), "make", str(root)])
+def data(digits_data: Path) -> Path:
+    root = digits_data
     problems = {k: v for k, v in probe_storage_conditions(root).items() if v is not None}
     if problems:
         pytest.fail(f"the storage conditions cannot be set up here: {problems}", pytrace=False)

@@ -1,8 +1,10 @@
-"""Benchmark fixtures: where generated data persists between runs."""
+"""Benchmark fixtures: where generated data persists between runs, and the digits job's data."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,4 +17,16 @@ def bench_data_root() -> Path:
     """Data generated once and kept between runs: ``$STALLBENCH_BENCH_DATA`` or /var/tmp/stallbench-bench."""
     root = Path(os.environ.get("STALLBENCH_BENCH_DATA", DEFAULT_BENCH_DATA))
     root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+@pytest.fixture(scope="session")
+def digits_data(bench_data_root: Path) -> Path:
+    """The digits job's JPEGs (``_digits_job.py make``), written once under ``bench_data_root``."""
+    from stallbench.jobs.run import run_job
+
+    root = bench_data_root / "digits-v1"
+    if not (root / "test").is_dir():
+        shutil.rmtree(root, ignore_errors=True)
+        run_job([sys.executable, str(Path(__file__).with_name("_digits_job.py")), "make", str(root)])
     return root
