@@ -7,8 +7,8 @@ read before). What is left of each epoch is the loader's own per-file work, whic
 where a served read's Python cost showed most (epoch 1 25-30%, later epochs 10-12% slower without workers,
 before ``loader/serving/stepping_aside.py``). Target, warm, per epoch: the median over pairs of torch/ours
 >= ``MIN_RATIO`` (within the noise of this machine's pairs). Cold rows (page cache evicted before each job,
-storage unthrottled) are printed beside them, without a target: there the store pays its admission in
-epoch 1 to hold the files for later epochs.
+storage unthrottled) are printed beside them, without a target: the store steps aside there only where the
+page cache has room for the files, which a machine with less memory than this one may not have.
 
     python -m pytest benchmarks/bench_cache_files_overhead.py -p no:cacheprovider --benchmark-enable -s
 """
@@ -30,11 +30,6 @@ SCRIPT = Path(__file__).with_name("_digits_job.py")
 EPOCHS, PAIRS, MIN_RATIO = 4, 3, 0.95
 
 
-@pytest.fixture(scope="module")
-def data(digits_data: Path) -> Path:
-    return digits_data
-
-
 def epochs(kind: str, data: Path, workers: int, warm: bool) -> list[float]:
     """One job's epoch seconds, its cache (ours) in a folder of its own, removed after."""
     cache_dir = scratch_cache_dir()
@@ -49,14 +44,14 @@ def epochs(kind: str, data: Path, workers: int, warm: bool) -> list[float]:
 @pytest.mark.timeout(1800)
 @pytest.mark.benchmark(group="cache-files-overhead")
 @pytest.mark.parametrize("workers", [0, 2])
-def test_a_loop_without_a_step_is_not_slower_than_torchs(benchmark, data: Path, workers: int) -> None:
+def test_a_loop_without_a_step_is_not_slower_than_torchs(benchmark, digits_data: Path, workers: int) -> None:
     runs: dict[tuple[str, bool], list[list[float]]] = {}
 
     def pair() -> None:
         kinds = ("torch", "ours") if len(runs.get(("torch", True), [])) % 2 == 0 else ("ours", "torch")
         for warm in (True, False):
             for kind in kinds:
-                runs.setdefault((kind, warm), []).append(epochs(kind, data, workers, warm))
+                runs.setdefault((kind, warm), []).append(epochs(kind, digits_data, workers, warm))
 
     benchmark.pedantic(pair, rounds=PAIRS)
     while len(runs[("torch", True)]) < PAIRS:  # benchmarks disabled

@@ -66,11 +66,8 @@ class SteppingAside:
         passing, one batch in ``PROBE_EVERY``, whose reads probe as a worker's do."""
         if not self.passing:
             return True
-        self._batches_to_probe -= 1
-        if self._batches_to_probe > 0:
-            return False
-        self._batches_to_probe = PROBE_EVERY
-        return True
+        self._batches_to_probe, due = _counted_down(self._batches_to_probe)
+        return due
 
     def skips(self) -> bool:
         """While passing: whether this read goes to the real open unasked; False every ``PROBE_EVERY``-th
@@ -80,11 +77,8 @@ class SteppingAside:
     def probes(self) -> bool:
         """Whether this read is a probe, every ``PROBE_EVERY``-th: while serving, of a hit (the caller asks
         whether the page cache holds the file too and tells ``found_hit``)."""
-        self._to_probe -= 1
-        if self._to_probe > 0:
-            return False
-        self._to_probe = PROBE_EVERY  # a thread of the Dataset's own between the two lines: no harm
-        return True
+        self._to_probe, due = _counted_down(self._to_probe)
+        return due
 
     def probe(self, resident: bool | None) -> bool:
         """A passing read's probe found its file ``resident``; whether reads still pass: a file not resident
@@ -126,3 +120,9 @@ class SteppingAside:
 
     def __reduce__(self) -> tuple[type[SteppingAside], tuple[Callable[[], bool] | None]]:
         return SteppingAside, (self._room,)  # a worker learns afresh from its own reads
+
+
+def _counted_down(left: int) -> tuple[int, bool]:
+    """One step of a countdown of ``PROBE_EVERY``: (what is left, whether this step is the one due). A count
+    a thread of the Dataset's own took below zero meanwhile is due too, and starts again."""
+    return (left - 1, False) if left > 1 else (PROBE_EVERY, True)
