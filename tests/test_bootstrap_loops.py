@@ -77,6 +77,30 @@ def test_a_subclass_of_ours_is_built_on_torchs_when_torchs_is_asked_for(tmp_path
     assert "Mine derives from loader.dataloader.DataLoader" in run.stderr
 
 
+def test_only_a_subclass_the_script_builds_is_named(tmp_path):
+    """A framework defines subclasses on import that a script may never build (issue 48): the line comes
+    when one is built, for it and the subclass it derives from, and never for one only defined."""
+    script = tmp_path / "two_subclasses.py"
+    script.write_text(
+        "import json, torch\n"
+        "class NeverBuilt(torch.utils.data.DataLoader):\n"
+        "    pass\n"
+        "class Built(torch.utils.data.DataLoader):\n"
+        "    pass\n"
+        "class BuiltBelow(Built):\n"
+        "    pass\n"
+        "dl = BuiltBelow(torch.utils.data.TensorDataset(torch.arange(10.0)), batch_size=5)\n"
+        "print(json.dumps({'pid': 0}))\n"
+        "for epoch in range(2):\n"
+        "    print(json.dumps({'epoch': epoch, 'train': sum(1 for _ in dl)}))\n"
+    )
+    run = _ok(_run(tmp_path, script=script, loader="cached", cache_dir=str(tmp_path)))
+    assert [e["train"] for e in run.epochs] == [2, 2]
+    assert {r.loader_class for r in run.records} == {OUR_CLASS}
+    assert "stallbench: Built derives from torch.utils.data.dataloader.DataLoader" in run.stderr
+    assert "NeverBuilt" not in run.stderr
+
+
 def test_an_eval_loader_rebuilt_every_epoch_is_one_loader(tmp_path):
     run = _ok(_run(tmp_path, "--eval", "--rebuild-eval"))
     assert sorted({r.loader for r in run.records}) == ["0:RandomData", "1:RandomData"]

@@ -1,7 +1,8 @@
 """The loader classes a run swaps (``loader="torch"`` or ``"cached"``): a stand-in class put where the script
 finds the original, calling it makes the other loader, while ``isinstance`` and ``issubclass`` against it
 still answer for the class it replaced. A class the script derives from it (``class MyLoader(DataLoader)``)
-is built on the other loader instead, and one line says so.
+is built on the other loader instead, and one line says so when the script first makes one: a framework's
+module defines such classes on import (accelerate's, Lightning's) that the script may never build.
 """
 
 from __future__ import annotations
@@ -29,11 +30,15 @@ class _StandInMeta(type):
     on the stand-in's ``_stallbench_base()`` (the other loader's class) and checked as any class is."""
 
     def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any) -> Any:
-        return super().__new__(mcls, name, tuple(_rebased(name, b) for b in bases), namespace, **kwargs)
+        rebased = [_rebased(name, b) for b in bases]
+        if lines := [line for _, line in rebased if line]:
+            namespace["_stallbench_rebased"] = lines
+        return super().__new__(mcls, name, tuple(base for base, _ in rebased), namespace, **kwargs)
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         make = cls.__dict__.get("_stallbench_make")
         if make is None:
+            _say_rebased(cls)
             return super().__call__(*args, **kwargs)
         made = make(*args, **kwargs)
         with contextlib.suppress(TypeError):  # not weakly referable: isinstance asks its class alone
@@ -55,20 +60,27 @@ class _StandInMeta(type):
         return issubclass(sub, cls.__bases__[0])
 
 
-def _rebased(name: str, base: type) -> type:
+def _rebased(name: str, base: type) -> tuple[type, str | None]:
     """The class a script's class derives from in place of the stand-in ``base`` (``base`` itself for any
-    other class, or where the other loader's class cannot be had)."""
+    other class, or where the other loader's class cannot be had), and the line to say when the script's
+    class is first built (None: nothing to say)."""
     other = base.__dict__.get("_stallbench_base") if isinstance(base, _StandInMeta) else None
     if other is None:
-        return base
+        return base, None
     original = f"{base.__module__}.{base.__qualname__}"
     try:
         cls = other()
     except Exception as exc:
-        say(f"{name} derives from {original} and stays on it in this run ({exc!r})", key=f"rebase-{name}")
-        return base
-    say(f"{name} derives from {original}: in this run it is built on {cls.__module__}.DataLoader")
-    return cls
+        return base, f"{name} derives from {original} and stays on it in this run ({exc!r})"
+    return cls, f"{name} derives from {original}: in this run it is built on {cls.__module__}.DataLoader"
+
+
+def _say_rebased(cls: type) -> None:
+    """Say, once each, the lines of ``cls`` and the classes it derives from that were rebased: the script
+    builds one now."""
+    for klass in cls.__mro__:
+        for line in klass.__dict__.get("_stallbench_rebased", ()):
+            say(line, key=line)
 
 
 def stand_in(original: type, make: Callable[..., Any], base: Callable[[], type]) -> type:
