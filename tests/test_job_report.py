@@ -94,6 +94,20 @@ def test_an_other_loader_of_one_batch_reads_as_one_batch():
     assert "evaluation loader 1:EvalSet: 0.50 s a pass, 1 batch, 3 passes" in text
 
 
+def test_the_header_counts_a_training_epoch_s_samples_alone():
+    """Issue 48: a header said 1,500 samples, the mean of a 300-sample evaluation and a 2,700-sample epoch."""
+
+    def sized(e):
+        return replace(e, samples=300 if e.loader == "1:EvalSet" else 2_700, dataset_len=2_700)
+
+    sized_runs = runs({0: 1.0})
+    report = report_of(
+        JOB, {phase: replace(r, records=tuple(map(sized, r.records))) for phase, r in sized_runs.items()}
+    )
+    assert report.workload.samples == 2_700
+    assert "2,700 samples" in format_report([report])
+
+
 def test_each_rank_gets_a_breakdown_and_the_slowest_is_reported():
     report = report_of(JOB, runs({0: 1.0, 1: 1.5}))
     assert [r.rank for r in report.ranks] == [0, 1]
