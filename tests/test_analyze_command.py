@@ -154,11 +154,14 @@ def test_the_slow_rank_how_to_runs_as_written_and_names_the_rank_that_holds_the_
 
 
 def test_the_slow_samples_how_to_runs_as_written_and_names_ready_first(tmp_path):
-    """The how-to's two commands: the slow samples found and named, and the advice naming ``ready_first=True``
-    to torch's loader where a few slow batches make half the wait or more, and telling ours, which has it
-    on, that what is left is the slow samples' own prep."""
+    """The how-to's two commands (analyze-your-job.md shows the first): the slow samples found and named, and
+    the advice naming ``ready_first=True`` to torch's loader where a few slow batches make half the wait or
+    more, and telling ours, which has it on, that what is left is the slow samples' own prep."""
     page = (REPO / "docs" / "how-to" / "slow-samples.md").read_text()
     block = re.search(r"## See it.*?```bash\n(.*?)```", page, flags=re.S)[1]
+    shown = (REPO / "docs" / "how-to" / "analyze-your-job.md").read_text()
+    (command,) = re.search(r"## Slow samples.*?```bash\n(.*?)```", shown, flags=re.S)[1].strip().splitlines()
+    assert command == block.strip().splitlines()[0]  # analyze-your-job's, run below as this page's first
     make_jpeg_folder(tmp_path / "my-images", num_images=10, record_bytes=6000, width=64, height=48)
     (tmp_path / "examples").symlink_to(REPO / "examples")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
