@@ -199,9 +199,9 @@ def test_a_job_takes_a_group_and_its_size():
         (["--jobs", "1", "--", "python", "train.py"], "takes no command after --"),
         (
             ["--jobs", "3", "--storage-bandwidth", "200MB/s"],
-            "--jobs cannot be combined with --storage-bandwidth",
+            "--storage-bandwidth does not act on compare --jobs",
         ),
-        (["--jobs", "3", "--memory-limit", "1G", "--plot", "c.png"], "with --memory-limit, --plot"),
+        (["--jobs", "3", "--memory-limit", "1G", "--plot", "c.png"], "--memory-limit does not act on"),
     ],
 )
 def test_usage_errors_exit_2_naming_jobs(extra, culprit, tmp_path, monkeypatch, capsys):

@@ -71,7 +71,7 @@ def test_the_documented_command_puts_padded_and_packed_side_by_side(tmp_path):
         (["compare", "--data", "tokens:8", "--packing", "best"], "invalid choice: 'best'"),
         (
             ["compare", "--data", "tokens:8", "--packing", "ffd", "--jobs", "2"],
-            "cannot be combined with --packing",
+            "--packing does not act on compare --jobs",
         ),
         (["analyze", "--data", "tokens:8", "--packing", "ffd", "--", "python", "x.py"], "takes no command"),
     ],

@@ -166,8 +166,8 @@ def run_phases(plan: RunPlan, kind: str, packed: bool = False) -> Iterator[tuple
     """The three runs of ``kind`` ("torch" or "cached"), in order; each yielded as soon as it is done.
     ``packed``: its token batches packed with ``plan.packing`` (else padded)."""
     w = plan.workload
-    target = WorkloadRuns(plan, kind, plan.packing if packed else None)
-    return three_runs(target, w.dataset_bytes, w.cache_bytes, w.limits.cgroup(w.data))
+    runs = WorkloadRuns(plan, kind, plan.packing if packed else None)
+    return three_runs(runs, w.dataset_bytes, w.cache_bytes, w.limits.cgroup(w.data))
 
 
 @dataclass(frozen=True)

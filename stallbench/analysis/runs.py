@@ -34,7 +34,7 @@ __all__ = [
     "Bandwidths",
     "Job",
     "Phase",
-    "Target",
+    "PhasedRun",
     "Variant",
     "cold_condition",
     "collected",
@@ -122,8 +122,9 @@ class Job(Protocol):
         ...
 
 
-class Target(Protocol):
-    """What the runs are made of: a job that runs once per phase."""
+class PhasedRun(Protocol):
+    """What the runs are made of: a job that runs once per phase (a target, ``stallbench.cli.targets``, has
+    one per loader it runs)."""
 
     def data(self) -> Sequence[str | Path]:
         """The files the job reads: warmed before the prep run, evicted before the cold run."""
@@ -138,16 +139,16 @@ class Target(Protocol):
 
 
 def three_runs(
-    target: Target, dataset_bytes: int, cache_bytes: int | None, limits: StorageLimits | None
+    job: PhasedRun, dataset_bytes: int, cache_bytes: int | None, limits: StorageLimits | None
 ) -> Iterator[tuple[Phase, Any]]:
-    """The runs of ``target`` in order, prep first: (phase, what its ``run`` returned). ``cache_bytes`` and
+    """The runs of ``job`` in order, prep first: (phase, what its ``run`` returned). ``cache_bytes`` and
     ``limits`` are the cold run's: the configuration as asked."""
-    warm_page_cache(target.data())
-    prep = target.run("prep", cache_bytes=full_cache_bytes(dataset_bytes), limits=None)
+    warm_page_cache(job.data())
+    prep = job.run("prep", cache_bytes=full_cache_bytes(dataset_bytes), limits=None)
     yield "prep", prep
-    yield "ingestion", target.run("ingestion", cache_bytes=None, limits=None, prep=prep)
-    evict_page_cache(target.data())
-    yield "cold", target.run("cold", cache_bytes=cache_bytes, limits=limits)
+    yield "ingestion", job.run("ingestion", cache_bytes=None, limits=None, prep=prep)
+    evict_page_cache(job.data())
+    yield "cold", job.run("cold", cache_bytes=cache_bytes, limits=limits)
 
 
 def collected(runs: Iterable[tuple[Phase, Any]], step: Callable[[str], None], label: str) -> dict[Phase, Any]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from stallbench.cli import _args as types
 from stallbench.cli.commands import run_analysis, run_demo, run_simulate
 from stallbench.cli.stops import say_stopped, stops_as_ctrl_c
+from stallbench.cli.targets import Generated, Target, run_target
 from stallbench.cli.user import Command, split_command
 from stallbench.conditions.limits import AUTO, NONE, Limits
 from stallbench.conditions.storage import PAGE
@@ -197,50 +198,34 @@ def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
             parser.error(f"no folder to write {str(path)!r} into")
 
 
-# What only one target honours, with why the other does not: a generated workload is built from these
-# options; the user's command builds its own loaders, and these options say how to run a command.
-_GENERATED_ONLY = {
-    "data_dir": "a generated workload's folder",
-    "workers": "your command builds its own DataLoaders (set num_workers there)",
-    "batch_size": "your command builds its own DataLoaders (set batch_size there)",
-    "compute": "your command runs its own step",
-    "transform": "your command's Dataset makes its own samples",
-}
-_COMMAND_ONLY = {
-    "steps": "a generated workload runs whole epochs",
-    "time_limit": "a generated workload runs whole epochs",
-    "quiet": "a generated workload prints nothing of its own",
-    "log": "a generated workload prints nothing of its own",
-    "apply": "it reruns your command; for a generated workload, analyze with the advised --workers, --cache",
-}
-
-
-def _check_target(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]) -> None:
-    """A usage error for an option given that the target (a generated workload, or the command after
-    ``--``) does not honour, naming it and why; an option left at its default is not given."""
-    if args.command not in ("analyze", "compare"):
-        return
-    unused = _GENERATED_ONLY if command else _COMMAND_ONLY
+def _check_target(parser: argparse.ArgumentParser, args: argparse.Namespace, target: type[Target]) -> None:
+    """A usage error for an option given that ``target`` does not honour (``Target.refuses``), naming it and
+    why; an option left at its default is not given."""
     (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     for action in sub.choices[args.command]._actions:
-        if action.dest in unused and getattr(args, action.dest, action.default) != action.default:
-            target = "your command after --" if command else "a generated workload (no command after --)"
-            parser.error(f"{action.option_strings[0]} does not act on {target}: {unused[action.dest]}")
+        if action.dest in target.refuses and _given(args, action):
+            why = target.refuses[action.dest]
+            parser.error(f"{action.option_strings[0]} does not act on {target.name}: {why}")
 
 
-def _concurrent(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]) -> bool:
-    """Whether this is ``compare --jobs N`` with N >= 2; a usage error for what it cannot take."""
+def _given(args: argparse.Namespace, action: argparse.Action) -> bool:
+    """Whether the option of ``action`` was given (a limit: resolved into ``args.limits``)."""
+    if isinstance(action, _Limit):
+        return getattr(args.limits, action.dest) is not None
+    return getattr(args, action.dest, action.default) != action.default
+
+
+def _target(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]) -> type[Target]:
+    """What ``analyze`` or ``compare`` runs: ``compare --jobs N`` (N >= 2), the command after ``--``, or a
+    generated workload."""
     jobs = getattr(args, "jobs", None)
     if jobs is not None and command:
         parser.error("--jobs runs copies of a generated workload and takes no command after --")
-    if jobs is None or jobs < 2:
-        return False
-    from stallbench.cli.jobs import UNSUPPORTED
+    if jobs is not None and jobs >= 2:
+        from stallbench.cli.jobs import Concurrent
 
-    given = args.limits.options() + [o for name, o in UNSUPPORTED.items() if getattr(args, name) is not None]
-    if given:
-        parser.error(f"--jobs cannot be combined with {', '.join(given)} yet")
-    return True
+        return Concurrent
+    return Command if command else Generated
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -264,14 +249,12 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.error("--max-len is the pack length of --packing: give --packing too")
     if command and getattr(args, "packing", None) is not None:
         parser.error("--packing packs a generated workload's batches and takes no command after --")
-    concurrent = _concurrent(parser, args, command)  # --jobs with a command is named first
-    _check_target(parser, args, command)
-    if concurrent or command:
-        from stallbench.cli.jobs import Concurrent
-        from stallbench.cli.targets import run_target
-
-        target = Concurrent() if concurrent else Command(command)
-        return _interruptible(functools.partial(run_target, target=target), args)
+    if args.command in ("analyze", "compare"):
+        target = _target(parser, args, command)  # --jobs with a command is named first
+        _check_target(parser, args, target)
+        if target is not Generated:
+            made = target(command) if target is Command else target()
+            return _interruptible(functools.partial(run_target, target=made), args)
     if args.command == "analyze" and args.loader is None:
         args.loader = CACHED
     commands = {"analyze": run_analysis, "compare": run_analysis, "simulate": run_simulate, "demo": run_demo}

@@ -7,24 +7,28 @@ or SIGHUP (every job's session killed first, and what was done written).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import ClassVar
 
 from stallbench.analysis.concurrent import ConcurrentRun, run_concurrent
 from stallbench.analysis.phases import RunPlan
 from stallbench.cli.commands import prepare_data, request_from
+from stallbench.cli.targets import Generated
 
-__all__ = ["UNSUPPORTED", "Concurrent"]
-
-# options the concurrent comparison cannot honour yet: it runs warm, draws nothing, and runs without cgroups
-# (so it takes no limit either: ``Limits.options``)
-UNSUPPORTED = {
-    "plot": "--plot",
-    "packing": "--packing",
-}
+__all__ = ["Concurrent"]
 
 
 class Concurrent:
     """``args.jobs`` copies of the generated job at once per loader of ``args.loaders``, run warm."""
+
+    name = "compare --jobs"
+    refuses: ClassVar[Mapping[str, str]] = {
+        **Generated.refuses,
+        "storage_bandwidth": "its jobs run warm, without a cgroup, yet",
+        "memory_limit": "its jobs run without a cgroup yet",
+        "plot": "it draws nothing yet",
+        "packing": "it does not pack yet",
+    }
 
     def __init__(self) -> None:
         self.plan: RunPlan | None = None

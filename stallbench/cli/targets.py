@@ -17,8 +17,8 @@ the same for all:
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Protocol
 
 from stallbench.analysis.analyze import analyze
 from stallbench.analysis.phases import RunPlan
@@ -37,6 +37,8 @@ class Target(Protocol):
     """What ``analyze`` or ``compare`` runs."""
 
     progress: tuple[str, str]  # the progress bar's description and unit
+    name: ClassVar[str]  # how a usage error names it
+    refuses: ClassVar[Mapping[str, str]]  # the options (argparse's dest) it does not honour, each with why
 
     def prepare(self, args: argparse.Namespace) -> None:
         """Make ready to run; ValueError, OSError or StorageConditionUnavailable for a usage error."""
@@ -103,6 +105,14 @@ class Generated:
     its memory limit sized by ``analyze``."""
 
     progress = ("runs", "run")
+    name = "a generated workload (no command after --)"
+    refuses: ClassVar[Mapping[str, str]] = {
+        "steps": "a generated workload runs whole epochs",
+        "time_limit": "a generated workload runs whole epochs",
+        "quiet": "a generated workload prints nothing of its own",
+        "log": "a generated workload prints nothing of its own",
+        "apply": "it reruns your command; for a generated workload, analyze with the advised settings",
+    }
 
     def __init__(self, req: AnalysisRequest, kinds: Sequence[str], by_epoch: bool = False) -> None:
         self.req, self.kinds, self.by_epoch = req, tuple(kinds), by_epoch

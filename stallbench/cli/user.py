@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from typing import IO
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import IO, ClassVar
 
 from stallbench.analysis.analyze import analyze
 from stallbench.analysis.apply import NotRunnable, apply_advice
@@ -82,6 +82,14 @@ class Command:
     or to ``--log`` with ``--quiet``."""
 
     progress = ("runs", "run")
+    name = "your command after --"
+    refuses: ClassVar[Mapping[str, str]] = {  # the command builds its own loaders and runs its own step
+        "data_dir": "a generated workload's folder",
+        "workers": "your command builds its own DataLoaders (set num_workers there)",
+        "batch_size": "your command builds its own DataLoaders (set batch_size there)",
+        "compute": "your command runs its own step",
+        "transform": "your command's Dataset makes its own samples",
+    }
 
     def __init__(self, command: list[str]) -> None:
         self.command = command
