@@ -124,6 +124,13 @@ def test_optimizer_updates_are_the_steps_made_not_the_batches(tmp_path):
     assert {r.optimizer_steps for r in run.of("1:RandomData")} == {0}
 
 
+def test_a_step_amp_s_scaler_skips_is_no_update(tmp_path):
+    """AMP's GradScaler skips the ``optimizer.step()`` of a batch whose gradients overflowed (issue 48):
+    10 steps an epoch, every 5th overflowing, make 8 updates."""
+    run = _ok(_run(tmp_path, "--accumulate", "1", "--overflow-every", "5", "--batch-size", "4"))
+    assert [(r.batches, r.optimizer_steps) for r in run.of("0:RandomData")] == [(10, 8)] * 3
+
+
 def test_the_batch_size_of_a_batch_sampler_is_recorded(tmp_path):
     run = _ok(_run(tmp_path, "--batch-sampler"))
     assert {(r.batch_size, r.batches, r.samples) for r in run.records} == {(8, 5, 40)}

@@ -130,6 +130,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-first", action="store_true", help="the eval loop before the train loop")
     p.add_argument("--eval-iterable", action="store_true", help="the eval loader's Dataset has no length")
     p.add_argument("--accumulate", type=int, default=0, help="train a model: an optimizer step per K batches")
+    overflow = "with --accumulate: every Kth step's gradients inf, so that AMP's GradScaler skips it"
+    p.add_argument("--overflow-every", type=int, default=0, help=overflow)
     p.add_argument("--log", default=None)
     p.add_argument("--mutate", action="store_true", help="edit each batch in place after reading it")
     p.add_argument("--break-after", type=int, default=None)
@@ -165,26 +167,36 @@ def _say(**fields) -> None:
     print(json.dumps(fields), flush=True)
 
 
-def _loop(dl: DataLoader, args: argparse.Namespace, optimizer: Any = None) -> tuple[int, bool]:
-    """Each batch read (and with ``optimizer``, a linear model's gradients on it, a step every
-    ``--accumulate`` batches)."""
+def _loop(dl: DataLoader, args: argparse.Namespace, trainer: tuple | None = None) -> tuple[int, bool]:
+    """Each batch read (and with ``trainer``, an optimizer and its scaler, trained on: ``_train``)."""
     seen, edited = 0, False
     # to_len: stop at len(dl) and never ask for the batch past the end
     batches = zip(range(len(dl)), dl, strict=False) if args.to_len else enumerate(dl)
     for _, (x, _y) in batches:
         seen += 1
         edited = edited or bool((x < 0).any())
-        if optimizer is not None:
-            optimizer.param_groups[0]["params"][0].sum().mul(x.sum()).backward()
-            if seen % args.accumulate == 0:
-                optimizer.step()
-                optimizer.zero_grad()
+        if trainer is not None:
+            _train(trainer, x, seen, args)
         if args.mutate:
             x.fill_(-1.0)
         time.sleep(args.sleep)
         if seen == args.break_after:
             break
     return seen, edited
+
+
+def _train(trainer: tuple[Any, Any], x: torch.Tensor, seen: int, args: argparse.Namespace) -> None:
+    """A linear model's gradients on batch ``x``, a step every ``--accumulate`` batches, through AMP's
+    GradScaler (enabled with ``--overflow-every``: it skips a step whose gradients overflowed)."""
+    optimizer, scaler = trainer
+    weights = optimizer.param_groups[0]["params"][0]
+    scaler.scale(weights.sum().mul(x.sum())).backward()
+    if seen % args.accumulate == 0:
+        if args.overflow_every and (seen // args.accumulate) % args.overflow_every == 0:
+            weights.grad.fill_(float("inf"))
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
 
 
 def _probe(train: DataLoader, data: Dataset) -> None:
@@ -226,9 +238,12 @@ def main() -> int:
         _loop(held_out, args)  # a sanity check before training: the eval loader is iterated first
     if args.probe:
         _probe(train, data)
-    optimizer = torch.optim.SGD([torch.zeros(4, requires_grad=True)], lr=0.1) if args.accumulate else None
+    trainer = None
+    if args.accumulate:
+        optimizer = torch.optim.SGD([torch.zeros(4, requires_grad=True)], lr=0.1)
+        trainer = (optimizer, torch.amp.GradScaler("cpu", enabled=args.overflow_every > 0))
     for epoch in range(1, args.epochs + 1):
-        batches, edited = _loop(train, args, optimizer)
+        batches, edited = _loop(train, args, trainer)
         if args.rebuild_eval:
             held_out = _loader(args, _held_out(args))
         evals = _loop(held_out, args)[0] if held_out is not None else 0
