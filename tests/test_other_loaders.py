@@ -5,11 +5,13 @@ compare --loaders`` with all five in one report."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -130,6 +132,79 @@ def test_a_conversion_cut_short_leaves_no_copy(images):
     assert sorted(p.name for p in images.parent.iterdir()) == ["imgs"]
     with pytest.raises(ConversionError, match="no webdataset copy"):
         existing_copy(images, WEBDATASET)
+
+
+def _writer(log: Path, seconds: float):
+    """A conversion that says it started (a line of its pid in ``log``) and takes ``seconds``."""
+
+    def write(data: str, folder: Path) -> None:
+        with log.open("a") as f:
+            f.write(f"{os.getpid()}\n")
+        (folder / "half.tar").write_bytes(b"x" * 100)
+        time.sleep(seconds)
+
+    return write
+
+
+def _converter(images: Path, log: Path, seconds: float) -> multiprocessing.Process:
+    """A process converting ``images``, started once its conversion has begun (its line in ``log``)."""
+    process = multiprocessing.get_context("fork").Process(
+        target=converted_copy, args=(images, WEBDATASET, _writer(log, seconds))
+    )
+    process.start()
+    deadline = time.monotonic() + 30
+    while str(process.pid) not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return process
+
+
+def _beside(images: Path) -> list[str]:
+    return sorted(p.name for p in images.parent.iterdir())
+
+
+def test_two_conversions_at_once_write_one_copy(images, tmp_path_factory):
+    """Two analyses of one folder at once (issue 49): the second waits for the first's copy and uses it, where
+    it wrote its own and moved the first's aside while the first's runs read it."""
+    log = tmp_path_factory.mktemp("log") / "writes"
+    first = _converter(images, log, 1.0)
+    try:
+        copy = converted_copy(images, WEBDATASET, _writer(log, 0.0))
+        first.join(timeout=30)
+        assert first.exitcode == 0
+    finally:
+        first.kill()
+    assert copy == existing_copy(images, WEBDATASET) == str(images.with_name("imgs.webdataset"))
+    assert log.read_text().splitlines() == [str(first.pid)]  # written once, by the first
+    assert _beside(images) == ["imgs", "imgs.webdataset"]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_converter_killed_mid_copy_leaves_the_next_free_and_nothing_behind(images, tmp_path_factory, stop):
+    log = tmp_path_factory.mktemp("log") / "writes"
+    killed = _converter(images, log, 60.0)
+    try:
+        os.kill(killed.pid, stop)
+        killed.join(timeout=30)
+        assert killed.exitcode == -stop
+        copy = converted_copy(images, WEBDATASET, _writer(log, 0.0))
+    finally:
+        killed.kill()
+    assert copy == existing_copy(images, WEBDATASET)
+    assert _beside(images) == ["imgs", "imgs.webdataset"]  # the half-written copy removed
+
+
+def test_a_stopped_converter_is_named_not_waited_for(images, tmp_path_factory):
+    log = tmp_path_factory.mktemp("log") / "writes"
+    stopped = _converter(images, log, 60.0)
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        with pytest.raises(ConversionError, match=rf"process {stopped.pid} is converting it and is stopped"):
+            converted_copy(images, WEBDATASET, _writer(log, 0.0))
+    finally:
+        os.kill(stopped.pid, signal.SIGCONT)
+        stopped.kill()
+        stopped.join(timeout=30)
+    assert log.read_text().splitlines() == [str(stopped.pid)]  # nothing written beside it meanwhile
 
 
 def test_a_library_not_installed_is_named(images, monkeypatch):

@@ -11,19 +11,27 @@ this user owns, a real folder that no one else may write, is trusted: a fingerpr
 planted copy could hold anything. A copy is written under a temporary name and renamed when whole; a stale one
 is renamed aside before the new one takes its name, and removed after. A folder at that name that we did not
 write is an error naming it, never removed.
+
+Two analyses of one folder at once (a search's trials) convert it once: the copy is checked and written with
+the data folder ``flock``ed, so the second finds the first's copy whole instead of writing its own and moving
+the first's aside while the first's runs read it. The kernel frees the lock when its holder dies (that
+holder's half-written copy is removed by the next); a holder that is stopped (SIGSTOP) is named in an error,
+never waited for. The lock takes no file: nothing is left beside the data, and no name can be planted.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import stat
 import tempfile
+import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from stallbench.conditions.storage import in_object_storage
@@ -80,6 +88,13 @@ def converted_copy(data: str | os.PathLike, kind: str, write: Write) -> str:
         return _in_the_bucket(str(data), kind, lambda source: converted_object_copy(source, kind, write))
     fingerprint = _fingerprint(data)
     copy = _copy_path(data, kind)
+    with _one_converter(Path(data)):
+        return _converted_here(data, kind, copy, fingerprint, write)
+
+
+def _converted_here(data: str | os.PathLike, kind: str, copy: Path, fingerprint: str, write: Write) -> str:
+    """``converted_copy`` of a local folder into ``copy``, the folder's lock held."""
+    _remove_dead_stagings(copy)
     found = _stamp(copy)
     if found == fingerprint:
         return str(copy)
@@ -109,6 +124,57 @@ def _in_the_bucket(url: str, kind: str, use: Callable[[object], str | None]) -> 
         return use(loader.ImageFolder(url, transform=None).source)
     except (*failures, Boto3Error) as err:
         raise ConversionError(f"{_where(url, kind)}: the {kind} copy of {url}: {err}") from err
+
+
+_POLL_S = 0.1  # how often a second converter looks again at a folder another process is converting
+
+
+@contextlib.contextmanager
+def _one_converter(data: Path) -> Iterator[None]:
+    """``data``'s folder locked against another process converting it; ConversionError where the process
+    that holds it is stopped."""
+    fd = os.open(data, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = _flock_holder(os.fstat(fd))
+                if holder is not None and _stopped(holder):
+                    stopped = f"process {holder} is converting it and is stopped (SIGSTOP?)"
+                    raise ConversionError(f"{data}: {stopped}: resume or end it") from None
+                time.sleep(_POLL_S)
+        yield
+    finally:
+        os.close(fd)  # and the lock with it
+
+
+def _flock_holder(st: os.stat_result) -> int | None:
+    """The process holding a ``flock`` on the file of ``st``, from ``/proc/locks`` (None: not found)."""
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == where:  # a waiter's line has "->"
+                return int(fields[4])
+    return None
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in ("T", "t")
+
+
+def _remove_dead_stagings(copy: Path) -> None:
+    """Half-written copies of this user's converters killed while writing (the lock is held: none is live)."""
+    for staging in copy.parent.glob(f".{copy.name}-*"):
+        with contextlib.suppress(OSError):
+            if staging.lstat().st_uid == os.geteuid() and stat.S_ISDIR(staging.lstat().st_mode):
+                shutil.rmtree(staging)
 
 
 def _write_whole(
