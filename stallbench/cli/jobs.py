@@ -7,6 +7,7 @@ or SIGHUP (every job's session killed first, and what was done written).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import ClassVar
 
@@ -14,6 +15,7 @@ from stallbench.analysis.concurrent import ConcurrentRun, run_concurrent
 from stallbench.analysis.phases import RunPlan
 from stallbench.cli.commands import prepare_data, request_from
 from stallbench.cli.targets import Generated
+from stallbench.conditions.limits import Limits
 
 __all__ = ["Concurrent"]
 
@@ -24,8 +26,7 @@ class Concurrent:
     name = "compare --jobs"
     refuses: ClassVar[Mapping[str, str]] = {
         **Generated.refuses,
-        "storage_bandwidth": "its jobs run warm, without a cgroup, yet",
-        "memory_limit": "its jobs run without a cgroup yet",
+        **{limit.name: "its jobs run warm, without a cgroup, yet" for limit in dataclasses.fields(Limits)},
         "plot": "it draws nothing yet",
         "packing": "it does not pack yet",
     }
