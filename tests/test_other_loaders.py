@@ -46,6 +46,16 @@ def _by_content(samples: list[tuple[int, torch.Tensor]]) -> list[tuple[int, torc
     return sorted(samples, key=lambda s: (s[0], s[1].numpy().tobytes()))
 
 
+def _peer_samples(data: str, kind: str) -> list[tuple[int, torch.Tensor]]:
+    """An epoch of ``kind``'s loader over its copy of ``data``, by content (2 workers: the peers' files are
+    opened, and closed, in them)."""
+    job = WorkloadJob(kind, data, workers=2, batch_size=8, transform="eval")
+    ours = loader.ImageFolder(data, transform="eval")
+    options = dict(batch_size=8, shuffle=True, num_workers=2)
+    dl = KINDS[kind].build(ours, torch.utils.data.default_collate, job, **options)
+    return _by_content(_samples(dl))
+
+
 @pytest.mark.parametrize("kind", OTHERS)
 def test_each_loader_gives_every_sample_ours_gives_once_an_epoch(images, kind):
     convert(str(images), kind)
@@ -328,6 +338,37 @@ def test_a_copy_in_the_bucket_is_put_once_and_what_is_not_ours_is_named(s3_serve
     assert s3.get_object(Bucket="data", Key="train.litdata/theirs.bin")["Body"].read() == b"not ours"
     with pytest.raises(ConversionError, match=r"s3://data/train\.litdata: no litdata copy"):
         existing_copy("s3://data/train", LITDATA)
+
+
+def test_an_analysis_downloads_and_converts_the_bucket_once(s3_server, images, monkeypatch):
+    """Issue 49: the analysis's copy in memory, converted for its prep run, is what goes beside the data in
+    the bucket for its cold run, where ``prepare`` downloaded and converted the objects once more."""
+    from helpers import upload_jpegs
+
+    from stallbench.analysis import object_data
+    from stallbench.analysis.analyze import prepare
+    from stallbench.analysis.request import AnalysisRequest
+    from stallbench.jobs import object_copies
+    from stallbench.jobs.writers import WRITERS
+
+    upload_jpegs(images)
+    downloads, conversions = [], []
+    download, write = object_copies.download, WRITERS[WEBDATASET]
+    counted_download = lambda source, folder: (downloads.append(folder), download(source, folder))  # noqa: E731
+    monkeypatch.setattr(object_copies, "download", counted_download)
+    monkeypatch.setattr(object_data, "download", counted_download)
+    monkeypatch.setitem(WRITERS, WEBDATASET, lambda data, out: (conversions.append(data), write(data, out)))
+    plan = prepare(AnalysisRequest(data="s3://data/train"), ["torch", WEBDATASET])
+    assert (downloads, conversions) == ([], [])  # prepare checks the tool is there; the runs convert
+    with plan.opened() as (opened, _):
+        assert existing_copy("s3://data/train", WEBDATASET) == "s3://data/train.webdataset"  # the cold run's
+        prep_copy = existing_copy(opened.in_memory_data, WEBDATASET)  # the prep run's, beside the copy
+        cold = _peer_samples("s3://data/train", WEBDATASET)
+        assert len(cold) == IMAGES
+        same = zip(cold, _peer_samples(opened.in_memory_data, WEBDATASET), strict=True)
+        assert all(a == b and torch.equal(x, y) for (a, x), (b, y) in same)  # one conversion, in two places
+    assert len(downloads) == 1 and len(conversions) == 1, (downloads, conversions)
+    assert not Path(prep_copy).exists()  # removed with the copy in memory
 
 
 def test_a_copy_in_the_bucket_cut_short_or_stale_is_replaced_and_data_at_the_root_gets_none(

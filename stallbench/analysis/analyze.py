@@ -34,7 +34,8 @@ def prepare(
     req: AnalysisRequest, kinds: Sequence[str], progress: Progress | None = None, cold: bool = True
 ) -> RunPlan:
     """Generate a named workload if needed, convert it for a loader that reads its own format (untimed, as
-    its users do), size the cache, check and size the storage condition.
+    its users do; data in object storage once its runs open it: ``RunPlan.opened``), size the cache, check
+    and size the storage condition.
 
     ``progress(done, total)`` is told how the generation of a named workload goes. ``cold=False``: no run
     will evict the page cache (``compare --jobs`` runs warm), so data on a memory filesystem will do."""
@@ -43,10 +44,13 @@ def prepare(
     converted = tuple(kind for kind in kinds if KINDS[kind].converts)
     if isinstance(data, ObjectData):
         check_room_for_copies(str(data), size.device_bytes, len(converted))
-    for kind in converted:
-        from stallbench.jobs.others import convert  # here: it loads torch, and --help does not
+    for kind in converted:  # in object storage: converted from the analysis's copy in memory (``opened``)
+        from stallbench.jobs.others import check_installed, convert  # here: it loads torch, --help does not
 
-        convert(str(data), kind)
+        if isinstance(data, ObjectData):
+            check_installed(kind)
+        else:
+            convert(str(data), kind)
     cache = cache_bytes(req.cache, size.device_bytes)
     req.limits.check(data, cold, over_network=isinstance(data, ObjectData))
     workload = Workload(

@@ -25,6 +25,7 @@ from statistics import fmean
 from typing import Any
 
 from stallbench.analysis.phases import RunPlan, files_read
+from stallbench.analysis.request import local_files
 from stallbench.analysis.training import train_epochs
 from stallbench.conditions.storage import warm_page_cache
 from stallbench.jobs.command import StartedCommand
@@ -118,6 +119,10 @@ def run_concurrent(
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs!r}")
     for kind in kinds:
+        if KINDS[kind].converts and not local_files(plan.workload.data):
+            from stallbench.jobs.others import convert  # here: it loads torch
+
+            convert(plan.workload.data, kind)  # its copy in the bucket (analyze's is made by opened())
         warm_page_cache(files_read(plan.workload.data, kind))
         cache_dir = scratch_cache_dir()
         try:

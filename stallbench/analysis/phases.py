@@ -103,9 +103,10 @@ class RunPlan:
 
     @contextlib.contextmanager
     def opened(self) -> Iterator[tuple[RunPlan, Callable[[int], Bandwidths]]]:
-        """The plan, with data in object storage copied to memory for the runs that read no storage, and
-        its bandwidths: the disk's inside the cold run's limits, or the network's (the bucket listed once
-        for both)."""
+        """The plan, with data in object storage copied to memory for the runs that read no storage (and
+        converted there for each loader that reads its own format, that conversion uploaded beside the data
+        for the cold run where the bucket lacks it: one download, one conversion), and its bandwidths: the
+        disk's inside the cold run's limits, or the network's (the bucket listed once for both)."""
         w = self.workload
         if local_files(w.data):
             cgroup = w.limits.cgroup(w.data)
@@ -113,10 +114,10 @@ class RunPlan:
             return
         source = object_source(w.data)
         with in_memory_copy(source) as copy:
-            for kind in self.converted:  # the copy in memory in each one's own format, beside it (untimed)
+            for kind in self.converted:  # the copy in memory in each one's own format, beside it (untimed),
                 from stallbench.jobs.others import convert  # here: it loads torch
 
-                convert(str(copy), kind)
+                convert(w.data, kind, made=convert(str(copy), kind))  # and in the bucket, the same one
             yield (
                 replace(self, in_memory_data=str(copy)),
                 lambda readers: (network_bandwidth(source, readers), measure_memory_bandwidth()),

@@ -78,14 +78,16 @@ def _stamp(copy: Path) -> str | None:
     return None
 
 
-def converted_copy(data: str | os.PathLike, kind: str, write: Write) -> str:
+def converted_copy(data: str | os.PathLike, kind: str, write: Write, made: str | None = None) -> str:
     """The copy of the image folder ``data`` for ``kind``: reused where its stamp matches the data, else
     written again by ``write``; ConversionError for data that is not an image folder, a folder at the
     copy's name that is not a copy of ours, a copy that would not be on the data's filesystem, or a
     conversion that fails (a folder that cannot be written, the tool's own error). Data in object storage
-    gets its copy beside it in the bucket (``object_copies``)."""
+    gets its copy beside it in the bucket (``object_copies``): ``made``, a local copy in ``kind``'s format of
+    the same objects, uploaded as it is, where there is one."""
     if in_object_storage(data):
-        return _in_the_bucket(str(data), kind, lambda source: converted_object_copy(source, kind, write))
+        local = Path(made) if made is not None else None
+        return _in_the_bucket(str(data), kind, lambda at: converted_object_copy(at, kind, write, local))
     fingerprint = _fingerprint(data)
     copy = _copy_path(data, kind)
     with _one_converter(Path(data)):

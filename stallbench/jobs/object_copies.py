@@ -125,13 +125,16 @@ def stamped(source: Any, kind: str) -> str | None:
     return copy if _whole(_stamp(_client(), bucket, prefix), source) else None
 
 
-def converted_object_copy(source: Any, kind: str, write: Callable[[str, Path], None]) -> str:
-    """The ``kind`` copy of the image folder ``source`` reads, reused where its stamp matches, else written
-    by ``write`` (an image folder, an empty folder) from a local copy and uploaded; ValueError naming the
-    location where objects not ours are there. A copy of ours that is stale or was cut short (its stamp
-    says it was being written) is replaced: the stamp that says so goes first, so no run trusts what is
-    there meanwhile, and the whole one last. The tool's and the store's errors propagate (OSError,
-    botocore's and boto3's)."""
+def converted_object_copy(
+    source: Any, kind: str, write: Callable[[str, Path], None], made: Path | None = None
+) -> str:
+    """The ``kind`` copy of the image folder ``source`` reads, reused where its stamp matches, else uploaded:
+    ``made`` (a copy in ``kind``'s format already made from the same objects: the analysis's copy in memory,
+    converted for its prep run) or, without it, one ``write`` makes (an image folder, an empty folder) from
+    the objects downloaded here. ValueError naming the location where objects not ours are there. A copy of
+    ours that is stale or was cut short (its stamp says it was being written) is replaced: the stamp that
+    says so goes first, so no run trusts what is there meanwhile, and the whole one last. The tool's and
+    the store's errors propagate (OSError, botocore's and boto3's)."""
     copy, bucket, prefix = _location(source, kind)
     s3 = _client()
     found = _stamp(s3, bucket, prefix)
@@ -141,20 +144,26 @@ def converted_object_copy(source: Any, kind: str, write: Callable[[str, Path], N
     if found is None and old:
         raise ValueError("something else is there, not written by stallbench")
     with tempfile.TemporaryDirectory(prefix=f"{JOB_TMP_PREFIX}-{os.getpid()}-convert-") as work:
-        data, out = Path(work) / "data", Path(work) / "copy"
-        download(source, data)
-        out.mkdir()
-        write(str(data), out)
+        if made is None:
+            made = Path(work) / "copy"
+            download(source, Path(work) / "data")
+            made.mkdir()
+            write(str(Path(work) / "data"), made)
         _put_stamp(s3, bucket, prefix, {"data": source.url, "writing": True})  # the upload's first write
         for key in old:
             if key != prefix + STAMP:
                 s3.delete_object(Bucket=bucket, Key=key)
-        files = [p for p in out.rglob("*") if p.is_file()]
-        with ThreadPoolExecutor(_REQUESTS) as pool:
-            put = lambda p: s3.upload_file(str(p), bucket, prefix + p.relative_to(out).as_posix())  # noqa: E731
-            list(pool.map(put, files))
+        _upload(s3, bucket, prefix, made)
     _put_stamp(s3, bucket, prefix, {"data": source.url, "fingerprint": source.fingerprint})
     return copy
+
+
+def _upload(s3: Any, bucket: str, prefix: str, folder: Path) -> None:
+    """Every file under ``folder`` to ``prefix``, but a local copy's own stamp (the bucket's is put apart)."""
+    files = [p for p in folder.rglob("*") if p.is_file() and p.relative_to(folder).as_posix() != STAMP]
+    with ThreadPoolExecutor(_REQUESTS) as pool:
+        put = lambda p: s3.upload_file(str(p), bucket, prefix + p.relative_to(folder).as_posix())  # noqa: E731
+        list(pool.map(put, files))
 
 
 def _put_stamp(s3: Any, bucket: str, prefix: str, stamp: dict[str, Any]) -> None:

@@ -40,15 +40,23 @@ from stallbench.jobs.writers import WRITERS
 if TYPE_CHECKING:
     from stallbench.jobs.spec import WorkloadJob
 
-__all__ = ["build_litdata", "build_streaming", "build_webdataset", "convert"]
+__all__ = ["build_litdata", "build_streaming", "build_webdataset", "check_installed", "convert"]
 
 _PACKAGES = {STREAMING: "mosaicml-streaming"}  # where the package's name on PyPI is not the kind's
 _SHUFFLE_BUFFER = 1_000  # samples WebDataset shuffles among (its documentation's example)
 
 
-def convert(data: str, kind: str) -> str:
+def convert(data: str, kind: str, made: str | None = None) -> str:
     """The copy of the image folder ``data`` that ``kind`` reads, written with its own tool where there is
-    none yet (untimed: the parent converts before the runs); ConversionError where its library is missing."""
+    none yet (untimed: the parent converts before the runs); ConversionError where its library is missing.
+    Data in object storage: ``made``, a local copy of it already in ``kind``'s format, is uploaded as it is
+    (no second download, no second conversion)."""
+    check_installed(kind)
+    return converted_copy(data, kind, WRITERS[kind], made)
+
+
+def check_installed(kind: str) -> None:
+    """ConversionError where ``kind``'s library cannot be imported here, naming the package to install."""
     try:
         streaming() if kind == STREAMING else __import__(kind)
     except ImportError as err:
@@ -56,7 +64,6 @@ def convert(data: str, kind: str) -> str:
         raise ConversionError(
             f"--loaders {kind}: {kind} is not installed here (pip install {package})"
         ) from err
-    return converted_copy(data, kind, WRITERS[kind])
 
 
 class _Sample:
