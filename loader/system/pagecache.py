@@ -104,11 +104,11 @@ def wholly_resident(fd: int, size: int) -> bool | None:
     """Whether every page of the file's first ``size`` bytes is resident now, asked as ``read_admitting``
     asks (``resident_count``, else the ``RWF_NOWAIT`` probe, of at most its first ``_PROBED_BYTES``: the
     probe copies what it finds); None for an empty file or where the filesystem cannot tell."""
+    if size == 0:
+        return None
     count = resident_count(fd, size)
     if count is not None:
         return count * PAGE >= size
-    if size == 0:
-        return None
     length = min(size, _PROBED_BYTES)
     head = resident_prefix(fd, 0, length)
     return None if head is None else len(head) == length

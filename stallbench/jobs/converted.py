@@ -164,18 +164,21 @@ def _flock_holder(st: os.stat_result) -> int | None:
 
 
 def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, a debugger); False where it is gone."""
+    import psutil
+
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
         return False
-    return state in ("T", "t")
 
 
 def _remove_dead_stagings(copy: Path) -> None:
     """Half-written copies of this user's converters killed while writing (the lock is held: none is live)."""
     for staging in copy.parent.glob(f".{copy.name}-*"):
         with contextlib.suppress(OSError):
-            if staging.lstat().st_uid == os.geteuid() and stat.S_ISDIR(staging.lstat().st_mode):
+            st = staging.lstat()
+            if st.st_uid == os.geteuid() and stat.S_ISDIR(st.st_mode):
                 shutil.rmtree(staging)
 
 
